@@ -1,0 +1,30 @@
+"""jaxdd: machine-learning interatomic potentials under spatial domain decomposition, in JAX.
+
+The public surface lives here; subpackages named for one concept hold the rest
+(``jaxdd.neighbors``, ``jaxdd.model``, ``jaxdd.compute``, ``jaxdd.models`` ...).
+"""
+
+from .compute import compute
+from .data import AtomicData, Batch, as_batch
+from .model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig, NeighborListFormat
+from .neighbors import NeighborCapacity, NeighborList, build_neighbor_list, edge_vectors, neighbor_capacity, neighbor_list
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AtomicData",
+    "Batch",
+    "BaseModel",
+    "ModelConfig",
+    "ModelOutputs",
+    "NeighborCapacity",
+    "NeighborConfig",
+    "NeighborList",
+    "NeighborListFormat",
+    "as_batch",
+    "build_neighbor_list",
+    "compute",
+    "edge_vectors",
+    "neighbor_capacity",
+    "neighbor_list",
+]

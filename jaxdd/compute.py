@@ -1,0 +1,169 @@
+"""Single-device driver: neighbour list, model call, and the framework's autodiff.
+
+``compute(model, data)`` is the reference every distributed run is compared with. It
+builds the neighbour list the model's :class:`~jaxdd.model.NeighborConfig` asks for, calls
+the wrapper, and derives the outputs listed in ``autograd_outputs`` itself:
+
+* forces = -dE/dR (eV/Å), taken with respect to the positions as given;
+* stress = (1/V) dE/dε (eV/Å³, ASE's sign convention), with the strain ε applied to the
+  positions and the cell together: R' = R (I + ε), h' = h (I + ε).
+
+Overflowing capacities grow on the host and the call is retried; pairs are never dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .data import AtomicData, Batch, as_batch
+from .model import BaseModel, ModelConfig, ModelOutputs
+from .neighbors import NeighborCapacity, build_neighbor_list, neighbor_capacity
+
+__all__ = ["compute", "energy_and_derivatives", "neighbor_list_for"]
+
+
+def _model_config(model) -> ModelConfig:
+    cfg = getattr(model, "model_config", None)
+    if not isinstance(cfg, ModelConfig):
+        raise ValueError(
+            f"model {type(model).__name__} has no ModelConfig in .model_config; "
+            "mix in jaxdd.BaseModel and declare one"
+        )
+    return cfg
+
+
+def neighbor_list_for(model, batch: Batch, capacity: NeighborCapacity):
+    """Build (traceable) the neighbour list ``model`` asks for, or None if it needs none."""
+    nc = _model_config(model).neighbor_config
+    if nc is None:
+        return None
+    return build_neighbor_list(
+        batch.positions,
+        batch.cell,
+        batch.pbc,
+        batch.batch_idx,
+        batch.atom_mask,
+        cutoff=nc.search_cutoff,
+        capacity=capacity,
+        half=nc.half_list,
+        format=nc.format,
+    )
+
+
+def energy_and_derivatives(model, batch: Batch, outputs: tuple[str, ...]) -> ModelOutputs:
+    """Call ``model`` on ``batch`` (neighbours attached) and add the autograd outputs.
+
+    Traceable; the caller builds the neighbour list. Returns only the requested keys.
+    """
+    cfg = _model_config(model)
+    want_forces = "forces" in outputs and "forces" in cfg.autograd_outputs
+    want_stress = "stress" in outputs and "stress" in cfg.autograd_outputs
+    if not (want_forces or want_stress):
+        out = model(batch)
+        return _select(out, outputs, model)
+
+    n_sys = batch.n_systems
+    system = jnp.clip(batch.batch_idx, 0, n_sys - 1)
+
+    def total_energy(positions, strain):
+        # Identity strain by default; the gradient at zero strain is the virial.
+        deform = jnp.eye(3, dtype=positions.dtype) + strain
+        pos = jnp.einsum("vi,vij->vj", positions, deform[system])
+        cell = jnp.einsum("sij,sjk->sik", batch.cell, deform)
+        out = model(batch.replace(positions=pos, cell=cell))
+        energy = _energy(out, model)
+        return jnp.sum(jnp.where(batch.system_mask, energy, 0.0)), out
+
+    strain = jnp.zeros((n_sys, 3, 3), batch.positions.dtype)
+    (_, out), (g_pos, g_strain) = jax.value_and_grad(total_energy, argnums=(0, 1), has_aux=True)(
+        batch.positions, strain
+    )
+    extra = {}
+    if want_forces:
+        extra["forces"] = jnp.where(batch.atom_mask[:, None], -g_pos, 0.0)
+    if want_stress:
+        volume = jnp.abs(jnp.linalg.det(batch.cell))
+        safe = jnp.where(volume > 0, volume, 1.0)
+        extra["stress"] = jnp.where((volume > 0)[:, None, None], g_strain / safe[:, None, None], 0.0)
+    return _select(ModelOutputs({**out, **extra}), outputs, model)
+
+
+def _energy(out, model):
+    if "energy" not in out:
+        raise ValueError(f"{type(model).__name__} returned no 'energy'; autograd outputs are derived from it")
+    return out["energy"]
+
+
+def _select(out, outputs, model) -> ModelOutputs:
+    missing = [k for k in outputs if k not in out]
+    if missing:
+        raise ValueError(
+            f"{type(model).__name__} did not return {missing} (it returned {list(out)}); "
+            "compute them in the model or list them in ModelConfig.autograd_outputs"
+        )
+    return ModelOutputs({k: out[k] for k in outputs})
+
+
+@eqx.filter_jit
+def _run(model, batch, outputs, capacity):
+    nl = neighbor_list_for(model, batch, capacity) if capacity is not None else None
+    out = energy_and_derivatives(model, batch.replace(neighbors=nl), outputs)
+    overflow = jnp.asarray(False) if nl is None else nl.overflow
+    return out, overflow, nl
+
+
+def compute(
+    model: BaseModel,
+    data: AtomicData | Batch,
+    outputs: Iterable[str] | str = ("energy", "forces", "stress"),
+    *,
+    capacity: NeighborCapacity | None = None,
+    max_rebuilds: int = 8,
+) -> ModelOutputs:
+    """Evaluate ``model`` on one device.
+
+    model: a wrapper (``BaseModel``) whose parameters are pytree leaves.
+    data: an AtomicData or a (possibly padded) Batch.
+    outputs: keys to return; each must be in the model's ``ModelConfig.outputs``.
+    capacity: a starting neighbour-list capacity (sized from the data when None).
+
+    Returns ModelOutputs with ``energy [S]``, ``forces [V, 3]``, ``stress [S, 3, 3]``,
+    ... as requested; rows of padding atoms and systems are zero.
+    """
+    cfg = _model_config(model)
+    outputs = cfg.check_outputs(outputs)
+    batch = as_batch(data)
+    model.validate_input(batch)
+    if "stress" in outputs:
+        _check_stress_cells(batch)
+    nc = cfg.neighbor_config
+    if nc is not None and capacity is None:
+        capacity = neighbor_capacity(
+            batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
+            cutoff=nc.search_cutoff, half=nc.half_list, headroom=1.0,
+        )
+        if nc.max_neighbors is not None:
+            capacity = dataclasses.replace(capacity, max_neighbors=max(capacity.max_neighbors, nc.max_neighbors))
+    for _ in range(max_rebuilds + 1):
+        out, overflow, nl = _run(model, batch, outputs, capacity)
+        if not bool(overflow):
+            return out
+        capacity = capacity.grown(nl.stats())
+    raise RuntimeError(f"neighbour list still overflowed after {max_rebuilds} rebuilds (capacity {capacity})")
+
+
+def _check_stress_cells(batch: Batch) -> None:
+    volume = np.abs(np.linalg.det(np.asarray(batch.cell)))
+    real = np.asarray(batch.system_mask)
+    flat = np.flatnonzero(real & ~(volume > 0))
+    if flat.size:
+        raise ValueError(
+            f"stress needs a cell of non-zero volume, but system(s) {flat[:8].tolist()} have a degenerate cell; "
+            "give those systems a cell (vacuum box) or do not request 'stress'"
+        )

@@ -1,0 +1,233 @@
+"""The model protocol: what a wrapper declares and how jaxdd calls it.
+
+A wrapper is a JAX pytree (an ``equinox.Module`` or a ``flax.nnx.Module``) that mixes in
+:class:`BaseModel` and declares a :class:`ModelConfig`. Its parameters are pytree leaves,
+so ``jax.jit`` traces them: a new set of weights never recompiles and never bakes
+constants into the program. The wrapper is single-device in design; distribution is
+declared on its spec (``distribution_spec``), never coded into its body.
+
+Call protocol: ``wrapper(data) -> ModelOutputs`` where ``data`` is a :class:`~jaxdd.Batch`
+whose ``neighbors`` field holds the neighbour list the wrapper's :class:`NeighborConfig`
+asked for. Outputs the wrapper lists in ``autograd_outputs`` (forces, stress) are derived
+by the framework from its ``energy``; the wrapper itself must not take gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import jax
+
+from .neighbors import NeighborListFormat
+
+__all__ = [
+    "NeighborListFormat",
+    "NeighborConfig",
+    "ModelConfig",
+    "ModelOutputs",
+    "BaseModel",
+    "AUTOGRAD_OUTPUTS",
+]
+
+#: Outputs the framework can derive from the energy, and the inputs each needs.
+AUTOGRAD_OUTPUTS = {"forces": frozenset({"positions"}), "stress": frozenset({"positions", "cell"})}
+_AUTOGRAD_INPUTS = frozenset({"positions", "cell"})
+
+
+@dataclasses.dataclass(frozen=True)
+class NeighborConfig:
+    """The neighbour list a model needs.
+
+    cutoff: interaction range (Å), > 0. skin: extra search range (Å), >= 0; the list then
+    also holds pairs up to ``cutoff + skin`` and the model must mask by its own cutoff.
+    format: COO edges or a per-atom MATRIX. half_list: each pair once instead of twice.
+    max_neighbors: optional starting MATRIX width (grown on overflow, never truncated).
+    """
+
+    cutoff: float
+    format: NeighborListFormat = NeighborListFormat.COO
+    half_list: bool = False
+    skin: float = 0.0
+    max_neighbors: int | None = None
+
+    def __post_init__(self):
+        c = self.cutoff
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0:
+            raise ValueError(f"NeighborConfig.cutoff must be a positive finite number (Å), got {c!r}")
+        s = self.skin
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s < 0:
+            raise ValueError(f"NeighborConfig.skin must be a finite number >= 0 (Å), got {s!r}")
+        if self.max_neighbors is not None and int(self.max_neighbors) < 1:
+            raise ValueError(f"NeighborConfig.max_neighbors must be >= 1 or None, got {self.max_neighbors!r}")
+        object.__setattr__(self, "cutoff", float(c))
+        object.__setattr__(self, "skin", float(s))
+        object.__setattr__(self, "format", NeighborListFormat(self.format))
+        object.__setattr__(self, "half_list", bool(self.half_list))
+
+    @property
+    def search_cutoff(self) -> float:
+        """Range the neighbour list is built with: cutoff + skin (Å)."""
+        return self.cutoff + self.skin
+
+
+def _frozen(name, value) -> frozenset:
+    if isinstance(value, str):
+        raise ValueError(f"ModelConfig.{name} must be a collection of output names, not the string {value!r}")
+    return frozenset(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """What a wrapper computes and what the framework derives for it.
+
+    outputs: every key the wrapper can provide (including autograd ones).
+    active_outputs: keys computed by default (defaults to ``outputs``).
+    autograd_outputs: keys the framework derives from ``energy`` (``forces``, ``stress``).
+    autograd_inputs: inputs those gradients are taken with respect to (``positions``, ``cell``).
+    neighbor_config: the neighbour list to build, or None if the model builds its own.
+    """
+
+    outputs: frozenset
+    active_outputs: frozenset | None = None
+    autograd_outputs: frozenset = frozenset()
+    autograd_inputs: frozenset = frozenset()
+    neighbor_config: NeighborConfig | None = None
+
+    def __post_init__(self):
+        outputs = _frozen("outputs", self.outputs)
+        active = outputs if self.active_outputs is None else _frozen("active_outputs", self.active_outputs)
+        auto = _frozen("autograd_outputs", self.autograd_outputs)
+        inputs = _frozen("autograd_inputs", self.autograd_inputs)
+        if not outputs:
+            raise ValueError("ModelConfig.outputs is empty: declare at least 'energy'")
+        for name, keys in (("active_outputs", active), ("autograd_outputs", auto)):
+            extra = sorted(keys - outputs)
+            if extra:
+                raise ValueError(f"ModelConfig.{name} has {extra} that are not in outputs {sorted(outputs)}")
+        unknown = sorted(auto - AUTOGRAD_OUTPUTS.keys())
+        if unknown:
+            raise ValueError(
+                f"ModelConfig.autograd_outputs has {unknown}; the framework derives only {sorted(AUTOGRAD_OUTPUTS)}"
+            )
+        if auto and "energy" not in outputs:
+            raise ValueError("ModelConfig.autograd_outputs needs 'energy' in outputs: gradients are taken of it")
+        bad_inputs = sorted(inputs - _AUTOGRAD_INPUTS)
+        if bad_inputs:
+            raise ValueError(f"ModelConfig.autograd_inputs has {bad_inputs}; allowed: {sorted(_AUTOGRAD_INPUTS)}")
+        for key in sorted(auto):
+            missing = sorted(AUTOGRAD_OUTPUTS[key] - inputs)
+            if missing:
+                raise ValueError(f"autograd output {key!r} needs {missing} in ModelConfig.autograd_inputs")
+        if self.neighbor_config is not None and not isinstance(self.neighbor_config, NeighborConfig):
+            raise ValueError(f"ModelConfig.neighbor_config must be a NeighborConfig or None, got {self.neighbor_config!r}")
+        object.__setattr__(self, "outputs", outputs)
+        object.__setattr__(self, "active_outputs", active)
+        object.__setattr__(self, "autograd_outputs", auto)
+        object.__setattr__(self, "autograd_inputs", inputs)
+
+    def with_active_outputs(self, keys: Iterable[str]) -> "ModelConfig":
+        return dataclasses.replace(self, active_outputs=frozenset(keys))
+
+    def check_outputs(self, keys: Iterable[str]) -> tuple[str, ...]:
+        """Validate requested output keys; returns them as a tuple in request order."""
+        if isinstance(keys, str):
+            keys = (keys,)
+        keys = tuple(dict.fromkeys(keys))
+        if not keys:
+            raise ValueError("outputs is empty: ask for at least one of " + str(sorted(self.outputs)))
+        unknown = [k for k in keys if k not in self.outputs]
+        if unknown:
+            raise ValueError(f"unknown output key(s) {unknown}; this model provides {sorted(self.outputs)}")
+        return keys
+
+
+@jax.tree_util.register_pytree_node_class
+class ModelOutputs(Mapping):
+    """An ordered, immutable mapping ``key -> array``; a JAX pytree.
+
+    Standard keys: ``energy [S]`` eV, ``forces [V, 3]`` eV/Å, ``stress [S, 3, 3]`` eV/Å³
+    (``(1/V) dE/dε``, ASE's sign), ``atomic_energies [V]`` eV.
+    """
+
+    __slots__ = ("_data",)
+
+    def __init__(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]] = ()):
+        object.__setattr__(self, "_data", dict(items))
+
+    def __getitem__(self, key):
+        try:
+            return self._data[key]
+        except KeyError:
+            raise KeyError(f"{key!r} is not among these outputs: {list(self._data)}") from None
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self):
+        return len(self._data)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("ModelOutputs is immutable; use .replace(**items)")
+
+    def replace(self, **items) -> "ModelOutputs":
+        return ModelOutputs({**self._data, **items})
+
+    def __repr__(self):
+        body = ", ".join(f"{k}: {getattr(v, 'shape', v)}" for k, v in self._data.items())
+        return f"ModelOutputs({body})"
+
+    def tree_flatten(self):
+        return tuple(self._data.values()), tuple(self._data)
+
+    @classmethod
+    def tree_unflatten(cls, keys, values):
+        return cls(zip(keys, values))
+
+
+class BaseModel:
+    """Mixin for model wrappers.
+
+    A subclass provides ``model_config`` (a :class:`ModelConfig`), ``adapt_input`` (Batch →
+    keyword arguments of the inner model) and either an inner callable ``model`` or its own
+    ``forward(**inputs)``. ``adapt_output`` turns the inner model's return into
+    :class:`ModelOutputs`. Optional hooks: ``validate_input`` (host-side checks of a Batch
+    before anything is traced), ``distribution_spec`` and ``distributed_setup``.
+    """
+
+    model_config: ModelConfig
+
+    def adapt_input(self, data, **kwargs) -> dict:
+        raise NotImplementedError(f"{type(self).__name__} must implement adapt_input(data) -> dict of model inputs")
+
+    def forward(self, **inputs):
+        inner = getattr(self, "model", None)
+        if inner is None or not callable(inner):
+            raise NotImplementedError(
+                f"{type(self).__name__} has no inner callable 'model': implement forward(**inputs) instead"
+            )
+        return inner(**inputs)
+
+    def adapt_output(self, raw, data) -> ModelOutputs:
+        return raw if isinstance(raw, ModelOutputs) else ModelOutputs(raw)
+
+    def __call__(self, data, **kwargs) -> ModelOutputs:
+        return self.adapt_output(self.forward(**self.adapt_input(data, **kwargs)), data)
+
+    def validate_input(self, data) -> None:
+        """Host-side checks of a concrete Batch; raise ValueError naming the atom or field."""
+
+    @property
+    def cutoff(self) -> float | None:
+        nc = self.model_config.neighbor_config
+        return None if nc is None else nc.cutoff
+
+    @property
+    def distribution_spec(self):
+        """The model's distribution spec, or None to let jaxdd choose a default."""
+        return None
+
+    def distributed_setup(self, ctx) -> None:
+        """Called once when the model enters a domain-decomposition scope."""
