@@ -60,18 +60,28 @@ class NeighborCapacity:
     """Static sizes of a neighbour list build (hashable: part of the jit cache key).
 
     max_edges: COO edge slots.
-    max_neighbors: neighbour slots per atom (MATRIX format; also bounds COO rows).
-    max_per_bin: atoms scanned per (atom, neighbouring bin).
+    max_neighbors: neighbour slots per atom (MATRIX format).
+    max_candidates: atoms examined per atom (the atoms of its block of neighbouring bins).
     search_range: bins scanned on each side of an atom's bin, per cell axis.
+    bin_divisions: bins per cutoff length; finer bins examine fewer atoms that are too
+        far away but scan more bins (2 is a good balance for dense systems).
+    max_bins: size of the bin table shared by all systems (None: max(4096, 2 n_atoms));
+        systems that would need more bins get coarser ones.
     """
 
     max_edges: int
     max_neighbors: int
-    max_per_bin: int
+    max_candidates: int
     search_range: tuple[int, int, int]
+    bin_divisions: int = 2
+    max_bins: int | None = None
 
     def __post_init__(self):
-        for name in ("max_edges", "max_neighbors", "max_per_bin"):
+        if self.max_bins is not None and int(self.max_bins) < 1:
+            raise ValueError(f"NeighborCapacity.max_bins must be >= 1 or None, got {self.max_bins}")
+        if int(self.bin_divisions) < 1:
+            raise ValueError(f"NeighborCapacity.bin_divisions must be >= 1, got {self.bin_divisions}")
+        for name in ("max_edges", "max_neighbors", "max_candidates"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"NeighborCapacity.{name} must be >= 1, got {getattr(self, name)}")
         rng = tuple(int(r) for r in self.search_range)
@@ -84,15 +94,21 @@ class NeighborCapacity:
         return NeighborCapacity(
             max_edges=max(self.max_edges, _headroom(needed.edges, factor)),
             max_neighbors=max(self.max_neighbors, _headroom(needed.neighbors, factor)),
-            max_per_bin=max(self.max_per_bin, _headroom(needed.per_bin, factor)),
+            max_candidates=max(self.max_candidates, _headroom(needed.candidates, factor)),
             search_range=tuple(max(a, int(b)) for a, b in zip(self.search_range, needed.search_range)),
+            bin_divisions=self.bin_divisions,
+            max_bins=None if self.max_bins is None else max(self.max_bins, _headroom(needed.bins, factor)),
         )
+
+    def table_size(self, n_atoms: int) -> int:
+        """Bins in the table for ``n_atoms`` atom rows."""
+        return int(self.max_bins) if self.max_bins is not None else max(4096, 2 * int(n_atoms))
 
     def fits(self, needed: "NeighborStats") -> bool:
         return (
             needed.edges <= self.max_edges
             and needed.neighbors <= self.max_neighbors
-            and needed.per_bin <= self.max_per_bin
+            and needed.candidates <= self.max_candidates
             and all(int(b) <= a for a, b in zip(self.search_range, needed.search_range))
         )
 
@@ -108,8 +124,9 @@ class NeighborStats:
 
     edges: int
     neighbors: int
-    per_bin: int
+    candidates: int
     search_range: tuple[int, int, int]
+    bins: int
 
 
 @jax.tree_util.register_dataclass
@@ -124,7 +141,7 @@ class NeighborList:
     matrix_shifts: [n_atoms, max_neighbors, 3] int32, or None.
     num_neighbors: [n_atoms] int32 neighbours of each atom (may exceed max_neighbors on overflow).
     n_edges: [] int32 edges found (may exceed max_edges on overflow).
-    needed_per_bin, needed_range: sizes the search needed ([] and [3] int32).
+    needed_candidates, needed_range, needed_bins: sizes the search needed ([], [3], [] int32).
     overflow: [] bool, True when any capacity was too small; the list is then incomplete.
     """
 
@@ -136,8 +153,9 @@ class NeighborList:
     matrix_shifts: Any
     num_neighbors: jax.Array
     n_edges: jax.Array
-    needed_per_bin: jax.Array
+    needed_candidates: jax.Array
     needed_range: jax.Array
+    needed_bins: jax.Array
     overflow: jax.Array
 
     def stats(self) -> NeighborStats:
@@ -145,8 +163,9 @@ class NeighborList:
         return NeighborStats(
             edges=int(self.n_edges),
             neighbors=int(jnp.max(self.num_neighbors, initial=0)),
-            per_bin=int(self.needed_per_bin),
+            candidates=int(self.needed_candidates),
             search_range=tuple(int(r) for r in np.asarray(self.needed_range)),
+            bins=int(self.needed_bins),
         )
 
 
@@ -213,24 +232,32 @@ def edge_vectors(positions, cell, batch_idx, nl: NeighborList):
 # --------------------------------------------------------------------------- binning
 
 
-def _max_bins_per_axis(n_systems: int) -> int:
-    # Bin keys are int32: all systems' bins together must stay below 2**31 - 1.
-    return max(1, int(math.floor(((2**31 - 2) / max(n_systems, 1)) ** (1.0 / 3.0))))
-
-
 def _margin(dtype) -> float:
     # Bins are made slightly wider than the cutoff so that rounding in the fractional
     # coordinates can never push a true neighbour outside the scanned block.
     return float(np.sqrt(np.finfo(dtype).eps))
 
 
-def _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff):
-    """Bin every atom; return what the search needs. All shapes static."""
+def _fit_budget(nb, budget):
+    """Coarsen bin counts [S, 3] so each system has at most ``budget`` bins.
+
+    Wider bins are always correct (the reach shrinks); only efficiency is traded.
+    """
+    for _ in range(3):  # each pass fixes at least one axis that reached a single bin
+        total = jnp.prod(nb, axis=1, keepdims=True)
+        free = jnp.maximum(jnp.sum(nb > 1, axis=1, keepdims=True), 1)
+        factor = jnp.where(total > budget, (budget / total) ** (1.0 / free), 1.0)
+        nb = jnp.where(nb > 1, jnp.maximum(jnp.floor(nb * factor), 1.0), nb)
+    return nb
+
+
+def _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, max_bins):
+    """Bin every atom into a dense table of ``max_bins`` bins; all shapes static."""
     n_atoms = positions.shape[0]
     n_sys = cell.shape[0]
     dtype = positions.dtype
-    nbmax = _max_bins_per_axis(n_sys)
     reach = cutoff * (1.0 + _margin(dtype))
+    target = reach / divisions  # wanted bin width
 
     ceff = jax.lax.stop_gradient(effective_cell(cell, pbc))
     inv = jnp.linalg.inv(ceff)  # [S, 3, 3]
@@ -247,44 +274,45 @@ def _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff):
     big = jnp.asarray(jnp.finfo(dtype).max, dtype)
     fmin = jax.ops.segment_min(jnp.where(atom_mask[:, None], frac, big), sys_idx, n_sys)
     fmax = jax.ops.segment_max(jnp.where(atom_mask[:, None], frac, -big), sys_idx, n_sys)
-    extent = jnp.where(fmax >= fmin, fmax - fmin, 0.0)
+    extent = jnp.where(fmax >= fmin, fmax - fmin, 0.0)  # fractional units
 
-    # Periodic axes: floor(spacing / cutoff) bins, more than one bin's reach when the cell
-    # is thinner than the cutoff. Open axes: bins of width >= cutoff over the atoms' extent.
-    nb_per = jnp.clip(jnp.floor(spacing / reach), 1, nbmax)
-    width_open = jnp.maximum(reach / spacing, extent / (nbmax - 1))
-    nb_open = jnp.clip(jnp.floor(extent / width_open) + 1, 1, nbmax)
-    nbins = jnp.where(pbc, nb_per, nb_open).astype(jnp.int32)  # [S, 3]
-    need = jnp.where(pbc, jnp.ceil(reach * nb_per / spacing), 1.0).astype(jnp.int32)
-    need = jnp.max(jnp.maximum(need, 1), axis=0)  # [3], over systems
+    # Periodic axes: bins of width >= cutoff/divisions; a cell thinner than that gets one
+    # bin and a wider reach. Open axes: bins over the atoms' own extent.
+    wanted = jnp.where(pbc, jnp.floor(spacing / target), jnp.floor(extent * spacing / target) + 1)
+    nb = _fit_budget(jnp.maximum(wanted, 1.0), max(1, max_bins // n_sys))
+    width_open = jnp.maximum(target / spacing, extent / nb * (1.0 + _margin(dtype)))
+    need = jnp.where(pbc, jnp.ceil(reach * nb / spacing), jnp.ceil(reach / (width_open * spacing)))
+    need = jnp.max(jnp.maximum(need, 1), axis=0).astype(jnp.int32)  # [3], over systems
+    nbins = nb.astype(jnp.int32)  # [S, 3]
 
     atom_nb = nbins[sys_idx]
     b_per = jnp.floor(fw * atom_nb).astype(jnp.int32)
     b_open = jnp.floor((frac - fmin[sys_idx]) / width_open[sys_idx]).astype(jnp.int32)
     b = jnp.clip(jnp.where(per_atom_pbc, b_per, b_open), 0, atom_nb - 1)
-    # Systems own consecutive key ranges, so no two systems share a bin.
+    # Systems own consecutive ranges of the table, so no two systems share a bin.
     n_per_sys = jnp.prod(nbins, axis=1)
     sys_base = (jnp.cumsum(n_per_sys) - n_per_sys).astype(jnp.int32)
-    keys = _linear_key(sys_base[sys_idx], b, atom_nb)
-    keys = jnp.where(atom_mask, keys, jnp.iinfo(jnp.int32).max)
-    order = jnp.argsort(keys)
+    keys = jnp.where(atom_mask, _linear_key(sys_base[sys_idx], b, atom_nb), max_bins)
+    counts = jax.ops.segment_sum(jnp.ones(n_atoms, jnp.int32), keys, max_bins)
     return dict(
         bins=b,
         nbins=nbins,
         need=need,
+        bins_used=jnp.sum(n_per_sys),
         sys_idx=sys_idx,
         sys_base=sys_base,
         wraps=wraps.astype(jnp.int32),
         pos_w=pos_w,
-        order=order.astype(jnp.int32),
-        sorted_keys=keys[order],
+        order=jnp.argsort(keys).astype(jnp.int32),
+        bin_count=counts,
+        bin_start=jnp.cumsum(counts) - counts,
         n_atoms=n_atoms,
     )
 
 
 def _linear_key(base, b, nb):
     """Bin key: ``base`` (first key of the atom's system) + the bin's row-major index."""
-    return base + (b[:, 0] * nb[:, 1] + b[:, 1]) * nb[:, 2] + b[:, 2]
+    return base + (b[..., 0] * nb[..., 1] + b[..., 1]) * nb[..., 2] + b[..., 2]
 
 
 def _offsets(search_range):
@@ -298,42 +326,67 @@ def _lex_positive(s):
     return (sx > 0) | ((sx == 0) & ((sy > 0) | ((sy == 0) & (sz > 0))))
 
 
-def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, max_per_bin, search_range):
-    """Scan the neighbouring bins of every atom.
+def _block_counts(g, pbc, atom_mask, search_range, max_bins):
+    """For every atom and neighbouring bin: the bin's run in the sorted order and its image.
 
-    Returns (mask [V, n_off, M], aux): mask[i, o, k] is True when the k-th atom of the
-    o-th neighbouring bin of atom i is a neighbour of i.
+    Returns start, count [V, n_off] int32 and image [V, n_off, 3] int32.
     """
-    g = _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff)
-    n = g["n_atoms"]
     offsets = jnp.asarray(_offsets(search_range))  # [n_off, 3]
-    nb = g["nbins"][g["sys_idx"]]  # [V, 3]
+    nb = g["nbins"][g["sys_idx"]][:, None, :]  # [V, 1, 3]
     raw = g["bins"][:, None, :] + offsets[None, :, :]  # [V, n_off, 3]
     per = pbc[g["sys_idx"]][:, None, :]
-    image = jnp.where(per, jnp.floor_divide(raw, nb[:, None, :]), 0)
-    wrapped = jnp.where(per, jnp.mod(raw, nb[:, None, :]), raw)
-    inside = jnp.all(per | ((raw >= 0) & (raw < nb[:, None, :])), axis=-1)
-    n_off = offsets.shape[0]
-    base = jnp.broadcast_to(g["sys_base"][g["sys_idx"]][:, None], (n, n_off))
-    qkeys = _linear_key(base.reshape(-1), wrapped.reshape(-1, 3), jnp.repeat(nb, n_off, axis=0))
-    start = jnp.searchsorted(g["sorted_keys"], qkeys, side="left").reshape(n, n_off)
-    stop = jnp.searchsorted(g["sorted_keys"], qkeys, side="right").reshape(n, n_off)
-    count = jnp.where(inside & atom_mask[:, None], stop - start, 0)
+    image = jnp.where(per, jnp.floor_divide(raw, nb), 0)
+    wrapped = jnp.where(per, jnp.mod(raw, nb), raw)
+    inside = jnp.all(per | ((raw >= 0) & (raw < nb)), axis=-1)
+    key = jnp.clip(_linear_key(g["sys_base"][g["sys_idx"]][:, None], wrapped, nb), 0, max_bins - 1)
+    count = jnp.where(inside & atom_mask[:, None], g["bin_count"][key], 0)
+    return g["bin_start"][key], count, image
 
-    k = jnp.arange(max_per_bin, dtype=jnp.int32)
-    slot = jnp.minimum(start[:, :, None] + k, n - 1)
-    j = g["order"][slot]  # [V, n_off, M]
-    cell_i = cell[g["sys_idx"]]  # [V, 3, 3]
-    img_cart = jnp.einsum("voi,vij->voj", image.astype(positions.dtype), jax.lax.stop_gradient(cell_i))
-    vec = g["pos_w"][j] + img_cart[:, :, None, :] - g["pos_w"][:, None, None, :]
+
+def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, capacity):
+    """Examine, for every atom, the atoms of its block of neighbouring bins.
+
+    The block of atom i is the concatenation of the runs (in bin-sorted order) of its
+    n_off neighbouring bins; slot t of row i is one candidate. Returns
+    (mask [V, C], aux) with mask[i, t] True when candidate t is a neighbour of i.
+    """
+    table = capacity.table_size(positions.shape[0])
+    g = _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff, capacity.bin_divisions, table)
+    n = g["n_atoms"]
+    c = capacity.max_candidates
+    start, count, image = _block_counts(g, pbc, atom_mask, capacity.search_range, table)
+    n_off = count.shape[1]
+    end = jnp.cumsum(count, axis=1)
+    first = end - count  # first slot of each bin's run in the atom's row
+    total = end[:, -1]
+
+    # Ragged runs -> per-slot (bin, sorted index) without a search: scatter the change of
+    # the per-slot values at the first slot of each run, then a running sum along the row.
+    # An empty run adds its change at the same slot as the next run, which overrides it.
+    values = jnp.stack([jnp.broadcast_to(jnp.arange(n_off, dtype=jnp.int32), count.shape), start - first], -1)
+    prev = jnp.concatenate([jnp.zeros_like(values[:, :1]), values[:, :-1]], axis=1)
+    rows = jnp.broadcast_to(jnp.arange(n)[:, None], first.shape)
+    delta = jnp.zeros((n, c, 2), jnp.int32).at[rows, first].add(values - prev, mode="drop")
+    spread = jnp.cumsum(delta, axis=1)
+    t = jnp.arange(c, dtype=jnp.int32)
+    which = spread[..., 0]  # [V, C] neighbouring bin of each slot
+    j = g["order"][jnp.clip(t + spread[..., 1], 0, n - 1)]  # [V, C] candidate atom
+
+    # Origin of each (atom, bin): the atom moved by minus the bin's image shift, so a
+    # candidate's vector is one gather and one subtraction.
+    cell_i = jax.lax.stop_gradient(cell)[g["sys_idx"]]  # [V, 3, 3]
+    origin = g["pos_w"][:, None, :] - jnp.einsum("voi,vij->voj", image.astype(positions.dtype), cell_i)
+    flat_which = jnp.arange(n)[:, None] * n_off + which
+    vec = g["pos_w"][j] - origin.reshape(-1, 3)[flat_which]
     d2 = jnp.sum(vec * vec, axis=-1)
-    i = jnp.arange(n, dtype=jnp.int32)[:, None, None]
-    zero_image = jnp.all(image == 0, axis=-1)[:, :, None]
-    mask = (k < count[:, :, None]) & (d2 < cutoff * cutoff) & ~((j == i) & zero_image)
+    i = jnp.arange(n, dtype=jnp.int32)[:, None]
+    # The atom itself in its own image is the only candidate at exactly zero distance
+    # with j == i (a lattice translation of a non-singular cell is never zero).
+    mask = (t < total[:, None]) & (d2 < cutoff * cutoff) & ~((j == i) & (d2 == 0))
     if half:
-        shift = image[:, :, None, :] - g["wraps"][j] + g["wraps"][:, None, None, :]
+        shift = image.reshape(-1, 3)[flat_which] - g["wraps"][j] + g["wraps"][:, None, :]
         mask = mask & ((i < j) | ((i == j) & _lex_positive(shift)))
-    aux = dict(g, image=image, start=start, count=count)
+    aux = dict(g, j=j, which=which, image=image, total=total)
     return mask, aux
 
 
@@ -366,34 +419,22 @@ def build_neighbor_list(
     """
     _check_cutoff(cutoff)
     format = NeighborListFormat(format)
-    positions = jnp.asarray(positions)
+    positions, cell, pbc, batch_idx, atom_mask = _normalise_inputs(positions, cell, pbc, batch_idx, atom_mask)
     n = positions.shape[0]
-    cell = jnp.asarray(cell, positions.dtype).reshape(-1, 3, 3)
-    pbc = jnp.asarray(pbc, bool).reshape(-1, 3)
-    batch_idx = jnp.zeros(n, jnp.int32) if batch_idx is None else jnp.asarray(batch_idx, jnp.int32)
-    atom_mask = jnp.ones(n, bool) if atom_mask is None else jnp.asarray(atom_mask, bool)
     atom_mask = atom_mask & (batch_idx >= 0) & (batch_idx < cell.shape[0])
 
-    m = capacity.max_per_bin
-    mask, aux = _candidates(
-        positions, cell, pbc, batch_idx, atom_mask,
-        cutoff=float(cutoff), half=half, max_per_bin=m, search_range=capacity.search_range,
-    )
-    n_off = mask.shape[1]
-    flat = mask.reshape(n, n_off * m)
-    per_atom = jnp.sum(flat, axis=1, dtype=jnp.int32)
+    mask, aux = _candidates(positions, cell, pbc, batch_idx, atom_mask, cutoff=float(cutoff), half=half, capacity=capacity)
+    c = mask.shape[1]
+    per_atom = jnp.sum(mask, axis=1, dtype=jnp.int32)
     n_edges = jnp.sum(per_atom, dtype=jnp.int32)
-    needed_per_bin = jnp.max(aux["count"], initial=0)
-    needed_range = aux["need"]
 
-    (idx,) = jnp.nonzero(flat.reshape(-1), size=capacity.max_edges, fill_value=n * n_off * m)
+    # Row-major compaction keeps the edges sorted by receiver.
+    (idx,) = jnp.nonzero(mask.reshape(-1), size=capacity.max_edges, fill_value=0)
     valid = jnp.arange(capacity.max_edges) < n_edges
-    recv = jnp.minimum(idx // (n_off * m), n - 1).astype(jnp.int32)
-    o = (idx // m) % n_off
-    k = idx % m
-    start = aux["start"][recv, o]
-    send = aux["order"][jnp.minimum(start + k, n - 1)]
-    shift = aux["image"][recv, o] - aux["wraps"][send] + aux["wraps"][recv]
+    recv = (idx // c).astype(jnp.int32)
+    slot = idx % c
+    send = aux["j"][recv, slot]
+    shift = aux["image"][recv, aux["which"][recv, slot]] - aux["wraps"][send] + aux["wraps"][recv]
     senders = jnp.where(valid, send, n).astype(jnp.int32)
     receivers = jnp.where(valid, recv, n).astype(jnp.int32)
     shifts = jnp.where(valid[:, None], shift, 0).astype(jnp.int32)
@@ -407,9 +448,12 @@ def build_neighbor_list(
         matrix = jnp.full((n, kk), n, jnp.int32).at[recv, col].set(senders, mode="drop")
         matrix_shifts = jnp.zeros((n, kk, 3), jnp.int32).at[recv, col].set(shifts, mode="drop")
 
+    needed_candidates = jnp.max(aux["total"], initial=0)
+    needed_range = aux["need"]
     overflow = (
         (n_edges > capacity.max_edges)
-        | (needed_per_bin > m)
+        | (aux["bins_used"] > capacity.table_size(n))
+        | (needed_candidates > c)
         | jnp.any(needed_range > jnp.asarray(capacity.search_range))
         | ((format is NeighborListFormat.MATRIX) & (jnp.max(per_atom, initial=0) > capacity.max_neighbors))
     )
@@ -422,30 +466,29 @@ def build_neighbor_list(
         matrix_shifts=matrix_shifts,
         num_neighbors=per_atom,
         n_edges=n_edges,
-        needed_per_bin=needed_per_bin.astype(jnp.int32),
+        needed_candidates=needed_candidates.astype(jnp.int32),
         needed_range=needed_range.astype(jnp.int32),
+        needed_bins=aux["bins_used"].astype(jnp.int32),
         overflow=overflow,
     )
 
 
-@jax.jit(static_argnames=("cutoff",))
-def _bin_stats(positions, cell, pbc, batch_idx, atom_mask, cutoff):
-    g = _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff)
-    sk = g["sorted_keys"]
-    # Largest run of equal keys among real atoms = most atoms in one bin.
-    first = jnp.searchsorted(sk, sk, side="left")
-    last = jnp.searchsorted(sk, sk, side="right")
-    real = sk != jnp.iinfo(jnp.int32).max
-    return jnp.max(jnp.where(real, last - first, 0), initial=0), g["need"]
+@jax.jit(static_argnames=("cutoff", "divisions", "table"))
+def _range_stats(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, table):
+    return _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, table)["need"]
 
 
-@jax.jit(static_argnames=("cutoff", "half", "max_per_bin", "search_range"))
-def _pair_stats(positions, cell, pbc, batch_idx, atom_mask, cutoff, half, max_per_bin, search_range):
-    mask, aux = _candidates(
-        positions, cell, pbc, batch_idx, atom_mask,
-        cutoff=cutoff, half=half, max_per_bin=max_per_bin, search_range=search_range,
-    )
-    per_atom = jnp.sum(mask, axis=(1, 2), dtype=jnp.int32)
+@jax.jit(static_argnames=("cutoff", "divisions", "table", "search_range"))
+def _candidate_stats(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, table, search_range):
+    g = _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, table)
+    _, count, _ = _block_counts(g, pbc, atom_mask, search_range, table)
+    return jnp.max(jnp.sum(count, axis=1), initial=0)
+
+
+@jax.jit(static_argnames=("cutoff", "half", "capacity"))
+def _pair_stats(positions, cell, pbc, batch_idx, atom_mask, cutoff, half, capacity):
+    mask, _ = _candidates(positions, cell, pbc, batch_idx, atom_mask, cutoff=cutoff, half=half, capacity=capacity)
+    per_atom = jnp.sum(mask, axis=1, dtype=jnp.int32)
     return jnp.sum(per_atom), jnp.max(per_atom, initial=0)
 
 
@@ -460,28 +503,36 @@ def _normalise_inputs(positions, cell, pbc, batch_idx, atom_mask):
 
 
 def neighbor_capacity(
-    positions, cell, pbc, batch_idx=None, atom_mask=None, *, cutoff: float, half: bool = False, headroom: float = 1.2
+    positions,
+    cell,
+    pbc,
+    batch_idx=None,
+    atom_mask=None,
+    *,
+    cutoff: float,
+    half: bool = False,
+    headroom: float = 1.2,
+    bin_divisions: int = 2,
 ) -> NeighborCapacity:
     """Host-side sizing: the capacities this configuration needs, times ``headroom``.
 
-    Runs two small device passes (binning, then a pair count without storing pairs), so
-    the result is exact for these positions; ``headroom`` leaves room for atoms to move.
+    Runs small device passes (binning, candidate count, then a pair count that stores no
+    pairs), so the result is exact for these positions; ``headroom`` leaves room for atoms
+    to move before the capacity overflows.
     """
     _check_cutoff(cutoff)
-    if headroom < 1.0:
+    if not headroom >= 1.0:
         raise ValueError(f"headroom must be >= 1, got {headroom}")
     args = _normalise_inputs(positions, cell, pbc, batch_idx, atom_mask)
-    per_bin, need = _bin_stats(*args, cutoff=float(cutoff))
-    per_bin = _headroom(int(per_bin), headroom)
-    rng = tuple(int(r) for r in np.asarray(need))
-    edges, neighbors = _pair_stats(
-        *args, cutoff=float(cutoff), half=bool(half), max_per_bin=per_bin, search_range=rng
-    )
-    return NeighborCapacity(
-        max_edges=_headroom(int(edges), headroom),
-        max_neighbors=_headroom(int(neighbors), headroom),
-        max_per_bin=per_bin,
-        search_range=rng,
+    cutoff, divisions = float(cutoff), int(bin_divisions)
+    table = NeighborCapacity(1, 1, 1, (1, 1, 1)).table_size(args[0].shape[0])
+    kw = dict(cutoff=cutoff, divisions=divisions, table=table)
+    rng = tuple(int(r) for r in np.asarray(_range_stats(*args, **kw)))
+    candidates = int(_candidate_stats(*args, **kw, search_range=rng))
+    probe = NeighborCapacity(1, 1, _headroom(candidates, headroom), rng, divisions)
+    edges, neighbors = _pair_stats(*args, cutoff=cutoff, half=bool(half), capacity=probe)
+    return dataclasses.replace(
+        probe, max_edges=_headroom(int(edges), headroom), max_neighbors=_headroom(int(neighbors), headroom)
     )
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import NeighborListFormat, edge_vectors
+from jaxdd.segments import per_system_sum
 
 __all__ = ["LennardJones"]
 
@@ -142,7 +143,7 @@ class LennardJones(eqx.Module, BaseModel):
         atomic = jax.ops.segment_sum(0.5 * pair, neighbors.receivers, n)
         if self.model_config.neighbor_config.half_list:
             atomic = atomic + jax.ops.segment_sum(0.5 * pair, neighbors.senders, n)
-        energy = jax.ops.segment_sum(atomic, batch_idx, n_systems)
+        energy = per_system_sum(atomic, batch_idx, n_systems)
         return {"energy": energy, "atomic_energies": atomic}
 
     def adapt_output(self, raw, data) -> ModelOutputs:

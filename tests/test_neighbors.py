@@ -1,5 +1,7 @@
 """Specification of jaxdd.neighbors: static-shape cell lists checked against ASE."""
 
+import dataclasses
+
 import ase
 import jax
 import jax.numpy as jnp
@@ -14,7 +16,7 @@ from jaxdd import Batch, NeighborCapacity, NeighborListFormat, build_neighbor_li
 # One static shape for every generated system, so the builder compiles once.
 MAX_ATOMS = 40
 MAX_SYSTEMS = 3
-GENEROUS = NeighborCapacity(max_edges=40_000, max_neighbors=2_000, max_per_bin=MAX_ATOMS, search_range=(5, 5, 5))
+GENEROUS = NeighborCapacity(max_edges=40_000, max_neighbors=2_000, max_candidates=MAX_ATOMS * 40, search_range=(6, 6, 6))
 
 
 def pair_set(receivers, senders, shifts, dist=None, cutoff=None, tol=1e-9):
@@ -133,7 +135,7 @@ def test_matrix_rows_hold_the_coo_neighbours():
 def test_padding_edges_point_one_past_the_last_atom():
     atoms = fcc(3)
     cap = neighbor_capacity(atoms.positions, atoms.cell.array, atoms.pbc, cutoff=2.5)
-    big = NeighborCapacity(cap.max_edges + 100, cap.max_neighbors, cap.max_per_bin, cap.search_range)
+    big = NeighborCapacity(cap.max_edges + 100, cap.max_neighbors, cap.max_candidates, cap.search_range)
     nl = build_neighbor_list(atoms.positions, atoms.cell.array, atoms.pbc, cutoff=2.5, capacity=big)
     pad = ~np.asarray(nl.mask)
     assert pad.sum() >= 100
@@ -152,7 +154,7 @@ def test_edges_are_sorted_by_receiver():
 
 @pytest.mark.parametrize(
     "field, shrink",
-    [("max_edges", 0.5), ("max_per_bin", 0.5), ("search_range", None), ("max_neighbors", 0.5)],
+    [("max_edges", 0.5), ("max_candidates", 0.5), ("search_range", None), ("max_neighbors", 0.5)],
 )
 def test_too_small_capacity_raises_the_overflow_flag_on_device(field, shrink):
     atoms = fcc(3)
@@ -161,7 +163,7 @@ def test_too_small_capacity_raises_the_overflow_flag_on_device(field, shrink):
         # A cell thinner than the cutoff needs more than one bin of reach.
         atoms = ase.Atoms("H2", positions=[[0, 0, 0], [0.5, 0.5, 0.5]], cell=np.eye(3) * 1.2, pbc=True)
         cap = neighbor_capacity(atoms.positions, atoms.cell.array, atoms.pbc, cutoff=2.5)
-        small = NeighborCapacity(cap.max_edges, cap.max_neighbors, cap.max_per_bin, (1, 1, 1))
+        small = dataclasses.replace(cap, search_range=(1, 1, 1))
     else:
         small = NeighborCapacity(**{**cap.__dict__, field: max(1, int(getattr(cap, field) * shrink))})
     fmt = NeighborListFormat.MATRIX if field == "max_neighbors" else NeighborListFormat.COO
@@ -174,7 +176,7 @@ def test_too_small_capacity_raises_the_overflow_flag_on_device(field, shrink):
 
 def test_neighbor_list_grows_an_overflowing_capacity_and_finds_every_pair():
     atoms = fcc(3)
-    tiny = NeighborCapacity(max_edges=10, max_neighbors=2, max_per_bin=2, search_range=(1, 1, 1))
+    tiny = NeighborCapacity(max_edges=10, max_neighbors=2, max_candidates=2, search_range=(1, 1, 1))
     nl, grown = neighbor_list(atoms.positions, atoms.cell.array, atoms.pbc, cutoff=2.5, capacity=tiny)
     assert not bool(nl.overflow)
     assert grown.max_edges > tiny.max_edges
