@@ -1,0 +1,23 @@
+"""Examples and notebooks run as shipped."""
+
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_lj_example_agrees_with_ase():
+    main = runpy.run_path(str(ROOT / "examples" / "01_lj_energy_forces.py"))["main"]
+    d_energy, d_forces, d_stress = main()
+    assert d_energy < 1e-10 and d_forces < 1e-9 and d_stress < 1e-9
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_notebook_code_cells_run_in_order(path):
+    namespace = {}
+    for cell in json.loads(path.read_text())["cells"]:
+        if cell["cell_type"] == "code":
+            exec(compile("".join(cell["source"]), f"{path.name}", "exec"), namespace)
