@@ -36,7 +36,7 @@ import equinox as eqx  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxdd  # noqa: E402
-from jaxdd.compute import energy_and_derivatives, neighbor_list_for  # noqa: E402
+from jaxdd.driver import energy_and_derivatives, neighbor_list_for  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
 from jaxdd.systems import LAMMPS_MELT_ENERGY_PER_ATOM, lj_melt, lj_melt_data  # noqa: E402
 

@@ -1,10 +1,10 @@
 """jaxdd: machine-learning interatomic potentials under spatial domain decomposition, in JAX.
 
 The public surface lives here; subpackages named for one concept hold the rest
-(``jaxdd.neighbors``, ``jaxdd.model``, ``jaxdd.compute``, ``jaxdd.models`` ...).
+(``jaxdd.data``, ``jaxdd.neighbors``, ``jaxdd.model``, ``jaxdd.driver``, ``jaxdd.models`` ...).
 """
 
-from .compute import compute
+from .driver import compute, energy_and_derivatives
 from .data import AtomicData, Batch, as_batch
 from .model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig, NeighborListFormat
 from .neighbors import NeighborCapacity, NeighborList, build_neighbor_list, edge_vectors, neighbor_capacity, neighbor_list
@@ -25,6 +25,7 @@ __all__ = [
     "build_neighbor_list",
     "compute",
     "edge_vectors",
+    "energy_and_derivatives",
     "neighbor_capacity",
     "neighbor_list",
 ]

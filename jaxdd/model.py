@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
+import operator
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
+import numpy as np
 
 from .neighbors import NeighborListFormat
 
@@ -55,13 +58,22 @@ class NeighborConfig:
 
     def __post_init__(self):
         c = self.cutoff
-        if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0:
+        if not _is_real(c) or not math.isfinite(c) or c <= 0:
             raise ValueError(f"NeighborConfig.cutoff must be a positive finite number (Å), got {c!r}")
         s = self.skin
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s < 0:
+        if not _is_real(s) or not math.isfinite(s) or s < 0:
             raise ValueError(f"NeighborConfig.skin must be a finite number >= 0 (Å), got {s!r}")
-        if self.max_neighbors is not None and int(self.max_neighbors) < 1:
-            raise ValueError(f"NeighborConfig.max_neighbors must be >= 1 or None, got {self.max_neighbors!r}")
+        k = self.max_neighbors
+        if k is not None:
+            try:
+                if isinstance(k, bool):
+                    raise TypeError
+                k = operator.index(k)
+            except TypeError:
+                raise ValueError(f"NeighborConfig.max_neighbors must be an integer >= 1 or None, got {k!r}") from None
+            if k < 1:
+                raise ValueError(f"NeighborConfig.max_neighbors must be an integer >= 1 or None, got {k!r}")
+        object.__setattr__(self, "max_neighbors", k)
         object.__setattr__(self, "cutoff", float(c))
         object.__setattr__(self, "skin", float(s))
         object.__setattr__(self, "format", NeighborListFormat(self.format))
@@ -71,6 +83,10 @@ class NeighborConfig:
     def search_cutoff(self) -> float:
         """Range the neighbour list is built with: cutoff + skin (Å)."""
         return self.cutoff + self.skin
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
 
 
 def _frozen(name, value) -> frozenset:

@@ -223,8 +223,14 @@ def edge_vectors(positions, cell, batch_idx, nl: NeighborList):
     n = positions.shape[0]
     recv = jnp.minimum(nl.receivers, n - 1)
     send = jnp.minimum(nl.senders, n - 1)
-    system = jnp.clip(batch_idx[recv], 0, cell.shape[0] - 1)
-    shift = jnp.einsum("ei,eij->ej", nl.shifts.astype(positions.dtype), cell[system])
+    shifts = nl.shifts.astype(positions.dtype)
+    if cell.shape[0] == 1:
+        # One system: a [E, 3] x [3, 3] product; no per-edge copy of the cell (whose
+        # gradient would otherwise be a scatter over all edges).
+        shift = shifts @ cell[0]
+    else:
+        system = jnp.clip(batch_idx[recv], 0, cell.shape[0] - 1)
+        shift = jnp.einsum("ei,eij->ej", shifts, cell[system])
     vec = positions[send] - positions[recv] + shift
     return jnp.where(nl.mask[:, None], vec, 0.0)
 

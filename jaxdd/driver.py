@@ -121,7 +121,7 @@ def _run(model, batch, outputs, capacity):
 def compute(
     model: BaseModel,
     data: AtomicData | Batch,
-    outputs: Iterable[str] | str = ("energy", "forces", "stress"),
+    outputs: Iterable[str] | str | None = None,
     *,
     capacity: NeighborCapacity | None = None,
     max_rebuilds: int = 8,
@@ -130,14 +130,15 @@ def compute(
 
     model: a wrapper (``BaseModel``) whose parameters are pytree leaves.
     data: an AtomicData or a (possibly padded) Batch.
-    outputs: keys to return; each must be in the model's ``ModelConfig.outputs``.
+    outputs: keys to return; each must be in the model's ``ModelConfig.outputs``
+        (default: its ``active_outputs``).
     capacity: a starting neighbour-list capacity (sized from the data when None).
 
     Returns ModelOutputs with ``energy [S]``, ``forces [V, 3]``, ``stress [S, 3, 3]``,
     ... as requested; rows of padding atoms and systems are zero.
     """
     cfg = _model_config(model)
-    outputs = cfg.check_outputs(outputs)
+    outputs = cfg.check_outputs(_default_order(cfg.active_outputs) if outputs is None else outputs)
     batch = as_batch(data)
     model.validate_input(batch)
     if "stress" in outputs:
@@ -156,6 +157,11 @@ def compute(
             return out
         capacity = capacity.grown(nl.stats())
     raise RuntimeError(f"neighbour list still overflowed after {max_rebuilds} rebuilds (capacity {capacity})")
+
+
+def _default_order(keys) -> tuple[str, ...]:
+    first = [k for k in ("energy", "forces", "stress") if k in keys]
+    return tuple(first + sorted(set(keys) - set(first)))
 
 
 def _check_stress_cells(batch: Batch) -> None:
