@@ -72,18 +72,25 @@ def energy_and_derivatives(model, batch: Batch, outputs: tuple[str, ...]) -> Mod
     system = jnp.clip(batch.batch_idx, 0, n_sys - 1)
 
     def total_energy(positions, strain):
-        # Identity strain by default; the gradient at zero strain is the virial.
-        deform = jnp.eye(3, dtype=positions.dtype) + strain
-        pos = jnp.einsum("vi,vij->vj", positions, deform[system])
-        cell = jnp.einsum("sij,sjk->sik", batch.cell, deform)
-        out = model(batch.replace(positions=pos, cell=cell))
+        if strain is None:
+            out = model(batch.replace(positions=positions))
+        else:
+            # Identity strain by default; the gradient at zero strain is the virial.
+            deform = jnp.eye(3, dtype=positions.dtype) + strain
+            pos = jnp.einsum("vi,vij->vj", positions, deform[system])
+            cell = jnp.einsum("sij,sjk->sik", batch.cell, deform)
+            out = model(batch.replace(positions=pos, cell=cell))
         energy = _energy(out, model)
         return jnp.sum(jnp.where(batch.system_mask, energy, 0.0)), out
 
-    strain = jnp.zeros((n_sys, 3, 3), batch.positions.dtype)
-    (_, out), (g_pos, g_strain) = jax.value_and_grad(total_energy, argnums=(0, 1), has_aux=True)(
-        batch.positions, strain
-    )
+    if want_stress:
+        strain = jnp.zeros((n_sys, 3, 3), batch.positions.dtype)
+        (_, out), (g_pos, g_strain) = jax.value_and_grad(total_energy, argnums=(0, 1), has_aux=True)(
+            batch.positions, strain
+        )
+    else:
+        # Forces alone: no strain in the graph, so nothing is spent on the virial.
+        (_, out), g_pos = jax.value_and_grad(total_energy, has_aux=True)(batch.positions, None)
     extra = {}
     if want_forces:
         extra["forces"] = jnp.where(batch.atom_mask[:, None], -g_pos, 0.0)

@@ -220,19 +220,19 @@ def edge_vectors(positions, cell, batch_idx, nl: NeighborList):
     positions: [n_atoms, 3]; cell: [S, 3, 3]; batch_idx: [n_atoms] system of each atom.
     Differentiable in positions and cell (the strain used for stress acts through both).
     """
-    n = positions.shape[0]
-    recv = jnp.minimum(nl.receivers, n - 1)
-    send = jnp.minimum(nl.senders, n - 1)
+    # Padding edges index one past the last atom: "fill" reads zeros there, so their
+    # vectors are exactly zero without a mask (a select here would cost a full pass).
+    def rows(x, idx):
+        return x.at[idx].get(mode="fill", fill_value=0)
+
     shifts = nl.shifts.astype(positions.dtype)
     if cell.shape[0] == 1:
         # One system: a [E, 3] x [3, 3] product; no per-edge copy of the cell (whose
         # gradient would otherwise be a scatter over all edges).
         shift = shifts @ cell[0]
     else:
-        system = jnp.clip(batch_idx[recv], 0, cell.shape[0] - 1)
-        shift = jnp.einsum("ei,eij->ej", shifts, cell[system])
-    vec = positions[send] - positions[recv] + shift
-    return jnp.where(nl.mask[:, None], vec, 0.0)
+        shift = jnp.einsum("ei,eij->ej", shifts, cell[rows(batch_idx, nl.receivers)])
+    return rows(positions, nl.senders) - rows(positions, nl.receivers) + shift
 
 
 # --------------------------------------------------------------------------- binning
@@ -300,6 +300,7 @@ def _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, max_bin
     sys_base = (jnp.cumsum(n_per_sys) - n_per_sys).astype(jnp.int32)
     keys = jnp.where(atom_mask, _linear_key(sys_base[sys_idx], b, atom_nb), max_bins)
     counts = jax.ops.segment_sum(jnp.ones(n_atoms, jnp.int32), keys, max_bins)
+    order = jnp.argsort(keys).astype(jnp.int32)
     return dict(
         bins=b,
         nbins=nbins,
@@ -309,7 +310,11 @@ def _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, max_bin
         sys_base=sys_base,
         wraps=wraps.astype(jnp.int32),
         pos_w=pos_w,
-        order=jnp.argsort(keys).astype(jnp.int32),
+        order=order,
+        # Atoms in bin order: a bin's atoms are contiguous, so reading a run of
+        # candidates touches consecutive memory.
+        pos_sorted=pos_w[order],
+        rank=jnp.zeros(n_atoms, jnp.int32).at[order].set(jnp.arange(n_atoms, dtype=jnp.int32)),
         bin_count=counts,
         bin_start=jnp.cumsum(counts) - counts,
         n_atoms=n_atoms,
@@ -376,23 +381,25 @@ def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, cap
     spread = jnp.cumsum(delta, axis=1)
     t = jnp.arange(c, dtype=jnp.int32)
     which = spread[..., 0]  # [V, C] neighbouring bin of each slot
-    j = g["order"][jnp.clip(t + spread[..., 1], 0, n - 1)]  # [V, C] candidate atom
+    sorted_pos = jnp.clip(t + spread[..., 1], 0, n - 1)  # [V, C] candidate, in bin order
 
     # Origin of each (atom, bin): the atom moved by minus the bin's image shift, so a
     # candidate's vector is one gather and one subtraction.
     cell_i = jax.lax.stop_gradient(cell)[g["sys_idx"]]  # [V, 3, 3]
     origin = g["pos_w"][:, None, :] - jnp.einsum("voi,vij->voj", image.astype(positions.dtype), cell_i)
     flat_which = jnp.arange(n)[:, None] * n_off + which
-    vec = g["pos_w"][j] - origin.reshape(-1, 3)[flat_which]
+    vec = g["pos_sorted"][sorted_pos] - origin.reshape(-1, 3)[flat_which]
     d2 = jnp.sum(vec * vec, axis=-1)
-    i = jnp.arange(n, dtype=jnp.int32)[:, None]
     # The atom itself in its own image is the only candidate at exactly zero distance
-    # with j == i (a lattice translation of a non-singular cell is never zero).
-    mask = (t < total[:, None]) & (d2 < cutoff * cutoff) & ~((j == i) & (d2 == 0))
+    # that is the atom itself (a lattice translation of a non-singular cell is never zero).
+    itself = sorted_pos == g["rank"][:, None]
+    mask = (t < total[:, None]) & (d2 < cutoff * cutoff) & ~(itself & (d2 == 0))
     if half:
+        i = jnp.arange(n, dtype=jnp.int32)[:, None]
+        j = g["order"][sorted_pos]
         shift = image.reshape(-1, 3)[flat_which] - g["wraps"][j] + g["wraps"][:, None, :]
         mask = mask & ((i < j) | ((i == j) & _lex_positive(shift)))
-    aux = dict(g, j=j, which=which, image=image, total=total)
+    aux = dict(g, sorted_pos=sorted_pos, which=which, image=image, total=total)
     return mask, aux
 
 
@@ -439,7 +446,7 @@ def build_neighbor_list(
     valid = jnp.arange(capacity.max_edges) < n_edges
     recv = (idx // c).astype(jnp.int32)
     slot = idx % c
-    send = aux["j"][recv, slot]
+    send = aux["order"][aux["sorted_pos"][recv, slot]]
     shift = aux["image"][recv, aux["which"][recv, slot]] - aux["wraps"][send] + aux["wraps"][recv]
     senders = jnp.where(valid, send, n).astype(jnp.int32)
     receivers = jnp.where(valid, recv, n).astype(jnp.int32)
