@@ -101,6 +101,34 @@ def test_unshifted_melt_lattice_reproduces_the_lammps_energy_per_atom():
     assert np.abs(got["forces"]).max() < 1e-11
 
 
+def exact_fcc_lattice_sum(density, rc, digits=40):
+    """E/N of the unshifted LJ fcc lattice (sigma = epsilon = 1) in exact decimal arithmetic."""
+    import itertools
+    from decimal import Decimal, localcontext
+
+    with localcontext() as ctx:
+        ctx.prec = digits
+        a = (Decimal(4) / Decimal(str(density))) ** (Decimal(1) / Decimal(3))
+        half = Decimal("0.5")
+        basis = [(0, 0, 0), (0, half, half), (half, 0, half), (half, half, 0)]
+        reach = int(float(rc) / float(a)) + 2
+        total = Decimal(0)
+        for i, j, k in itertools.product(range(-reach, reach + 1), repeat=3):
+            for b in basis:
+                r2 = ((i + b[0]) ** 2 + (j + b[1]) ** 2 + (k + b[2]) ** 2) * a * a
+                if 0 < r2 < Decimal(str(rc)) ** 2:
+                    s6 = 1 / r2**3
+                    total += 2 * (s6 * s6 - s6)  # half of 4 (s12 - s6): each pair is shared
+        return float(total)
+
+
+def test_melt_lattice_energy_equals_the_exact_lattice_sum():
+    # LAMMPS's printed value differs from the exact sum by ~2e-11; float64 can do better.
+    atoms = lj_melt(n_cells=5)
+    got = ours(atoms, LennardJones(1.0, 1.0, 2.5), ("energy",))
+    assert abs(got["energy"][0] / len(atoms) - exact_fcc_lattice_sum(0.8442, 2.5)) < 1e-13
+
+
 @pytest.mark.slow
 def test_full_32000_atom_melt_reproduces_the_lammps_energy_per_atom():
     atoms = lj_melt(n_cells=20)
