@@ -112,6 +112,16 @@ def _coerce_pbc(pbc: Any, n_systems: int, owner: str) -> jax.Array:
     return pbc
 
 
+def _coerce_atoms(owner, positions, atomic_numbers, charges, masses, velocities, dtype):
+    """Per-atom fields as arrays (floats in one dtype), with their shapes checked."""
+    positions = _coerce_positions(positions, _float_dtype(dtype))
+    fdt = positions.dtype
+    fields = (positions, _coerce_int(atomic_numbers), _coerce_float(charges, fdt),
+              _coerce_float(masses, fdt), _coerce_float(velocities, fdt))
+    _check_shapes(owner, *fields)
+    return fields
+
+
 def _check_shapes(owner: str, positions, atomic_numbers, charges, masses, velocities) -> int:
     if positions.ndim != 2 or positions.shape[1] != 3:
         raise ValueError(
@@ -339,13 +349,10 @@ class AtomicData:
     def __init__(self, positions, atomic_numbers, cell=None, pbc=None, *, charges=None,
                  masses=None, velocities=None, dtype=None):
         owner = "AtomicData"
-        positions = _coerce_positions(positions, _float_dtype(dtype))
+        positions, atomic_numbers, charges, masses, velocities = _coerce_atoms(
+            owner, positions, atomic_numbers, charges, masses, velocities, dtype
+        )
         fdt = positions.dtype
-        atomic_numbers = _coerce_int(atomic_numbers)
-        charges = _coerce_float(charges, fdt)
-        masses = _coerce_float(masses, fdt)
-        velocities = _coerce_float(velocities, fdt)
-        _check_shapes(owner, positions, atomic_numbers, charges, masses, velocities)
         cell = _coerce_cell(cell, 1, fdt, owner)
         if cell.shape[0] != 1:
             raise ValueError(
@@ -462,13 +469,11 @@ class Batch:
                  atom_mask=None, system_mask=None, *, charges=None, masses=None,
                  velocities=None, neighbors=None, dtype=None):
         owner = "Batch"
-        positions = _coerce_positions(positions, _float_dtype(dtype))
+        positions, atomic_numbers, charges, masses, velocities = _coerce_atoms(
+            owner, positions, atomic_numbers, charges, masses, velocities, dtype
+        )
         fdt = positions.dtype
-        atomic_numbers = _coerce_int(atomic_numbers)
-        charges = _coerce_float(charges, fdt)
-        masses = _coerce_float(masses, fdt)
-        velocities = _coerce_float(velocities, fdt)
-        n_atoms = _check_shapes(owner, positions, atomic_numbers, charges, masses, velocities)
+        n_atoms = positions.shape[0]
         cell = _coerce_cell(cell, None, fdt, owner)
         n_sys = cell.shape[0]
         if n_sys == 0:
