@@ -5,13 +5,27 @@ The public surface lives here; subpackages named for one concept hold the rest
 """
 
 from .driver import compute, energy_and_derivatives
+from .adapters import JitAdapter, MethodAdapter, ModuleForwardAdapter, PythonAdapter
 from .data import AtomicData, Batch, as_batch
 from .model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig, NeighborListFormat
+from .ops import SpecError, register_op
+from .spec import CompilePolicy, DistributionSpec, MLIPSpec, OpAdapter, OutputKind
 from .neighbors import NeighborCapacity, NeighborList, build_neighbor_list, edge_vectors, neighbor_capacity, neighbor_list
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CompilePolicy",
+    "DistributionSpec",
+    "JitAdapter",
+    "MLIPSpec",
+    "MethodAdapter",
+    "ModuleForwardAdapter",
+    "OpAdapter",
+    "OutputKind",
+    "PythonAdapter",
+    "SpecError",
+    "register_op",
     "AtomicData",
     "Batch",
     "BaseModel",

@@ -1,0 +1,144 @@
+"""Declarations that swap a third-party helper for a distribution-aware replacement.
+
+Some models call helpers that are wrong under decomposition, e.g. a per-molecule sum that
+sizes its output from ``mol_idx[-1] + 1``. A spec lists one adapter per such helper; the
+dispatch installs the replacement while the model is traced and restores the original
+afterwards. These classes only *declare* the swap.
+
+A replacement is a callable or a ``"module:qualname"`` reference; only importable
+module-level callables can be saved in a spec file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from .ops import SpecError
+
+__all__ = ["HelperAdapter", "PythonAdapter", "JitAdapter", "MethodAdapter", "ModuleForwardAdapter", "resolve_reference"]
+
+
+def resolve_reference(ref: str, what: str = "replacement") -> Any:
+    """Import ``"package.module:qualified.name"``; SpecError naming what failed."""
+    if not isinstance(ref, str) or ref.count(":") != 1 or not all(ref.split(":")):
+        raise SpecError(f"{what} must be a 'module:qualname' reference, got {ref!r}")
+    module_name, qualname = ref.split(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SpecError(f"{what} {ref!r}: cannot import module {module_name!r} ({exc}); install or import it first") from None
+    for part in qualname.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise SpecError(f"{what} {ref!r}: module {module_name!r} has no attribute {qualname!r}") from None
+    return obj
+
+
+def reference_of(fn: Any) -> str | None:
+    """``"module:qualname"`` of an importable module-level callable, else None."""
+    if isinstance(fn, str):
+        return fn
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if not module or not qualname or "<" in qualname:  # lambdas and local functions
+        return None
+    try:
+        found = resolve_reference(f"{module}:{qualname}")
+    except SpecError:
+        return None
+    return f"{module}:{qualname}" if found is fn else None
+
+
+def _check_name(owner: str, field: str, value: Any) -> None:
+    if not isinstance(value, str) or not value or not all(p.isidentifier() for p in value.split(".")):
+        raise SpecError(f"{owner}.{field} must be a dotted Python name, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class HelperAdapter:
+    """Base of the helper adapters; ``kind`` is the JSON tag."""
+
+    kind: ClassVar[str] = ""
+    _names: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self):
+        owner = type(self).__name__
+        for name in self._names:
+            _check_name(owner, name, getattr(self, name))
+        r = self.replacement
+        if isinstance(r, str):
+            object.__setattr__(self, "replacement", resolve_reference(r, f"{owner}.replacement"))
+        elif not callable(r):
+            raise SpecError(f"{owner}.replacement must be callable or a 'module:qualname' string, got {r!r}")
+
+    @property
+    def replacement_ref(self) -> str | None:
+        """The replacement as ``"module:qualname"``, or None if it cannot be imported by name."""
+        return reference_of(self.replacement)
+
+    def to_dict(self) -> dict:
+        ref = self.replacement_ref
+        if ref is None:
+            raise SpecError(
+                f"{type(self).__name__} for {self.target}: replacement {self.replacement!r} is not an importable "
+                "module-level callable, so the spec cannot be saved; define it at module scope"
+            )
+        return {"kind": self.kind, **{n: getattr(self, n) for n in self._names}, "replacement": ref}
+
+    @property
+    def target(self) -> str:
+        return ".".join(getattr(self, n) for n in self._names)
+
+
+@dataclasses.dataclass(frozen=True)
+class PythonAdapter(HelperAdapter):
+    """Replace the function ``module_path.attr_name`` while the model is traced."""
+
+    module_path: str
+    attr_name: str
+    replacement: Callable | str
+    kind: ClassVar[str] = "python"
+    _names: ClassVar[tuple[str, ...]] = ("module_path", "attr_name")
+
+
+@dataclasses.dataclass(frozen=True)
+class JitAdapter(HelperAdapter):
+    """Replace the jitted function ``module_path.attr_name``; the replacement is jitted too."""
+
+    module_path: str
+    attr_name: str
+    replacement: Callable | str
+    kind: ClassVar[str] = "jit"
+    _names: ClassVar[tuple[str, ...]] = ("module_path", "attr_name")
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodAdapter(HelperAdapter):
+    """Replace the method ``module_path.class_name.method_name``."""
+
+    module_path: str
+    class_name: str
+    method_name: str
+    replacement: Callable | str
+    kind: ClassVar[str] = "method"
+    _names: ClassVar[tuple[str, ...]] = ("module_path", "class_name", "method_name")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleForwardAdapter(HelperAdapter):
+    """Replace the ``__call__`` of the module class ``module_path.class_name``."""
+
+    module_path: str
+    class_name: str
+    replacement: Callable | str
+    kind: ClassVar[str] = "module_forward"
+    _names: ClassVar[tuple[str, ...]] = ("module_path", "class_name")
+
+
+HELPER_ADAPTERS: dict[str, type[HelperAdapter]] = {
+    cls.kind: cls for cls in (PythonAdapter, JitAdapter, MethodAdapter, ModuleForwardAdapter)
+}
