@@ -86,6 +86,12 @@ class LennardJones(eqx.Module, BaseModel):
             neighbor_config=NeighborConfig(cutoff=cutoff, format=format, half_list=half_list, skin=skin),
         )
 
+    @property
+    def distribution_spec(self):
+        from jaxdd.spec import SPEC_LJ_HALO
+
+        return SPEC_LJ_HALO
+
     def validate_input(self, data) -> None:
         if self.species is None:
             return

@@ -183,6 +183,12 @@ def test_uniform_species_table_equals_the_single_species_model():
         np.testing.assert_allclose(table[key], one[key], atol=1e-12)
 
 
+def test_the_wrapper_declares_the_pair_potential_preset():
+    from jaxdd.spec import SPEC_LJ_HALO
+
+    assert LennardJones().distribution_spec is SPEC_LJ_HALO
+
+
 def test_atoms_of_an_unlisted_species_are_named():
     atoms = two_species_lattice()
     atoms.numbers[4] = 54
