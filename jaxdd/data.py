@@ -559,6 +559,21 @@ class Batch:
 
     # -- functional updates
 
+    @classmethod
+    def unchecked(cls, **fields: Any) -> "Batch":
+        """A Batch from arrays as given, without coercion or validation.
+
+        For layouts the checks do not describe, e.g. a domain-decomposed rank's block whose
+        rows are not grouped by system (there ``ptr`` only counts rows per system; use
+        ``batch_idx``). Missing optional fields are None.
+        """
+        obj = object.__new__(cls)
+        for f in cls._fields:
+            object.__setattr__(obj, f, fields.pop(f, None))
+        if fields:
+            raise TypeError(f"Batch.unchecked got unknown fields {sorted(fields)}")
+        return obj
+
     def replace(self, **changes: Any) -> "Batch":
         """A validated copy with the given fields changed."""
         kw = {f: getattr(self, f) for f in self._fields}

@@ -354,7 +354,7 @@ def _block_counts(g, pbc, atom_mask, search_range, max_bins):
     return g["bin_start"][key], count, image
 
 
-def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, capacity):
+def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, capacity, receiver_mask=None):
     """Examine, for every atom, the atoms of its block of neighbouring bins.
 
     The block of atom i is the concatenation of the runs (in bin-sorted order) of its
@@ -394,6 +394,8 @@ def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, cap
     # that is the atom itself (a lattice translation of a non-singular cell is never zero).
     itself = sorted_pos == g["rank"][:, None]
     mask = (t < total[:, None]) & (d2 < cutoff * cutoff) & ~(itself & (d2 == 0))
+    if receiver_mask is not None:
+        mask = mask & receiver_mask[:, None]
     if half:
         i = jnp.arange(n, dtype=jnp.int32)[:, None]
         j = g["order"][sorted_pos]
@@ -422,12 +424,16 @@ def build_neighbor_list(
     capacity: NeighborCapacity,
     half: bool = False,
     format: NeighborListFormat = NeighborListFormat.COO,
+    receiver_mask=None,
 ) -> NeighborList:
-    """Build a neighbour list on device; traceable under ``jit`` (all keyword args static).
+    """Build a neighbour list on device; traceable under ``jit`` (all keyword args static
+    except ``receiver_mask``).
 
     positions: [n_atoms, 3] Å; cell: [S, 3, 3] Å (rows); pbc: [S, 3] bool;
     batch_idx: [n_atoms] system of each atom (default all 0); atom_mask: [n_atoms] bool,
-    False for padding rows (default all True). Pairs with distance < cutoff are listed.
+    False for padding rows (default all True); receiver_mask: [n_atoms] bool, atoms that may
+    be receivers (default all; under decomposition, the owned atoms). Pairs with distance
+    < cutoff are listed.
     Check ``overflow`` (or use :func:`neighbor_list`, which grows and rebuilds).
     """
     _check_cutoff(cutoff)
@@ -436,7 +442,12 @@ def build_neighbor_list(
     n = positions.shape[0]
     atom_mask = atom_mask & (batch_idx >= 0) & (batch_idx < cell.shape[0])
 
-    mask, aux = _candidates(positions, cell, pbc, batch_idx, atom_mask, cutoff=float(cutoff), half=half, capacity=capacity)
+    if receiver_mask is not None:
+        receiver_mask = jnp.asarray(receiver_mask, bool)
+    mask, aux = _candidates(
+        positions, cell, pbc, batch_idx, atom_mask,
+        cutoff=float(cutoff), half=half, capacity=capacity, receiver_mask=receiver_mask,
+    )
     c = mask.shape[1]
     per_atom = jnp.sum(mask, axis=1, dtype=jnp.int32)
     n_edges = jnp.sum(per_atom, dtype=jnp.int32)

@@ -1,0 +1,487 @@
+"""Domain decomposition: ``DomainConfig`` and ``DistributedModel``.
+
+``DistributedModel(model, DomainConfig(cutoff))`` runs a single-device wrapper over a device
+mesh: the host partitions the batch into spatial blocks (:mod:`jaxdd.partition`) and plans
+the ghost shell (:mod:`jaxdd.halo`); inside ``shard_map`` every rank refreshes its ghost
+positions with ``halo_forward``, builds its neighbour list with its owned atoms as the only
+receivers, calls the model, and sums its owned per-atom energies. The energy is the
+``psum`` of those sums; forces and stress are ``jax.grad`` of it, taken with the ghost
+positions produced inside the differentiated function, so ghost forces travel home through
+the transpose of ``halo_forward``. Outputs come back in the batch's own atom order.
+
+Capacities are static and sized on the host with headroom; an overflow (a plan or a
+neighbour list that no longer fits) grows them and compiles again, never drops anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Iterable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, Mesh
+from jax.sharding import PartitionSpec as P
+
+from .data import AtomicData, Batch, as_batch
+from .driver import _check_stress_cells, _default_order, _model_config
+from .halo import HaloLayout, HaloPlan, build_halo_plan, halo_forward
+from .model import ModelOutputs
+from .neighbors import NeighborCapacity, build_neighbor_list, neighbor_capacity
+from .partition import Partition, partition
+from .segments import per_system_sum
+from .spec import SPEC_MPNN_HALO, MLIPSpec, OutputKind
+
+__all__ = ["DomainConfig", "DistributedModel", "PartitionHealth", "default_mesh"]
+
+
+def default_mesh(devices=None) -> Mesh:
+    """A 1-D mesh named ``"dd"`` over ``devices`` (default: all devices)."""
+    devices = jax.devices() if devices is None else list(devices)
+    return Mesh(np.asarray(devices), ("dd",), axis_types=(AxisType.Auto,))
+
+
+def _positive(name, value, *, allow_zero=False):
+    ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
+    ok = ok and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        raise ValueError(f"DomainConfig.{name} must be a finite number {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class DomainConfig:
+    """How a system is cut into spatial domains.
+
+    cutoff: interaction range of the model (Å). mesh: the device mesh (default: all
+    devices, 1-D); any mesh shape works, ranks are its devices in row-major order.
+    skin: extra neighbour range (Å). ghost_width: ghost shell width (Å, default
+    cutoff + skin; never below the cutoff). grid: rank grid (Px, Py, Pz) whose product is the
+    device count (default: the one with the least halo surface). strategy: "halo".
+    capacity_factor: headroom of the static capacities (>= 1). migration_hysteresis: how far
+    an atom may leave its block before it migrates (default skin / 2; used by dynamics).
+    require_nondegenerate: raise instead of warning when the ghost shell covers every atom.
+    """
+
+    cutoff: float
+    mesh: Mesh | None = None
+    skin: float = 0.0
+    ghost_width: float | None = None
+    grid: tuple[int, int, int] | None = None
+    strategy: str = "halo"
+    capacity_factor: float = 1.2
+    migration_hysteresis: float | None = None
+    require_nondegenerate: bool = False
+
+    def __post_init__(self):
+        cutoff = _positive("cutoff", self.cutoff)
+        skin = _positive("skin", self.skin, allow_zero=True)
+        ghost = cutoff + skin if self.ghost_width is None else _positive("ghost_width", self.ghost_width)
+        if ghost < cutoff:
+            raise ValueError(
+                f"DomainConfig.ghost_width = {ghost} is below the cutoff {cutoff}: ghosts would miss neighbours; "
+                "use a ghost width >= cutoff + skin"
+            )
+        if self.strategy != "halo":
+            raise ValueError(f"DomainConfig.strategy must be 'halo', got {self.strategy!r}")
+        factor = _positive("capacity_factor", self.capacity_factor)
+        if factor < 1:
+            raise ValueError(f"DomainConfig.capacity_factor must be >= 1, got {factor}")
+        hyst = skin / 2 if self.migration_hysteresis is None else _positive(
+            "migration_hysteresis", self.migration_hysteresis, allow_zero=True)
+        if skin > 0 and hyst >= skin:
+            raise ValueError(f"DomainConfig.migration_hysteresis = {hyst} must be below the skin {skin}")
+        mesh = default_mesh() if self.mesh is None else self.mesh
+        if not isinstance(mesh, Mesh):
+            raise ValueError(f"DomainConfig.mesh must be a jax.sharding.Mesh or None, got {mesh!r}")
+        if self.grid is not None:
+            grid = tuple(int(g) for g in self.grid)
+            if len(grid) != 3 or min(grid) < 1:
+                raise ValueError(f"DomainConfig.grid must be 3 positive integers, got {self.grid!r}")
+            if math.prod(grid) != mesh.size:
+                raise ValueError(
+                    f"DomainConfig.grid {grid} has {math.prod(grid)} ranks but the mesh has {mesh.size} devices; "
+                    "choose a grid whose product is the device count (or grid=None)"
+                )
+            object.__setattr__(self, "grid", grid)
+        object.__setattr__(self, "cutoff", cutoff)
+        object.__setattr__(self, "skin", skin)
+        object.__setattr__(self, "ghost_width", ghost)
+        object.__setattr__(self, "capacity_factor", factor)
+        object.__setattr__(self, "migration_hysteresis", hyst)
+        object.__setattr__(self, "mesh", mesh)
+
+    @property
+    def n_ranks(self) -> int:
+        return int(self.mesh.size)
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(self.mesh.axis_names)
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionHealth:
+    """Per-rank summary of the last partition (host numbers).
+
+    grid: rank grid. owned, ghost: [P] atoms per rank. remote: [P] atoms held by neither
+    (neither owned nor a ghost). capacities: owned rows, ghost rows, neighbour-list edges.
+    recompiles: compilations caused by capacity growth in the last call.
+    """
+
+    grid: tuple[int, int, int]
+    owned: np.ndarray
+    ghost: np.ndarray
+    remote: np.ndarray
+    owned_capacity: int
+    ghost_capacity: int
+    edge_capacity: int
+    recompiles: int
+
+    def __str__(self) -> str:
+        rows = [f"grid {self.grid}: owned/ghost/remote atoms per rank (capacities {self.owned_capacity}/"
+                f"{self.ghost_capacity} rows, {self.edge_capacity} edges); recompiles {self.recompiles}"]
+        for r, (o, g, m) in enumerate(zip(self.owned, self.ghost, self.remote)):
+            rows.append(f"  rank {r}: {o} / {g} / {m}")
+        return "\n".join(rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """Everything that shapes the compiled program (hashable)."""
+
+    layout: HaloLayout
+    nl_capacity: NeighborCapacity
+    search_cutoff: float
+    outputs: tuple[str, ...]
+    energy_key: str
+    n_systems: int
+    mesh: Mesh
+    kinds: tuple[tuple[str, OutputKind], ...]
+    all_reduce: frozenset
+
+
+class DistributedModel:
+    """A wrapper run under spatial domain decomposition; call it like ``jaxdd.compute``.
+
+    model: a :class:`~jaxdd.BaseModel` with a full neighbour list that provides per-atom
+    energies (``spec.node_energy_key``, else ``atomic_energies``).
+    domain_config: a :class:`DomainConfig`. spec: an :class:`~jaxdd.spec.MLIPSpec`
+    (default: the model's ``distribution_spec``, else ``SPEC_MPNN_HALO``).
+    """
+
+    def __init__(self, model, domain_config: DomainConfig, spec: MLIPSpec | None = None):
+        cfg = _model_config(model)
+        if not isinstance(domain_config, DomainConfig):
+            raise ValueError(f"domain_config must be a DomainConfig, got {domain_config!r}")
+        spec = spec if spec is not None else (model.distribution_spec or SPEC_MPNN_HALO)
+        if not isinstance(spec, MLIPSpec):
+            raise ValueError(f"spec must be an MLIPSpec, got {spec!r}")
+        nc = cfg.neighbor_config
+        if nc is None:
+            raise ValueError(f"{type(model).__name__} declares no neighbor_config; DistributedModel needs one")
+        if nc.half_list:
+            raise ValueError(
+                f"{type(model).__name__} asks for a half neighbour list; under decomposition every edge must "
+                "belong to its receiver's rank: use half_list=False"
+            )
+        if nc.search_cutoff > domain_config.ghost_width + 1e-12:
+            raise ValueError(
+                f"the model's neighbour range {nc.search_cutoff} (cutoff + skin) exceeds the ghost width "
+                f"{domain_config.ghost_width}; raise DomainConfig.cutoff/skin/ghost_width"
+            )
+        energy_key = spec.node_energy_key or "atomic_energies"
+        if energy_key not in cfg.outputs:
+            raise ValueError(
+                f"{type(model).__name__} provides no per-atom energy {energy_key!r} (outputs {sorted(cfg.outputs)}); "
+                "DistributedModel sums owned per-atom energies: expose them or set spec.node_energy_key"
+            )
+        self.model = model
+        self.config = domain_config
+        self.spec = spec
+        self.energy_key = energy_key
+        self._halo_capacity = None
+        self._nl_capacity = None
+        self.health: PartitionHealth | None = None
+        self._call_model_setup()
+
+    def _call_model_setup(self):
+        self.model.distributed_setup(self)
+
+    # ------------------------------------------------------------------ host side
+
+    def plan(self, batch: Batch) -> tuple[Partition, HaloPlan]:
+        """Partition ``batch`` and plan its halo (growing the stored capacities if needed)."""
+        cfg = self.config
+        part = partition(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
+                         cfg.n_ranks, grid=cfg.grid)
+        plan = build_halo_plan(part, cfg.ghost_width, capacity_factor=cfg.capacity_factor,
+                               capacity=self._halo_capacity)
+        if plan.overflow:
+            grown = (max(self._halo_capacity[0], _grow(plan.needed_owned, cfg.capacity_factor)),
+                     tuple(max(c, _grow(n, cfg.capacity_factor))
+                           for c, n in zip(self._halo_capacity[1], plan.needed_exchange)))
+            plan = build_halo_plan(part, cfg.ghost_width, capacity_factor=cfg.capacity_factor, capacity=grown)
+        self._halo_capacity = (plan.layout.n_owned, tuple(e.capacity for e in plan.layout.exchanges))
+        self._check_degenerate(part, plan)
+        return part, plan
+
+    def _check_degenerate(self, part: Partition, plan: HaloPlan) -> None:
+        n_real = int((part.owner >= 0).sum())
+        held = plan.owned_counts() + plan.ghost_counts()
+        if part.n_ranks > 1 and np.any(held >= n_real) and n_real > 0:
+            msg = (
+                f"the ghost shell of some ranks covers every atom (grid {part.grid}, ghost width "
+                f"{self.config.ghost_width} Å): decomposition gains nothing here; use fewer ranks or a larger system"
+            )
+            if self.config.require_nondegenerate:
+                raise ValueError(msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+    def _inputs(self, batch: Batch, part: Partition, plan: HaloPlan) -> dict:
+        """Per-rank arrays, stacked on a leading [P] axis."""
+        n_owned = plan.layout.n_owned
+        ids = plan.local_ids  # [P, n_local]
+        valid = ids >= 0
+        safe = np.where(valid, ids, 0)
+        n_sys = batch.n_systems
+        cell = np.asarray(batch.cell)
+        positions = np.asarray(batch.positions, np.float64)
+        wrapped = positions - np.einsum("vi,vij->vj", part.wraps, cell[part.system])
+        own_ids = ids[:, :n_owned]
+        own_valid = own_ids >= 0
+        dtype = batch.positions.dtype
+        own_pos = np.where(own_valid[..., None], wrapped[np.where(own_valid, own_ids, 0)], 0.0)
+        own_sys = np.where(own_valid, part.system[np.where(own_valid, own_ids, 0)], 0)
+        bidx = np.where(valid, np.asarray(batch.batch_idx)[safe], n_sys)
+        owned_rows = valid & (np.arange(ids.shape[1]) < n_owned)[None, :]
+        counts = np.stack([np.bincount(b[v], minlength=n_sys) for b, v in zip(bidx, valid)])
+        ptr = np.concatenate([np.zeros((len(ids), 1), np.int64), np.cumsum(counts, axis=1)], axis=1)
+
+        def rows(field, fill):
+            x = getattr(batch, field)
+            if x is None:
+                return None
+            x = np.asarray(x)
+            return np.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), x[safe], fill)
+
+        local = Batch.unchecked(
+            positions=np.zeros(ids.shape + (3,), dtype),  # filled by halo_forward on device
+            atomic_numbers=rows("atomic_numbers", 0).astype(np.int32),
+            cell=np.broadcast_to(cell, (len(ids),) + cell.shape),
+            pbc=np.zeros((len(ids), n_sys, 3), bool),  # ghosts are explicit images
+            batch_idx=bidx.astype(np.int32),
+            ptr=ptr.astype(np.int32),
+            atom_mask=valid,
+            system_mask=np.broadcast_to(np.asarray(batch.system_mask), (len(ids), n_sys)),
+            charges=rows("charges", 0.0),
+            masses=rows("masses", 1.0),
+            velocities=rows("velocities", 0.0),
+        )
+        # Where each global atom's owned row lands in the flattened [P * n_owned] outputs.
+        gather = np.full(batch.n_atoms, len(ids) * n_owned)  # padding atoms → a zero row
+        r, k = np.nonzero(own_valid)
+        gather[own_ids[r, k]] = r * n_owned + k
+        return dict(
+            local=jax.tree_util.tree_map(jnp.asarray, local),
+            own_pos=jnp.asarray(own_pos, dtype),
+            own_sys=jnp.asarray(own_sys, jnp.int32),
+            strain=jnp.zeros((len(ids), n_sys, 3, 3), dtype),
+            owned_rows=jnp.asarray(owned_rows),
+            routing=jax.tree_util.tree_map(jnp.asarray, plan.routing),
+            cell=jnp.asarray(cell, dtype),
+            system_mask=jnp.asarray(batch.system_mask),
+            gather=jnp.asarray(gather, jnp.int32),
+            local_positions_host=(wrapped[safe] + np.einsum("pli,plij->plj", plan.local_shifts, cell[part.system[safe]])),
+        )
+
+    def _size_neighbors(self, inputs: dict) -> NeighborCapacity:
+        pos = inputs["local_positions_host"]
+        local = inputs["local"]
+        nc = _model_config(self.model).neighbor_config
+        caps = [
+            neighbor_capacity(pos[r], np.eye(3)[None], np.zeros((1, 3), bool), None,
+                              np.asarray(local.atom_mask[r]), cutoff=nc.search_cutoff,
+                              headroom=self.config.capacity_factor)
+            for r in range(pos.shape[0])
+        ]
+        return NeighborCapacity(
+            max_edges=max(c.max_edges for c in caps),
+            max_neighbors=max(c.max_neighbors for c in caps),
+            max_candidates=max(c.max_candidates for c in caps),
+            search_range=tuple(max(c.search_range[a] for c in caps) for a in range(3)),
+        )
+
+    # ------------------------------------------------------------------ call
+
+    def __call__(self, data: AtomicData | Batch, outputs: Iterable[str] | str | None = None) -> ModelOutputs:
+        """Evaluate the model distributed; same keys, shapes and atom order as ``jaxdd.compute``."""
+        cfg = _model_config(self.model)
+        outputs = cfg.check_outputs(_default_order(cfg.active_outputs) if outputs is None else outputs)
+        batch = as_batch(data)
+        self.model.validate_input(batch)
+        if "stress" in outputs:
+            _check_stress_cells(batch)
+        self.spec.check_outputs(outputs)
+        part, plan = self.plan(batch)
+        inputs = self._inputs(batch, part, plan)
+        host_pos = inputs.pop("local_positions_host")
+        if self._nl_capacity is None:
+            self._nl_capacity = self._size_neighbors({**inputs, "local_positions_host": host_pos})
+        recompiles = 0
+        for _ in range(self.spec.compile.max_regrowths if self.spec.compile else 8):
+            static = _Static(
+                layout=plan.layout,
+                nl_capacity=self._nl_capacity,
+                search_cutoff=cfg.neighbor_config.search_cutoff,
+                outputs=outputs,
+                energy_key=self.energy_key,
+                n_systems=batch.n_systems,
+                mesh=self.config.mesh,
+                kinds=tuple(self.spec.output_kinds.items()),
+                all_reduce=self.spec.all_reduce_outputs,
+            )
+            out, overflow, needed = _run(self.model, inputs, static)
+            if not bool(overflow):
+                self._record_health(part, plan, recompiles)
+                return out
+            recompiles += 1
+            self._nl_capacity = self._nl_capacity.grown(_stats(needed), self.config.capacity_factor)
+        raise RuntimeError(f"neighbour lists still overflowed after {recompiles} capacity increases")
+
+    def _record_health(self, part: Partition, plan: HaloPlan, recompiles: int) -> None:
+        owned = plan.owned_counts()
+        ghost = plan.ghost_counts()
+        n_real = int((part.owner >= 0).sum())
+        self.health = PartitionHealth(
+            grid=part.grid,
+            owned=owned,
+            ghost=ghost,
+            remote=np.maximum(n_real - owned - ghost, 0),
+            owned_capacity=plan.layout.n_owned,
+            ghost_capacity=plan.layout.n_ghost,
+            edge_capacity=self._nl_capacity.max_edges,
+            recompiles=recompiles,
+        )
+
+
+def _grow(n: int, factor: float) -> int:
+    return max(1, int(math.ceil(n * max(factor, 1.25))))
+
+
+def _stats(needed):
+    from .neighbors import NeighborStats
+
+    return NeighborStats(
+        edges=int(needed["edges"]),
+        neighbors=int(needed["neighbors"]),
+        candidates=int(needed["candidates"]),
+        search_range=tuple(int(x) for x in np.asarray(needed["range"])),
+        bins=int(needed["bins"]),
+    )
+
+
+@eqx.filter_jit
+def _run(model, inputs, static: _Static):
+    axes = tuple(static.mesh.axis_names)
+    ranked = P(axes)
+    params, rest = eqx.partition(model, eqx.is_array)
+    want_forces = "forces" in static.outputs
+    want_stress = "stress" in static.outputs
+    layout = static.layout
+
+    def rank_fn(params, local, own_pos, own_sys, owned_rows, routing, strain, cell, system_mask):
+        model = eqx.combine(params, rest)
+        local, own_pos, own_sys, owned_rows, routing, strain = jax.tree_util.tree_map(
+            lambda x: x[0], (local, own_pos, own_sys, owned_rows, routing, strain)
+        )
+        n_sys = static.n_systems
+
+        def local_energy(own_pos, strain):
+            deform = jnp.eye(3, dtype=own_pos.dtype) + strain
+            pos = jnp.einsum("vi,vij->vj", own_pos, deform[own_sys])
+            cell_s = jnp.einsum("sij,sjk->sik", cell, deform)
+            positions = halo_forward(pos, layout, routing, axes, cell=cell_s)
+            nl = build_neighbor_list(
+                jax.lax.stop_gradient(positions),
+                jnp.broadcast_to(jnp.eye(3, dtype=positions.dtype), (n_sys, 3, 3)),
+                jnp.zeros((n_sys, 3), bool),
+                local.batch_idx,
+                local.atom_mask,
+                cutoff=static.search_cutoff,
+                capacity=static.nl_capacity,
+                receiver_mask=owned_rows,
+            )
+            out = model(local.replace(positions=positions, cell=cell_s, neighbors=nl))
+            atomic = jnp.where(owned_rows, out[static.energy_key], 0.0)
+            per_system = per_system_sum(atomic, local.batch_idx, n_sys)
+            return jnp.sum(jnp.where(system_mask, per_system, 0.0)), (per_system, out, nl)
+
+        # Each rank's strain is its own (sharded) copy, so its gradient is this rank's part
+        # of the virial; the parts are summed explicitly below. A replicated strain would
+        # have its gradient summed over ranks implicitly, and the sum below would double it.
+        (_, (per_system, out, nl)), (g_pos, g_strain) = jax.value_and_grad(
+            local_energy, argnums=(0, 1), has_aux=True
+        )(own_pos, strain)
+
+        results = {}
+        n_owned = layout.n_owned
+        for key in static.outputs:  # one fixed order on every rank
+            if key == "energy":
+                results[key] = jax.lax.psum(per_system, axes)
+            elif key == "forces" and want_forces:
+                results[key] = -g_pos[None]
+            elif key == "stress" and want_stress:
+                volume = jnp.abs(jnp.linalg.det(cell))
+                safe = jnp.where(volume > 0, volume, 1.0)[:, None, None]
+                results[key] = jax.lax.psum(g_strain, axes) / safe
+            else:
+                value = out[key]
+                kind = dict(static.kinds).get(key, OutputKind.UNKNOWN)
+                if kind is OutputKind.UNKNOWN:
+                    kind = OutputKind.PER_NODE if value.shape[:1] == (layout.n_local,) else OutputKind.PER_GRAPH
+                if kind is OutputKind.PER_NODE:
+                    results[key] = value[:n_owned][None]
+                elif key in static.all_reduce or kind is OutputKind.PER_GRAPH:
+                    results[key] = jax.lax.psum(value, axes)
+                else:  # GLOBAL: the same on every rank; pmax makes that explicit to shard_map
+                    results[key] = jax.lax.pmax(value, axes)
+        needed = dict(
+            edges=jax.lax.pmax(nl.n_edges, axes),
+            neighbors=jax.lax.pmax(jnp.max(nl.num_neighbors), axes),
+            candidates=jax.lax.pmax(nl.needed_candidates, axes),
+            range=jax.lax.pmax(nl.needed_range, axes),
+            bins=jax.lax.pmax(nl.needed_bins, axes),
+        )
+        overflow = jax.lax.pmax(nl.overflow.astype(jnp.int32), axes) > 0
+        return results, overflow, needed
+
+    per_node = {k for k in static.outputs if k in ("forces",) or dict(static.kinds).get(k) is OutputKind.PER_NODE}
+    out_specs = (
+        {k: (ranked if k in per_node else P()) for k in static.outputs},
+        P(),
+        P(),
+    )
+    fn = jax.shard_map(
+        rank_fn,
+        mesh=static.mesh,
+        in_specs=(P(), ranked, ranked, ranked, ranked, ranked, ranked, P(), P()),
+        out_specs=out_specs,
+    )
+    results, overflow, needed = fn(
+        params, inputs["local"], inputs["own_pos"], inputs["own_sys"], inputs["owned_rows"],
+        inputs["routing"], inputs["strain"], inputs["cell"], inputs["system_mask"],
+    )
+    outputs = {}
+    for key in static.outputs:
+        value = results[key]
+        if key in per_node:
+            flat = value.reshape((-1,) + value.shape[2:])
+            flat = jnp.concatenate([flat, jnp.zeros((1,) + flat.shape[1:], flat.dtype)])
+            value = flat[inputs["gather"]]
+        outputs[key] = value
+    return ModelOutputs(outputs), overflow, needed

@@ -1,0 +1,316 @@
+"""Halo plans and the two halo exchanges.
+
+A plan says, for every rank, which atoms it sends to which neighbour so that afterwards
+each rank holds every periodic image within ``ghost_width`` of its block. Plans are built
+LAMMPS-style on the host: axis by axis (x, then y, then z), in both directions, each stage
+forwarding the ghosts received in the stages before it (6 exchanges rather than 26), with
+several hops along an axis when the ghost shell is wider than a block, and with periodic
+images of a rank's own atoms when the cell is thinner than the shell. Bounds are inclusive
+and include the receiver's own block, so an atom that sits inside a neighbour's block while
+still owned elsewhere reaches that neighbour too.
+
+Layout of every per-atom array on a rank: ``[owned (n_owned) | ghosts of exchange 0 |
+ghosts of exchange 1 | ...]``, each region of static capacity. The static part of a plan
+(:class:`HaloLayout`) is hashable and keys the jit cache; the routing (:class:`HaloRouting`)
+is traced, so a new plan with the same capacities does not recompile.
+
+``halo_forward`` copies owner rows into ghost rows; ``halo_reverse`` sums ghost rows back
+into their owners. The two are each other's transpose, so ``jax.grad`` through
+``halo_forward`` routes ghost forces home.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .partition import Partition, rank_coords, rank_of
+
+__all__ = ["Exchange", "HaloLayout", "HaloRouting", "HaloPlan", "build_halo_plan", "halo_forward", "halo_reverse"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Exchange:
+    """One ppermute: along ``axis`` in ``direction`` (+1/-1), hop ``hop`` (1-based).
+
+    pairs: (source rank, destination rank) of every rank that sends.
+    offset: start of this exchange's slots within the send arrays (and, shifted by
+    ``n_owned``, of its ghost rows on the receiver). capacity: slots per rank.
+    """
+
+    axis: int
+    direction: int
+    hop: int
+    pairs: tuple[tuple[int, int], ...]
+    offset: int
+    capacity: int
+
+
+@dataclasses.dataclass(frozen=True)
+class HaloLayout:
+    """Static shape of a plan: rank grid, owned capacity and the exchanges."""
+
+    grid: tuple[int, int, int]
+    n_owned: int
+    exchanges: tuple[Exchange, ...]
+
+    @property
+    def n_ghost(self) -> int:
+        return sum(e.capacity for e in self.exchanges)
+
+    @property
+    def n_local(self) -> int:
+        """Rows of a per-atom array on a rank: owned + ghost capacity."""
+        return self.n_owned + self.n_ghost
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class HaloRouting:
+    """Traced routing of one rank (leading ``[P]`` axis while on the host).
+
+    send_idx: [n_send] local row sent in each slot. send_valid: [n_send] bool.
+    send_system: [n_send] system of the atom in each slot (for its cell's lattice vector).
+    wrap: [n_exchanges] lattice vectors (along the exchange's axis) added to positions sent,
+    -1, 0 or +1: non-zero where the exchange crosses a periodic boundary.
+    """
+
+    send_idx: jax.Array
+    send_valid: jax.Array
+    send_system: jax.Array
+    wrap: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class HaloPlan:
+    """A built plan (host arrays). ``needed`` holds the exact sizes this partition needs.
+
+    local_ids: [P, n_local] global atom index of every local row (-1: padding).
+    local_shifts: [P, n_local, 3] integer lattice shift of each row's image relative to the
+    wrapped owner position.
+    overflow: True when a capacity given to :func:`build_halo_plan` was too small; the
+    arrays are then incomplete and ``needed`` says what would fit.
+    """
+
+    layout: HaloLayout
+    routing: HaloRouting
+    local_ids: np.ndarray
+    local_shifts: np.ndarray
+    needed_owned: int
+    needed_exchange: tuple[int, ...]
+    overflow: bool
+
+    @property
+    def n_ranks(self) -> int:
+        return self.local_ids.shape[0]
+
+    def ghost_counts(self) -> np.ndarray:
+        """Ghost rows in use per rank, [P]."""
+        return (self.local_ids[:, self.layout.n_owned :] >= 0).sum(axis=1)
+
+    def owned_counts(self) -> np.ndarray:
+        return (self.local_ids[:, : self.layout.n_owned] >= 0).sum(axis=1)
+
+
+def _headroom(n: int, factor: float) -> int:
+    return max(1, int(math.ceil(n * factor)))
+
+
+def build_halo_plan(
+    part: Partition,
+    ghost_width: float,
+    *,
+    capacity_factor: float = 1.2,
+    capacity: tuple[int, tuple[int, ...]] | None = None,
+) -> HaloPlan:
+    """Plan the ghost shell of width ``ghost_width`` (Å) for a partition.
+
+    capacity: (n_owned, per-exchange slots) to reuse (e.g. to keep the same compiled
+    program); when any is too small the plan is returned with ``overflow`` set. Without
+    it, capacities are the exact needs times ``capacity_factor``.
+    """
+    grid = part.grid
+    n_ranks = part.n_ranks
+    coords = rank_coords(np.arange(n_ranks), grid)  # [P, 3]
+    bounds = [part.bounds(r) for r in range(n_ranks)]  # (lo, hi), each [S, 3]
+    reach = ghost_width / part.spacing  # [S, 3] ghost width in frame units
+    real = part.owner >= 0
+    block_width = (part.hi - part.lo) / np.asarray(grid)  # [S, 3]
+    present = np.zeros(part.lo.shape[0], bool)
+    present[np.unique(part.system[real])] = True
+
+    # What a rank holds: global ids, where each row lives ("origin": (-1, row) for owned
+    # atoms, (exchange, slot) for ghosts, resolved to rows once capacities are known),
+    # frame coordinates in the rank's frame, and integer lattice shift of the image.
+    owned_ids = [np.flatnonzero(part.owner == r) for r in range(n_ranks)]
+    needed_owned = max((len(i) for i in owned_ids), default=0)
+    held = [
+        _held(ids, np.stack([np.full(len(ids), -1), np.arange(len(ids))], 1), part.frac[ids],
+              np.zeros((len(ids), 3), np.int64))
+        for ids in owned_ids
+    ]
+
+    steps = []  # per exchange: (axis, direction, hop, pairs, wraps [P], sends {rank: held-like dict})
+    for axis in range(3):
+        periodic_any = bool(np.any(part.pbc[present, axis]))
+        n_axis = grid[axis]
+        hops = 1
+        if present.any():
+            ratio = reach[present, axis] / np.maximum(block_width[present, axis], 1e-300)
+            hops = max(1, int(np.max(np.ceil(ratio - 1e-12))))
+        axis_start = held
+        arrivals = [[] for _ in range(n_ranks)]
+        for direction in (1, -1):
+            neighbour = coords[:, axis] + direction
+            crosses = (neighbour < 0) | (neighbour >= n_axis)
+            wraps = np.where(neighbour >= n_axis, -1, np.where(neighbour < 0, 1, 0))
+            pairs = []
+            for r in range(n_ranks):
+                if crosses[r] and not periodic_any:
+                    continue
+                c = coords[r].copy()
+                c[axis] = neighbour[r] % n_axis
+                pairs.append((r, int(rank_of(c, grid))))
+            pairs = tuple(pairs)
+            if not pairs:
+                continue
+            previous = axis_start
+            for hop in range(1, hops + 1):
+                e = len(steps)
+                sends, arrived = {}, [_held(*_empty()) for _ in range(n_ranks)]
+                for r, dst in pairs:
+                    src = previous[r]
+                    sys = part.system[src["ids"]]
+                    frac = src["frac"].copy()
+                    frac[:, axis] += wraps[r]
+                    lo, hi = bounds[dst]
+                    sel = (
+                        (part.pbc[sys, axis] | (wraps[r] == 0))
+                        & (frac[:, axis] >= lo[sys, axis] - reach[sys, axis])
+                        & (frac[:, axis] <= hi[sys, axis] + reach[sys, axis])
+                    )
+                    shift = src["shift"][sel].copy()
+                    shift[:, axis] += wraps[r]
+                    sends[r] = _held(src["ids"][sel], src["origin"][sel], frac[sel], shift)
+                    n_sel = int(sel.sum())
+                    arrived[dst] = _held(
+                        src["ids"][sel], np.stack([np.full(n_sel, e), np.arange(n_sel)], 1), frac[sel], shift
+                    )
+                steps.append((axis, direction, hop, pairs, wraps, sends))
+                for r in range(n_ranks):
+                    arrivals[r].append(arrived[r])
+                previous = arrived
+        held = [_concat([held[r], *arrivals[r]]) for r in range(n_ranks)]
+
+    needed_exchange = tuple(max((len(v["ids"]) for v in st[5].values()), default=0) for st in steps)
+    fresh = tuple(_headroom(n, capacity_factor) for n in needed_exchange)
+    if capacity is None or len(tuple(capacity[1])) != len(steps):
+        # No capacity given, or the exchange structure changed: size afresh.
+        n_owned = _headroom(needed_owned, capacity_factor) if capacity is None else max(capacity[0], 1)
+        caps = fresh
+    else:
+        n_owned, caps = int(capacity[0]), tuple(int(c) for c in capacity[1])
+    overflow = needed_owned > n_owned or any(n > c for n, c in zip(needed_exchange, caps))
+
+    exchanges, offset = [], 0
+    for (axis, direction, hop, pairs, _, _), cap in zip(steps, caps):
+        exchanges.append(Exchange(axis, direction, hop, pairs, offset, cap))
+        offset += cap
+    layout = HaloLayout(grid=grid, n_owned=n_owned, exchanges=tuple(exchanges))
+    starts = np.array([n_owned + ex.offset for ex in exchanges] + [0], np.int64)
+
+    def rows_of(origin):
+        return np.where(origin[:, 0] < 0, origin[:, 1], starts[origin[:, 0]] + origin[:, 1])
+
+    send_idx = np.zeros((n_ranks, offset), np.int32)
+    send_valid = np.zeros((n_ranks, offset), bool)
+    send_system = np.zeros((n_ranks, offset), np.int32)
+    wrap = np.zeros((n_ranks, len(steps)), np.int32)
+    local_ids = np.full((n_ranks, layout.n_local), -1, np.int64)
+    local_shifts = np.zeros((n_ranks, layout.n_local, 3), np.int64)
+    for r in range(n_ranks):
+        k = min(len(owned_ids[r]), n_owned)
+        local_ids[r, :k] = owned_ids[r][:k]
+    for e, (_, _, _, pairs, wraps, sends) in enumerate(steps):
+        ex = exchanges[e]
+        for r, dst in pairs:
+            v = sends[r]
+            # Beyond a too-small capacity slots are cut here, but such a plan is flagged
+            # (overflow) and rebuilt larger before anything runs on it.
+            m = min(len(v["ids"]), ex.capacity)
+            ids = v["ids"][:m]
+            sl = slice(ex.offset, ex.offset + m)
+            send_idx[r, sl] = np.minimum(rows_of(v["origin"][:m]), layout.n_local - 1)
+            send_valid[r, sl] = True
+            send_system[r, sl] = part.system[ids]
+            wrap[r, e] = wraps[r]
+            start = n_owned + ex.offset
+            local_ids[dst, start : start + m] = ids
+            local_shifts[dst, start : start + m] = v["shift"][:m]
+    routing = HaloRouting(send_idx=send_idx, send_valid=send_valid, send_system=send_system, wrap=wrap)
+    return HaloPlan(
+        layout=layout,
+        routing=routing,
+        local_ids=local_ids,
+        local_shifts=local_shifts,
+        needed_owned=needed_owned,
+        needed_exchange=needed_exchange,
+        overflow=bool(overflow),
+    )
+
+
+def _held(ids, origin, frac, shift) -> dict:
+    return dict(ids=ids, origin=origin, frac=frac, shift=shift)
+
+
+def _empty():
+    return np.zeros(0, np.int64), np.zeros((0, 2), np.int64), np.zeros((0, 3)), np.zeros((0, 3), np.int64)
+
+
+def _concat(parts: list[dict]) -> dict:
+    return {key: np.concatenate([p[key] for p in parts]) for key in ("ids", "origin", "frac", "shift")}
+
+
+# --------------------------------------------------------------------------- exchanges
+
+
+def halo_forward(x, layout: HaloLayout, routing: HaloRouting, axis_name, cell=None):
+    """Owner rows → ghost rows. Call inside ``shard_map``; ``routing`` is this rank's.
+
+    x: [n_owned, *F] owned rows. Returns [n_local, *F] with every ghost row a copy of its
+    owner's row; when ``cell`` ([S, 3, 3]) is given, x are positions and each ghost gets its
+    image's lattice shift. Padding rows are zero.
+    """
+    buf = jnp.zeros((layout.n_local,) + x.shape[1:], x.dtype).at[: layout.n_owned].set(x)
+    for e, ex in enumerate(layout.exchanges):
+        sl = slice(ex.offset, ex.offset + ex.capacity)
+        vals = buf[routing.send_idx[sl]]
+        if cell is not None:
+            lattice = cell[routing.send_system[sl], ex.axis]  # [cap, 3]
+            vals = vals + routing.wrap[e].astype(x.dtype) * lattice
+        valid = routing.send_valid[sl].reshape((-1,) + (1,) * (x.ndim - 1))
+        vals = jnp.where(valid, vals, 0)
+        got = jax.lax.ppermute(vals, axis_name, perm=ex.pairs)
+        buf = jax.lax.dynamic_update_slice_in_dim(buf, got, layout.n_owned + ex.offset, axis=0)
+    return buf
+
+
+def halo_reverse(y, layout: HaloLayout, routing: HaloRouting, axis_name):
+    """Ghost rows → owners: each ghost row is added to its owner's row (the transpose of
+    :func:`halo_forward` without lattice shifts). y: [n_local, *F]; returns [n_owned, *F]."""
+    buf = y
+    for ex in reversed(layout.exchanges):
+        sl = slice(ex.offset, ex.offset + ex.capacity)
+        start = layout.n_owned + ex.offset
+        back = jax.lax.ppermute(
+            jax.lax.dynamic_slice_in_dim(buf, start, ex.capacity, axis=0),
+            axis_name,
+            perm=tuple((dst, src) for src, dst in ex.pairs),
+        )
+        valid = routing.send_valid[sl].reshape((-1,) + (1,) * (y.ndim - 1))
+        buf = buf.at[routing.send_idx[sl]].add(jnp.where(valid, back, 0))
+    return buf[: layout.n_owned]
