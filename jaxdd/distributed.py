@@ -302,11 +302,12 @@ class DistributedModel:
     def _size_neighbors(self, inputs: dict) -> NeighborCapacity:
         pos = inputs["local_positions_host"]
         local = inputs["local"]
+        n_owned = inputs["own_pos"].shape[1]
         nc = _model_config(self.model).neighbor_config
         caps = [
             neighbor_capacity(pos[r], np.eye(3)[None], np.zeros((1, 3), bool), None,
                               np.asarray(local.atom_mask[r]), cutoff=nc.search_cutoff,
-                              headroom=self.config.capacity_factor)
+                              headroom=self.config.capacity_factor, n_receivers=n_owned)
             for r in range(pos.shape[0])
         ]
         return NeighborCapacity(
@@ -414,7 +415,7 @@ def _run(model, inputs, static: _Static):
                 local.atom_mask,
                 cutoff=static.search_cutoff,
                 capacity=static.nl_capacity,
-                receiver_mask=owned_rows,
+                n_receivers=layout.n_owned,
             )
             out = model(local.replace(positions=positions, cell=cell_s, neighbors=nl))
             atomic = jnp.where(owned_rows, out[static.energy_key], 0.0)

@@ -337,35 +337,37 @@ def _lex_positive(s):
     return (sx > 0) | ((sx == 0) & ((sy > 0) | ((sy == 0) & (sz > 0))))
 
 
-def _block_counts(g, pbc, atom_mask, search_range, max_bins):
-    """For every atom and neighbouring bin: the bin's run in the sorted order and its image.
-
-    Returns start, count [V, n_off] int32 and image [V, n_off, 3] int32.
+def _block_counts(g, pbc, atom_mask, search_range, max_bins, rows):
+    """For each of the first ``rows`` atoms and each neighbouring bin: the bin's run in the
+    sorted order and its image. Returns start, count [rows, n_off] and image [rows, n_off, 3].
     """
     offsets = jnp.asarray(_offsets(search_range))  # [n_off, 3]
-    nb = g["nbins"][g["sys_idx"]][:, None, :]  # [V, 1, 3]
-    raw = g["bins"][:, None, :] + offsets[None, :, :]  # [V, n_off, 3]
-    per = pbc[g["sys_idx"]][:, None, :]
+    sys_idx = g["sys_idx"][:rows]
+    nb = g["nbins"][sys_idx][:, None, :]  # [R, 1, 3]
+    raw = g["bins"][:rows, None, :] + offsets[None, :, :]  # [R, n_off, 3]
+    per = pbc[sys_idx][:, None, :]
     image = jnp.where(per, jnp.floor_divide(raw, nb), 0)
     wrapped = jnp.where(per, jnp.mod(raw, nb), raw)
     inside = jnp.all(per | ((raw >= 0) & (raw < nb)), axis=-1)
-    key = jnp.clip(_linear_key(g["sys_base"][g["sys_idx"]][:, None], wrapped, nb), 0, max_bins - 1)
-    count = jnp.where(inside & atom_mask[:, None], g["bin_count"][key], 0)
+    key = jnp.clip(_linear_key(g["sys_base"][sys_idx][:, None], wrapped, nb), 0, max_bins - 1)
+    count = jnp.where(inside & atom_mask[:rows, None], g["bin_count"][key], 0)
     return g["bin_start"][key], count, image
 
 
-def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, capacity, receiver_mask=None):
-    """Examine, for every atom, the atoms of its block of neighbouring bins.
+def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, capacity, n_receivers=None):
+    """Examine, for every receiver, the atoms of its block of neighbouring bins.
 
-    The block of atom i is the concatenation of the runs (in bin-sorted order) of its
-    n_off neighbouring bins; slot t of row i is one candidate. Returns
-    (mask [V, C], aux) with mask[i, t] True when candidate t is a neighbour of i.
+    Receivers are the first ``n_receivers`` rows (default all). The block of atom i is the
+    concatenation of the runs (in bin-sorted order) of its n_off neighbouring bins; slot t
+    of row i is one candidate. Returns (mask [R, C], aux) with mask[i, t] True when
+    candidate t is a neighbour of i.
     """
     table = capacity.table_size(positions.shape[0])
     g = _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff, capacity.bin_divisions, table)
-    n = g["n_atoms"]
+    n_all = g["n_atoms"]
+    n = n_all if n_receivers is None else int(n_receivers)
     c = capacity.max_candidates
-    start, count, image = _block_counts(g, pbc, atom_mask, capacity.search_range, table)
+    start, count, image = _block_counts(g, pbc, atom_mask, capacity.search_range, table, n)
     n_off = count.shape[1]
     end = jnp.cumsum(count, axis=1)
     first = end - count  # first slot of each bin's run in the atom's row
@@ -381,25 +383,23 @@ def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, cap
     spread = jnp.cumsum(delta, axis=1)
     t = jnp.arange(c, dtype=jnp.int32)
     which = spread[..., 0]  # [V, C] neighbouring bin of each slot
-    sorted_pos = jnp.clip(t + spread[..., 1], 0, n - 1)  # [V, C] candidate, in bin order
+    sorted_pos = jnp.clip(t + spread[..., 1], 0, n_all - 1)  # [R, C] candidate, in bin order
 
     # Origin of each (atom, bin): the atom moved by minus the bin's image shift, so a
     # candidate's vector is one gather and one subtraction.
-    cell_i = jax.lax.stop_gradient(cell)[g["sys_idx"]]  # [V, 3, 3]
-    origin = g["pos_w"][:, None, :] - jnp.einsum("voi,vij->voj", image.astype(positions.dtype), cell_i)
+    cell_i = jax.lax.stop_gradient(cell)[g["sys_idx"][:n]]  # [R, 3, 3]
+    origin = g["pos_w"][:n, None, :] - jnp.einsum("voi,vij->voj", image.astype(positions.dtype), cell_i)
     flat_which = jnp.arange(n)[:, None] * n_off + which
     vec = g["pos_sorted"][sorted_pos] - origin.reshape(-1, 3)[flat_which]
     d2 = jnp.sum(vec * vec, axis=-1)
     # The atom itself in its own image is the only candidate at exactly zero distance
     # that is the atom itself (a lattice translation of a non-singular cell is never zero).
-    itself = sorted_pos == g["rank"][:, None]
+    itself = sorted_pos == g["rank"][:n, None]
     mask = (t < total[:, None]) & (d2 < cutoff * cutoff) & ~(itself & (d2 == 0))
-    if receiver_mask is not None:
-        mask = mask & receiver_mask[:, None]
     if half:
         i = jnp.arange(n, dtype=jnp.int32)[:, None]
         j = g["order"][sorted_pos]
-        shift = image.reshape(-1, 3)[flat_which] - g["wraps"][j] + g["wraps"][:, None, :]
+        shift = image.reshape(-1, 3)[flat_which] - g["wraps"][j] + g["wraps"][:n, None, :]
         mask = mask & ((i < j) | ((i == j) & _lex_positive(shift)))
     aux = dict(g, sorted_pos=sorted_pos, which=which, image=image, total=total)
     return mask, aux
@@ -424,16 +424,15 @@ def build_neighbor_list(
     capacity: NeighborCapacity,
     half: bool = False,
     format: NeighborListFormat = NeighborListFormat.COO,
-    receiver_mask=None,
+    n_receivers: int | None = None,
 ) -> NeighborList:
-    """Build a neighbour list on device; traceable under ``jit`` (all keyword args static
-    except ``receiver_mask``).
+    """Build a neighbour list on device; traceable under ``jit`` (all keyword args static).
 
     positions: [n_atoms, 3] Å; cell: [S, 3, 3] Å (rows); pbc: [S, 3] bool;
     batch_idx: [n_atoms] system of each atom (default all 0); atom_mask: [n_atoms] bool,
-    False for padding rows (default all True); receiver_mask: [n_atoms] bool, atoms that may
-    be receivers (default all; under decomposition, the owned atoms). Pairs with distance
-    < cutoff are listed.
+    False for padding rows (default all True); n_receivers: only rows [0, n_receivers) are
+    receivers (default all; under decomposition, the owned rows), and the work scales with
+    them. Pairs with distance < cutoff are listed.
     Check ``overflow`` (or use :func:`neighbor_list`, which grows and rebuilds).
     """
     _check_cutoff(cutoff)
@@ -442,14 +441,12 @@ def build_neighbor_list(
     n = positions.shape[0]
     atom_mask = atom_mask & (batch_idx >= 0) & (batch_idx < cell.shape[0])
 
-    if receiver_mask is not None:
-        receiver_mask = jnp.asarray(receiver_mask, bool)
     mask, aux = _candidates(
         positions, cell, pbc, batch_idx, atom_mask,
-        cutoff=float(cutoff), half=half, capacity=capacity, receiver_mask=receiver_mask,
+        cutoff=float(cutoff), half=half, capacity=capacity, n_receivers=n_receivers,
     )
     c = mask.shape[1]
-    per_atom = jnp.sum(mask, axis=1, dtype=jnp.int32)
+    per_atom = jnp.sum(mask, axis=1, dtype=jnp.int32)  # [R]
     n_edges = jnp.sum(per_atom, dtype=jnp.int32)
 
     # Row-major compaction keeps the edges sorted by receiver.
@@ -488,7 +485,7 @@ def build_neighbor_list(
         mask=valid,
         matrix=matrix,
         matrix_shifts=matrix_shifts,
-        num_neighbors=per_atom,
+        num_neighbors=jnp.pad(per_atom, (0, n - per_atom.shape[0])),
         n_edges=n_edges,
         needed_candidates=needed_candidates.astype(jnp.int32),
         needed_range=needed_range.astype(jnp.int32),
@@ -502,16 +499,19 @@ def _range_stats(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, 
     return _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, table)["need"]
 
 
-@jax.jit(static_argnames=("cutoff", "divisions", "table", "search_range"))
-def _candidate_stats(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, table, search_range):
+@jax.jit(static_argnames=("cutoff", "divisions", "table", "search_range", "n_receivers"))
+def _candidate_stats(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, table, search_range, n_receivers):
     g = _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, table)
-    _, count, _ = _block_counts(g, pbc, atom_mask, search_range, table)
+    rows = positions.shape[0] if n_receivers is None else n_receivers
+    _, count, _ = _block_counts(g, pbc, atom_mask, search_range, table, rows)
     return jnp.max(jnp.sum(count, axis=1), initial=0)
 
 
-@jax.jit(static_argnames=("cutoff", "half", "capacity"))
-def _pair_stats(positions, cell, pbc, batch_idx, atom_mask, cutoff, half, capacity):
-    mask, _ = _candidates(positions, cell, pbc, batch_idx, atom_mask, cutoff=cutoff, half=half, capacity=capacity)
+@jax.jit(static_argnames=("cutoff", "half", "capacity", "n_receivers"))
+def _pair_stats(positions, cell, pbc, batch_idx, atom_mask, cutoff, half, capacity, n_receivers):
+    mask, _ = _candidates(
+        positions, cell, pbc, batch_idx, atom_mask, cutoff=cutoff, half=half, capacity=capacity, n_receivers=n_receivers
+    )
     per_atom = jnp.sum(mask, axis=1, dtype=jnp.int32)
     return jnp.sum(per_atom), jnp.max(per_atom, initial=0)
 
@@ -537,12 +537,13 @@ def neighbor_capacity(
     half: bool = False,
     headroom: float = 1.2,
     bin_divisions: int = 2,
+    n_receivers: int | None = None,
 ) -> NeighborCapacity:
     """Host-side sizing: the capacities this configuration needs, times ``headroom``.
 
     Runs small device passes (binning, candidate count, then a pair count that stores no
     pairs), so the result is exact for these positions; ``headroom`` leaves room for atoms
-    to move before the capacity overflows.
+    to move before the capacity overflows. ``n_receivers`` as in :func:`build_neighbor_list`.
     """
     _check_cutoff(cutoff)
     if not headroom >= 1.0:
@@ -552,9 +553,9 @@ def neighbor_capacity(
     table = NeighborCapacity(1, 1, 1, (1, 1, 1)).table_size(args[0].shape[0])
     kw = dict(cutoff=cutoff, divisions=divisions, table=table)
     rng = tuple(int(r) for r in np.asarray(_range_stats(*args, **kw)))
-    candidates = int(_candidate_stats(*args, **kw, search_range=rng))
+    candidates = int(_candidate_stats(*args, **kw, search_range=rng, n_receivers=n_receivers))
     probe = NeighborCapacity(1, 1, _headroom(candidates, headroom), rng, divisions)
-    edges, neighbors = _pair_stats(*args, cutoff=cutoff, half=bool(half), capacity=probe)
+    edges, neighbors = _pair_stats(*args, cutoff=cutoff, half=bool(half), capacity=probe, n_receivers=n_receivers)
     return dataclasses.replace(
         probe, max_edges=_headroom(int(edges), headroom), max_neighbors=_headroom(int(neighbors), headroom)
     )
