@@ -4,6 +4,7 @@ The public surface lives here; subpackages named for one concept hold the rest
 (``jaxdd.data``, ``jaxdd.neighbors``, ``jaxdd.model``, ``jaxdd.driver``, ``jaxdd.models`` ...).
 """
 
+from .distributed import DistributedModel, DomainConfig
 from .driver import compute, energy_and_derivatives
 from .adapters import JitAdapter, MethodAdapter, ModuleForwardAdapter, PythonAdapter
 from .data import AtomicData, Batch, as_batch
@@ -16,7 +17,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CompilePolicy",
+    "DistributedModel",
     "DistributionSpec",
+    "DomainConfig",
     "JitAdapter",
     "MLIPSpec",
     "MethodAdapter",

@@ -319,8 +319,7 @@ class DistributedModel:
 
     # ------------------------------------------------------------------ call
 
-    def __call__(self, data: AtomicData | Batch, outputs: Iterable[str] | str | None = None) -> ModelOutputs:
-        """Evaluate the model distributed; same keys, shapes and atom order as ``jaxdd.compute``."""
+    def _prepare(self, data, outputs):
         cfg = _model_config(self.model)
         outputs = cfg.check_outputs(_default_order(cfg.active_outputs) if outputs is None else outputs)
         batch = as_batch(data)
@@ -333,20 +332,32 @@ class DistributedModel:
         host_pos = inputs.pop("local_positions_host")
         if self._nl_capacity is None:
             self._nl_capacity = self._size_neighbors({**inputs, "local_positions_host": host_pos})
+        return batch, outputs, part, plan, inputs
+
+    def _static(self, batch, outputs, plan) -> _Static:
+        return _Static(
+            layout=plan.layout,
+            nl_capacity=self._nl_capacity,
+            search_cutoff=_model_config(self.model).neighbor_config.search_cutoff,
+            outputs=outputs,
+            energy_key=self.energy_key,
+            n_systems=batch.n_systems,
+            mesh=self.config.mesh,
+            kinds=tuple(self.spec.output_kinds.items()),
+            all_reduce=self.spec.all_reduce_outputs,
+        )
+
+    def lower(self, data: AtomicData | Batch, outputs: Iterable[str] | str | None = None):
+        """The lowered XLA program of one call (``.compile().cost_analysis()``, ``.memory_analysis()``)."""
+        batch, outputs, _, plan, inputs = self._prepare(data, outputs)
+        return _run.lower(self.model, inputs, self._static(batch, outputs, plan))
+
+    def __call__(self, data: AtomicData | Batch, outputs: Iterable[str] | str | None = None) -> ModelOutputs:
+        """Evaluate the model distributed; same keys, shapes and atom order as ``jaxdd.compute``."""
+        batch, outputs, part, plan, inputs = self._prepare(data, outputs)
         recompiles = 0
         for _ in range(self.spec.compile.max_regrowths if self.spec.compile else 8):
-            static = _Static(
-                layout=plan.layout,
-                nl_capacity=self._nl_capacity,
-                search_cutoff=cfg.neighbor_config.search_cutoff,
-                outputs=outputs,
-                energy_key=self.energy_key,
-                n_systems=batch.n_systems,
-                mesh=self.config.mesh,
-                kinds=tuple(self.spec.output_kinds.items()),
-                all_reduce=self.spec.all_reduce_outputs,
-            )
-            out, overflow, needed = _run(self.model, inputs, static)
+            out, overflow, needed = _run(self.model, inputs, self._static(batch, outputs, plan))
             if not bool(overflow):
                 self._record_health(part, plan, recompiles)
                 return out
@@ -403,9 +414,12 @@ def _run(model, inputs, static: _Static):
         n_sys = static.n_systems
 
         def local_energy(own_pos, strain):
-            deform = jnp.eye(3, dtype=own_pos.dtype) + strain
-            pos = jnp.einsum("vi,vij->vj", own_pos, deform[own_sys])
-            cell_s = jnp.einsum("sij,sjk->sik", cell, deform)
+            if strain is None:
+                pos, cell_s = own_pos, cell
+            else:
+                deform = jnp.eye(3, dtype=own_pos.dtype) + strain
+                pos = jnp.einsum("vi,vij->vj", own_pos, deform[own_sys])
+                cell_s = jnp.einsum("sij,sjk->sik", cell, deform)
             positions = halo_forward(pos, layout, routing, axes, cell=cell_s)
             nl = build_neighbor_list(
                 jax.lax.stop_gradient(positions),
@@ -425,9 +439,12 @@ def _run(model, inputs, static: _Static):
         # Each rank's strain is its own (sharded) copy, so its gradient is this rank's part
         # of the virial; the parts are summed explicitly below. A replicated strain would
         # have its gradient summed over ranks implicitly, and the sum below would double it.
-        (_, (per_system, out, nl)), (g_pos, g_strain) = jax.value_and_grad(
-            local_energy, argnums=(0, 1), has_aux=True
-        )(own_pos, strain)
+        if want_stress:
+            (_, (per_system, out, nl)), (g_pos, g_strain) = jax.value_and_grad(
+                local_energy, argnums=(0, 1), has_aux=True
+            )(own_pos, strain)
+        else:  # no strain in the graph: nothing is spent on the virial
+            (_, (per_system, out, nl)), g_pos = jax.value_and_grad(local_energy, has_aux=True)(own_pos, None)
 
         results = {}
         n_owned = layout.n_owned

@@ -204,6 +204,7 @@ def _complete_cell(cell, pattern):
 _PATTERNS = list(itertools.product((False, True), repeat=3))
 
 
+@jax.jit
 def effective_cell(cell, pbc):
     """Cell used for binning: periodic rows as given, open rows orthonormal completions.
 

@@ -85,7 +85,7 @@ OPS = (OP_A, OP_B, OP_C, OP_D)
 REPLACEMENT_REFS = (
     "jaxdd.segments:per_system_sum",
     "jaxdd.neighbors:edge_vectors",
-    "jaxdd.neighbors:effective_cell",
+    "jaxdd.neighbors:neighbor_capacity",
     "jaxdd.neighbors:neighbor_list",
     "jaxdd.neighbors:build_neighbor_list",
 )
@@ -119,7 +119,7 @@ RICH = MLIPSpec(
         third_party_helpers=(
             PythonAdapter("chem.mol", "mol_sum", "jaxdd.segments:per_system_sum"),
             JitAdapter("chem.jitted", "fused", "jaxdd.neighbors:edge_vectors"),
-            MethodAdapter("chem.layers", "Conv", "aggregate", resolve_reference("jaxdd.neighbors:effective_cell")),
+            MethodAdapter("chem.layers", "Conv", "aggregate", resolve_reference("jaxdd.neighbors:neighbor_capacity")),
             ModuleForwardAdapter("chem.layers", "Readout", "jaxdd.neighbors:neighbor_list"),
         ),
         shard_fields=("positions", "charges", "atomic_numbers", "spins"),
@@ -138,7 +138,11 @@ RICH = MLIPSpec(
     node_energy_key="atomic_energies",
     node_virial_key="atomic_virials",
     compile=CompilePolicy(
-        capacity_factor=1.75, growth_factor=3.0, max_regrowths=2, force_strategy="model_internal", stress_via_strain=False
+        capacity_factor=1.75,
+        growth_factor=3.0,
+        max_regrowths=2,
+        force_strategy="model_internal",
+        stress_via_strain=False,
     ),
 )
 
@@ -281,7 +285,12 @@ def test_presets_are_the_named_spec_constants():
 
 # --------------------------------------------------------------------------- 2. preset schema
 
-STANDARD_KINDS = [["atomic_energies", "per_node"], ["energy", "per_graph"], ["forces", "per_node"], ["stress", "per_graph"]]
+STANDARD_KINDS = [
+    ["atomic_energies", "per_node"],
+    ["energy", "per_graph"],
+    ["forces", "per_node"],
+    ["stress", "per_graph"],
+]
 
 
 def test_mpnn_halo_to_dict_is_exactly_the_schema():
@@ -486,7 +495,8 @@ def test_unknown_policy_kind_is_named():
 
 
 def test_unknown_transform_type_is_named():
-    core = {"policy": {"kind": "halo"}, "custom_ops": [{"op": "jaxddtest::op_a", "arg_transforms": {"0": {"type": "teleport"}}}]}
+    adapter = {"op": "jaxddtest::op_a", "arg_transforms": {"0": {"type": "teleport"}}}
+    core = {"policy": {"kind": "halo"}, "custom_ops": [adapter]}
     with pytest.raises(SpecError, match="unknown transform type 'teleport'"):
         MLIPSpec.from_dict(minimal_dict(core=core))
 
@@ -814,10 +824,10 @@ def test_with_helpers_replaces_the_adapter_for_the_same_target():
         MethodAdapter("chem.layers", "Conv", "aggregate", "jaxdd.neighbors:edge_vectors"),
     )
     before = spec.to_json()
-    new = spec.with_helpers(JitAdapter("chem.mol", "mol_sum", "jaxdd.neighbors:effective_cell"))
+    new = spec.with_helpers(JitAdapter("chem.mol", "mol_sum", "jaxdd.neighbors:neighbor_capacity"))
     by_target = {h.target: h for h in new.distribution.third_party_helpers}
     assert sorted(by_target) == ["chem.layers.Conv.aggregate", "chem.mol.mol_sum"]
-    assert by_target["chem.mol.mol_sum"] == JitAdapter("chem.mol", "mol_sum", "jaxdd.neighbors:effective_cell")
+    assert by_target["chem.mol.mol_sum"] == JitAdapter("chem.mol", "mol_sum", "jaxdd.neighbors:neighbor_capacity")
     assert spec.distribution.third_party_helpers[0].replacement_ref == "jaxdd.segments:per_system_sum"
     assert _unchanged(spec, before)
 
