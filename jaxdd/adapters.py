@@ -23,12 +23,12 @@ __all__ = ["HelperAdapter", "PythonAdapter", "JitAdapter", "MethodAdapter", "Mod
 
 def resolve_reference(ref: str, what: str = "replacement") -> Any:
     """Import ``"package.module:qualified.name"``; SpecError naming what failed."""
-    if not isinstance(ref, str) or ref.count(":") != 1 or not all(ref.split(":")):
-        raise SpecError(f"{what} must be a 'module:qualname' reference, got {ref!r}")
+    if not isinstance(ref, str) or ref.count(":") != 1 or not all(ref.split(":")) or ref.startswith("."):
+        raise SpecError(f"{what} must be an absolute 'module:qualname' reference, got {ref!r}")
     module_name, qualname = ref.split(":")
     try:
         obj = importlib.import_module(module_name)
-    except ImportError as exc:
+    except (ImportError, TypeError, ValueError) as exc:
         raise SpecError(f"{what} {ref!r}: cannot import module {module_name!r} ({exc}); install or import it first") from None
     for part in qualname.split("."):
         try:
@@ -71,14 +71,20 @@ class HelperAdapter:
             _check_name(owner, name, getattr(self, name))
         r = self.replacement
         if isinstance(r, str):
-            object.__setattr__(self, "replacement", resolve_reference(r, f"{owner}.replacement"))
+            fn = resolve_reference(r, f"{owner}.replacement")
+            if not callable(fn):
+                raise SpecError(f"{owner}.replacement {r!r} is not callable (got {type(fn).__name__})")
+            object.__setattr__(self, "replacement", fn)
+            # Keep the name it was given by: an object's own __module__/__qualname__ do not
+            # always lead back to it (re-exports, builtins), and saving must round-trip.
+            object.__setattr__(self, "_reference", r)
         elif not callable(r):
             raise SpecError(f"{owner}.replacement must be callable or a 'module:qualname' string, got {r!r}")
 
     @property
     def replacement_ref(self) -> str | None:
         """The replacement as ``"module:qualname"``, or None if it cannot be imported by name."""
-        return reference_of(self.replacement)
+        return getattr(self, "_reference", None) or reference_of(self.replacement)
 
     def to_dict(self) -> dict:
         ref = self.replacement_ref

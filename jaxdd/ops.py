@@ -183,7 +183,7 @@ TRANSFORMS: dict[str, type[Transform]] = {
 
 # --------------------------------------------------------------------------- named ops
 
-_OP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_.]*$")
+_OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_.]*", re.ASCII)
 _REGISTRY: dict[str, "OpHandle"] = {}
 
 
@@ -232,21 +232,24 @@ def register_op(name: str, fn: Callable | None = None, *, replace: bool = False)
     twice with different functions is refused unless ``replace=True`` (re-running a module,
     e.g. in a notebook, re-registers the same function and is allowed).
     """
-    if not isinstance(name, str) or not _OP_NAME.match(name):
+    if not isinstance(name, str) or not _OP_NAME.fullmatch(name):
         raise SpecError(f"op name must look like 'namespace::op' (identifiers), got {name!r}")
     if fn is None:
         return lambda f: register_op(name, f, replace=replace)
     if not callable(fn):
         raise SpecError(f"register_op({name!r}, ...): the implementation must be callable, got {fn!r}")
     old = _REGISTRY.get(name)
-    same = old is not None and getattr(old.fn, "__qualname__", None) == getattr(fn, "__qualname__", None) and getattr(
-        old.fn, "__module__", None
-    ) == getattr(fn, "__module__", None)
-    if old is not None and not (replace or same):
+    if old is not None and not (replace or old.fn is fn or _same_source(old.fn, fn)):
         raise SpecError(f"op {name!r} is already registered by {old.module or 'another module'}; pass replace=True")
     handle = OpHandle(name, fn, getattr(fn, "__module__", "") or "")
     _REGISTRY[name] = handle
     return handle
+
+
+def _same_source(a: Callable, b: Callable) -> bool:
+    """True for the same function defined again (a module or notebook cell run twice)."""
+    keys = ("__module__", "__qualname__", "__code__")
+    return all(getattr(a, k, None) is not None and getattr(a, k, None) == getattr(b, k, None) for k in keys)
 
 
 def get_op(name: str) -> OpHandle:

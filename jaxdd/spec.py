@@ -20,6 +20,7 @@ import enum
 import importlib.resources
 import json
 import math
+import re
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -172,7 +173,11 @@ class CompilePolicy:
     def __post_init__(self):
         for field, low, strict in (("capacity_factor", 1.0, False), ("growth_factor", 1.0, True)):
             v = getattr(self, field)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < low or (strict and v == low):
+            try:
+                finite = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))
+            except OverflowError:
+                finite = False
+            if not finite or v < low or (strict and v == low):
                 raise SpecError(f"CompilePolicy.{field} must be a finite number {'>' if strict else '>='} {low}, got {v!r}")
             object.__setattr__(self, field, float(v))
         if isinstance(self.max_regrowths, bool) or not isinstance(self.max_regrowths, int) or self.max_regrowths < 1:
@@ -260,11 +265,11 @@ def _tuple_of(owner, field, value, cls) -> tuple:
 def _key_set(owner: str, field: str, value: Any) -> frozenset:
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
         raise SpecError(f"{owner}.{field} must be a collection of output names, got {value!r}")
-    keys = frozenset(value)
-    bad = [k for k in keys if not isinstance(k, str) or not k]
+    items = list(value)
+    bad = [k for k in items if not isinstance(k, str) or not k]
     if bad:
         raise SpecError(f"{owner}.{field} must hold non-empty strings, got {bad[0]!r}")
-    return keys
+    return frozenset(items)
 
 
 def _output_kind(key: str, kind: Any) -> OutputKind:
@@ -425,6 +430,8 @@ class MLIPSpec:
 
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str = "spec") -> "MLIPSpec":
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise SpecError(f"{source}: expected JSON text (str or bytes), got {type(text).__name__}")
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -499,17 +506,25 @@ def _type_name(v: Any) -> str:
 
 
 def _json_repr(v: Any) -> str:
-    text = json.dumps(v) if not isinstance(v, float) or math.isfinite(v) else repr(v)
+    try:
+        text = json.dumps(v) if not isinstance(v, float) or math.isfinite(v) else repr(v)
+    except (RecursionError, ValueError, TypeError):
+        return f"{_type_name(v)} nested too deeply to show"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _read_spec(node: _Node) -> MLIPSpec:
     fields = ("version", "core", "system_reductions", "node_energy_key", "node_virial_key",
               "owned_only_outputs", "all_reduce_outputs", "output_kinds", "compile")
-    node.obj(fields, required=("version", "core"))
+    if not isinstance(node.value, dict):
+        node.fail(f"expected an object, got {_type_name(node.value)}")
+    # The version first: a newer file's new fields are not the problem to report.
+    if "version" not in node.value:
+        node.fail("missing field(s) ['version']")
     version = node.get("version")
-    if version.value != SPEC_VERSION or isinstance(version.value, bool):
+    if type(version.value) is not int or version.value != SPEC_VERSION:
         version.fail(f"unsupported spec version {_json_repr(version.value)}; this jaxdd reads version {SPEC_VERSION}")
+    node.obj(fields, required=("version", "core"))
     kinds = {}
     for pair in node.get("output_kinds", []).items():
         if not isinstance(pair.value, list) or len(pair.value) != 2:
@@ -582,8 +597,8 @@ def _read_positions(node: _Node) -> dict[int, Transform]:
         node.fail(f"expected an object mapping positions to transforms, got {_type_name(node.value)}")
     out = {}
     for key in node.value:
-        if not key.isdigit() or (len(key) > 1 and key[0] == "0"):
-            node.fail(f"position {key!r} must be a non-negative integer written in decimal")
+        if not re.fullmatch(r"0|[1-9][0-9]*", key, re.ASCII):
+            node.fail(f"position {key!r} must be a non-negative integer written in ASCII decimal")
         out[int(key)] = _read_transform(node.get(key))
     return out
 

@@ -865,3 +865,64 @@ def test_op_adapter_accepts_the_handle_or_its_name():
     assert by_handle == by_name
     assert hash(by_handle) == hash(by_name)
     assert by_name.op is OP_C
+
+
+# ------------------------------------------------------------------ edge cases found by probing
+
+
+def test_a_replacement_reference_must_name_a_callable():
+    with pytest.raises(SpecError, match="not callable"):
+        PythonAdapter("chem.mol", "mol_sum", "jaxdd.spec:SPEC_VERSION")
+
+
+def test_a_replacement_loaded_by_reference_saves_under_the_same_reference():
+    adapter = PythonAdapter("chem.mol", "mol_sum", "random:random")
+    assert adapter.to_dict()["replacement"] == "random:random"
+
+
+def test_a_relative_replacement_reference_is_refused():
+    with pytest.raises(SpecError, match="absolute"):
+        PythonAdapter("chem.mol", "mol_sum", ".foo:bar")
+
+
+def test_a_huge_integer_compile_factor_is_refused_with_a_spec_error():
+    with pytest.raises(SpecError, match="capacity_factor"):
+        CompilePolicy(capacity_factor=10**400)
+
+
+def test_positions_must_be_ascii_decimal():
+    data = MLIPSpec().with_custom_ops(OpAdapter("jaxddtest::op_a")).to_dict()
+    data["core"]["custom_ops"][0]["arg_transforms"] = {"1": {"type": "slice_owned"}, "\u0661": {"type": "gather_inputs"}}
+    with pytest.raises(SpecError, match="ASCII decimal"):
+        MLIPSpec.from_dict(data)
+
+
+def test_an_op_name_with_a_trailing_newline_is_refused():
+    with pytest.raises(SpecError, match="namespace::op"):
+        register_op("jaxddtest::nl\n", lambda x: x)
+
+
+def test_a_different_function_cannot_silently_take_a_registered_name():
+    register_op("jaxddtest::twice", lambda x: x)
+    with pytest.raises(SpecError, match="already registered"):
+        register_op("jaxddtest::twice", lambda x: 2 * x)
+
+
+def test_version_must_be_the_integer_two():
+    data = SPEC_MPNN_HALO.to_dict()
+    data["version"] = 2.0
+    with pytest.raises(SpecError, match="unsupported spec version 2.0"):
+        MLIPSpec.from_dict(data)
+
+
+def test_a_newer_file_is_refused_for_its_version_before_its_fields():
+    data = {**SPEC_MPNN_HALO.to_dict(), "version": 3, "new_field": 1}
+    with pytest.raises(SpecError, match="unsupported spec version 3"):
+        MLIPSpec.from_dict(data)
+
+
+def test_non_string_output_names_and_non_text_json_are_spec_errors():
+    with pytest.raises(SpecError, match="owned_only_outputs"):
+        MLIPSpec(owned_only_outputs=[["a"]])
+    with pytest.raises(SpecError, match="JSON text"):
+        MLIPSpec.from_json(None)
