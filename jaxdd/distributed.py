@@ -128,8 +128,8 @@ class DomainConfig:
 class PartitionHealth:
     """Per-rank summary of the last partition (host numbers).
 
-    grid: rank grid. owned, ghost: [P] atoms per rank. remote: [P] atoms held by neither
-    (neither owned nor a ghost). capacities: owned rows, ghost rows, neighbour-list edges.
+    grid: rank grid. owned, ghost: [P] owned rows and ghost rows (periodic images counted
+    each) per rank. remote: [P] atoms of which a rank holds no row at all. capacities: owned rows, ghost rows, neighbour-list edges.
     recompiles: compilations caused by capacity growth in the last call.
     """
 
@@ -366,14 +366,14 @@ class DistributedModel:
         raise RuntimeError(f"neighbour lists still overflowed after {recompiles} capacity increases")
 
     def _record_health(self, part: Partition, plan: HaloPlan, recompiles: int) -> None:
-        owned = plan.owned_counts()
-        ghost = plan.ghost_counts()
         n_real = int((part.owner >= 0).sum())
+        # Ghost rows count images: an atom may be held twice, so count distinct atoms.
+        held = np.array([np.unique(ids[ids >= 0]).size for ids in plan.local_ids])
         self.health = PartitionHealth(
             grid=part.grid,
-            owned=owned,
-            ghost=ghost,
-            remote=np.maximum(n_real - owned - ghost, 0),
+            owned=plan.owned_counts(),
+            ghost=plan.ghost_counts(),
+            remote=n_real - held,
             owned_capacity=plan.layout.n_owned,
             ghost_capacity=plan.layout.n_ghost,
             edge_capacity=self._nl_capacity.max_edges,
