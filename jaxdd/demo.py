@@ -18,12 +18,8 @@ import statistics
 import sys
 import time
 
-# Eight virtual devices when JAX runs on the CPU, so the distributed run has a mesh to use;
-# it must be set before JAX starts and changes nothing on accelerators.
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
 # Agreement expected with LAMMPS (ε per atom) and of the forces with zero (ε/σ). float64:
 # rounding of ~55 pair terms per atom leaves ~1e-13, so 1e-9 has ample room. float32: a
@@ -179,7 +175,22 @@ def format_table(fig: dict) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+def use_virtual_cpu_devices(n: int = 8) -> None:
+    """Give a CPU-only JAX ``n`` virtual devices, so the distributed run has a mesh.
+
+    Only possible before JAX creates its backends (importing jaxdd does not); an explicit
+    ``JAX_NUM_CPU_DEVICES`` wins. Changes nothing on accelerators.
+    """
+    if "JAX_NUM_CPU_DEVICES" in os.environ:
+        return
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:  # backends already initialised: keep what there is
+        pass
+
+
 def main(argv=None) -> int:
+    use_virtual_cpu_devices()
     args = parse_args(argv)
     # Must precede every array: arrays made before it stay float32.
     jax.config.update("jax_enable_x64", args.dtype == "float64")
