@@ -232,7 +232,7 @@ class DistributedModel:
 
     def _check_degenerate(self, part: Partition, plan: HaloPlan) -> None:
         n_real = int((part.owner >= 0).sum())
-        held = plan.owned_counts() + plan.ghost_counts()
+        held = _distinct_held(plan)
         if part.n_ranks > 1 and np.any(held >= n_real) and n_real > 0:
             msg = (
                 f"the ghost shell of some ranks covers every atom (grid {part.grid}, ghost width "
@@ -367,8 +367,7 @@ class DistributedModel:
 
     def _record_health(self, part: Partition, plan: HaloPlan, recompiles: int) -> None:
         n_real = int((part.owner >= 0).sum())
-        # Ghost rows count images: an atom may be held twice, so count distinct atoms.
-        held = np.array([np.unique(ids[ids >= 0]).size for ids in plan.local_ids])
+        held = _distinct_held(plan)
         self.health = PartitionHealth(
             grid=part.grid,
             owned=plan.owned_counts(),
@@ -379,6 +378,11 @@ class DistributedModel:
             edge_capacity=self._nl_capacity.max_edges,
             recompiles=recompiles,
         )
+
+
+def _distinct_held(plan: HaloPlan) -> np.ndarray:
+    """Atoms of which each rank holds a row, [P] (ghost rows count images, so may repeat)."""
+    return np.array([np.unique(ids[ids >= 0]).size for ids in plan.local_ids])
 
 
 def _grow(n: int, factor: float) -> int:

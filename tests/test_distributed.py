@@ -181,6 +181,17 @@ def assert_matches(got, want):
             np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-9, err_msg=key)
 
 
+# Every compiled XLA:CPU program keeps its code mapped until JAX's caches drop it; a few
+# dozen distributed programs in one process exceed the kernel's vm.max_map_count and the
+# next compilation aborts. The slow cases reuse nothing, so each releases its programs.
+
+
+@pytest.fixture
+def release_compiled_programs():
+    yield
+    jax.clear_caches()
+
+
 # ----------------------------------------------------------------------------- agreement
 
 
@@ -191,13 +202,12 @@ def test_distributed_outputs_equal_single_device_compute(name, grid):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("release_compiled_programs")
 @pytest.mark.parametrize("grid", GRIDS, ids=lambda g: "x".join(map(str, g)))
 @pytest.mark.parametrize("name", list(SYSTEMS))
 def test_full_size_systems_on_every_grid_equal_single_device_compute(name, grid):
     _, got = run_distributed(name, "full", grid)
     assert_matches(got, reference(name, "full"))
-    # Dozens of distinct programs in one process: drop compiled ones that are not reused.
-    jax.clear_caches()
 
 
 def test_atoms_moved_by_lattice_vectors_give_the_same_outputs_in_their_own_order():
@@ -225,6 +235,7 @@ def test_a_two_dimensional_mesh_equals_compute():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("release_compiled_programs")
 def test_a_two_dimensional_mesh_of_eight_devices_equals_compute():
     devices = np.array(jax.devices()[:8]).reshape(2, 4)
     mesh = Mesh(devices, ("a", "b"), axis_types=(AxisType.Auto,) * 2)
@@ -234,6 +245,7 @@ def test_a_two_dimensional_mesh_of_eight_devices_equals_compute():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("release_compiled_programs")
 def test_a_cluster_without_a_cell_equals_compute():
     atoms = cluster_atoms(8, cell=np.zeros((3, 3)))
     outputs = ("energy", "forces", "atomic_energies")
@@ -324,6 +336,11 @@ def test_a_cutoff_that_is_not_positive_and_finite_is_refused(cutoff):
 def test_a_model_asking_for_a_half_neighbour_list_is_refused():
     with pytest.raises(ValueError, match="half"):
         DistributedModel(LennardJones(1.0, 1.0, CUTOFF, half_list=True), DomainConfig(cutoff=CUTOFF, mesh=mesh_of(2)))
+
+
+def test_a_model_reaching_beyond_the_ghost_width_is_refused():
+    with pytest.raises(ValueError, match="ghost width"):
+        DistributedModel(LennardJones(1.0, 1.0, 3.0), DomainConfig(cutoff=CUTOFF, mesh=mesh_of(2)))
 
 
 def test_nan_positions_are_refused_before_anything_runs():
