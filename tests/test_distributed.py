@@ -234,6 +234,14 @@ def test_a_two_dimensional_mesh_equals_compute():
     assert_matches(got, reference("fcc-cube", "small"))
 
 
+def test_a_three_dimensional_mesh_equals_compute():
+    devices = np.array(jax.devices()[:8]).reshape(2, 2, 2)
+    mesh = Mesh(devices, ("x", "y", "z"), axis_types=(AxisType.Auto,) * 3)
+    model = DistributedModel(LJ, DomainConfig(cutoff=CUTOFF, mesh=mesh, grid=(2, 2, 2)))
+    got = as_numpy(model(data("fcc-cube", "small"), KEYS))
+    assert_matches(got, reference("fcc-cube", "small"))
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("release_compiled_programs")
 def test_a_two_dimensional_mesh_of_eight_devices_equals_compute():
