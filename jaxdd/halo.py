@@ -161,7 +161,11 @@ def build_halo_plan(
         hops = 1
         if present.any():
             ratio = reach[present, axis] / np.maximum(block_width[present, axis], 1e-300)
-            hops = max(1, int(np.max(np.ceil(ratio - 1e-12))))
+            need = np.ceil(np.minimum(ratio, 1e9) - 1e-12)
+            # Along an open axis there is nothing past the last rank: at most n_axis - 1 hops,
+            # however thin the blocks (atoms all in one plane give blocks of ~zero width).
+            need = np.where(part.pbc[present, axis], need, np.minimum(need, n_axis - 1))
+            hops = max(1, int(np.max(need)))
         axis_start = held
         arrivals = [[] for _ in range(n_ranks)]
         for direction in (1, -1):

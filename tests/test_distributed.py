@@ -61,18 +61,24 @@ def triclinic_atoms(n_cells, seed=2):
 
 
 def slab_atoms(n_cells, seed=3):
-    """Periodic in x and y; 10 Å of vacuum above the top layer along the open z axis."""
+    """Periodic in x and y (an oblique in-plane cell); 10 Å of vacuum above the top layer along
+    the open axis, whose cell row is tilted (only the normal to the periodic rows counts)."""
     atoms = fcc_lattice(n_cells, LATTICE)
+    atoms.set_cell(atoms.cell.array @ np.array([[1.0, 0.0, 0.0], [0.15, 1.0, 0.0], [0.0, 0.0, 1.0]]),
+                   scale_atoms=True)
     cell = atoms.cell.array.copy()
-    cell[2, 2] += 10.0
+    cell[2] += [1.0, -0.5, 10.0]
     atoms.set_cell(cell)
     atoms.pbc = (True, True, False)
-    return rattled(atoms, seed)
+    return rattled(atoms, seed, 0.03)
 
 
 def cluster_atoms(n_cells, seed=4, cell=None):
-    """A roughly spherical fcc cluster, no periodicity; a vacuum box (for stress) unless ``cell``."""
+    """A roughly spherical fcc cluster, its lattice oblique to the axes, no periodicity; in a
+    vacuum box (for stress) unless ``cell`` is given."""
     atoms = fcc_lattice(n_cells, LATTICE)
+    atoms.rotate(30, "z")
+    atoms.rotate(20, "x")
     centred = atoms.positions - atoms.positions.mean(axis=0)
     keep = np.linalg.norm(centred, axis=1) < 0.5 * n_cells * LATTICE
     box = np.eye(3) * (n_cells * LATTICE + 10.0) if cell is None else cell
