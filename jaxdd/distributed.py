@@ -130,7 +130,7 @@ class PartitionHealth:
 
     grid: rank grid. owned, ghost: [P] owned rows and ghost rows (periodic images counted
     each) per rank. remote: [P] atoms of which a rank holds no row at all. capacities: owned rows, ghost rows, neighbour-list edges.
-    recompiles: compilations caused by capacity growth in the last call.
+    recompiles: compilations caused by capacity growth (halo or neighbour list) in the last call.
     """
 
     grid: tuple[int, int, int]
@@ -205,6 +205,7 @@ class DistributedModel:
         self.spec = spec
         self.energy_key = energy_key
         self._halo_capacity = None
+        self._halo_regrowths = 0  # halo capacity growths since the last recorded call
         self._nl_capacity = None
         self.health: PartitionHealth | None = None
         self._call_model_setup()
@@ -226,6 +227,7 @@ class DistributedModel:
                      tuple(max(c, _grow(n, cfg.capacity_factor))
                            for c, n in zip(self._halo_capacity[1], plan.needed_exchange)))
             plan = build_halo_plan(part, cfg.ghost_width, capacity_factor=cfg.capacity_factor, capacity=grown)
+            self._halo_regrowths += 1
         self._halo_capacity = (plan.layout.n_owned, tuple(e.capacity for e in plan.layout.exchanges))
         self._check_degenerate(part, plan)
         return part, plan
@@ -376,8 +378,9 @@ class DistributedModel:
             owned_capacity=plan.layout.n_owned,
             ghost_capacity=plan.layout.n_ghost,
             edge_capacity=self._nl_capacity.max_edges,
-            recompiles=recompiles,
+            recompiles=recompiles + self._halo_regrowths,
         )
+        self._halo_regrowths = 0
 
 
 def _distinct_held(plan: HaloPlan) -> np.ndarray:

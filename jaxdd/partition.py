@@ -108,6 +108,8 @@ def partition(positions, cell, pbc, batch_idx, atom_mask, n_ranks: int, grid=Non
     system = np.clip(batch_idx, 0, n_sys - 1)
 
     ceff = np.asarray(effective_cell(cell, pbc), np.float64)
+    # Periodic rows exactly as given (JAX may have computed in float32 without x64).
+    ceff = np.where(pbc[:, :, None], cell, ceff)
     inv = np.linalg.inv(ceff)
     spacing = 1.0 / np.linalg.norm(inv, axis=1)  # [S, 3]
     frac = np.einsum("vi,vij->vj", positions, inv[system])
