@@ -329,6 +329,15 @@ class DistributedModel:
         if "stress" in outputs:
             _check_stress_cells(batch)
         self.spec.check_outputs(outputs)
+        # The output layout of the sharded program is fixed before tracing, so a key the
+        # framework does not derive itself needs a declared kind (no shape heuristic here).
+        undeclared = [k for k in outputs if k not in ("energy", "forces", "stress", self.energy_key)
+                      and self.spec.kind_of(k) is OutputKind.UNKNOWN]
+        if undeclared:
+            raise ValueError(
+                f"outputs {undeclared} have no OutputKind in the spec; DistributedModel needs one to lay them "
+                "out across ranks: spec.with_output_kinds(key=OutputKind.PER_NODE or PER_GRAPH or GLOBAL)"
+            )
         part, plan = self.plan(batch)
         inputs = self._inputs(batch, part, plan)
         host_pos = inputs.pop("local_positions_host")
@@ -466,9 +475,7 @@ def _run(model, inputs, static: _Static):
                 results[key] = jax.lax.psum(g_strain, axes) / safe
             else:
                 value = out[key]
-                kind = dict(static.kinds).get(key, OutputKind.UNKNOWN)
-                if kind is OutputKind.UNKNOWN:
-                    kind = OutputKind.PER_NODE if value.shape[:1] == (layout.n_local,) else OutputKind.PER_GRAPH
+                kind = dict(static.kinds)[key]  # declared: checked on the host
                 if kind is OutputKind.PER_NODE:
                     results[key] = value[:n_owned][None]
                 elif key in static.all_reduce or kind is OutputKind.PER_GRAPH:

@@ -42,17 +42,11 @@ def choose_grid(n_ranks: int, lengths: np.ndarray) -> tuple[int, int, int]:
     """
     lengths = np.maximum(np.asarray(lengths, float), 1e-12)
     best, best_cost = None, np.inf
-    for px in range(1, n_ranks + 1):
-        if n_ranks % px:
-            continue
-        for py in range(1, n_ranks // px + 1):
-            if (n_ranks // px) % py:
-                continue
-            pz = n_ranks // (px * py)
-            d = lengths / np.array([px, py, pz])
-            cost = d[0] * d[1] + d[1] * d[2] + d[2] * d[0]
-            if cost < best_cost * (1 - 1e-12):
-                best, best_cost = (px, py, pz), cost
+    for grid in grids_of(n_ranks):  # lexicographic order
+        d = lengths / np.asarray(grid)
+        cost = d[0] * d[1] + d[1] * d[2] + d[2] * d[0]
+        if cost < best_cost * (1 - 1e-12):
+            best, best_cost = grid, cost
     return best
 
 
