@@ -6,7 +6,10 @@ The public surface lives here; subpackages named for one concept hold the rest
 
 from .distributed import DistributedModel, DomainConfig
 from .driver import compute, energy_and_derivatives
-from .adapters import JitAdapter, MethodAdapter, ModuleForwardAdapter, PythonAdapter
+from .adapters import AdapterRegistry, JitAdapter, MethodAdapter, ModuleForwardAdapter, PythonAdapter
+from .context import DDContext, current_dd_context
+from .dispatch import DispatchError, DispatchReport, DispatchWarning
+from .intent import LOCAL, OWNED, Scope, autograd_target, refresh_neighbors, scatter_to_owners, system_sum, to_local
 from .data import AtomicData, Batch, as_batch
 from .model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig, NeighborListFormat
 from .ops import SpecError, register_op
@@ -16,6 +19,20 @@ from .neighbors import NeighborCapacity, NeighborList, build_neighbor_list, edge
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdapterRegistry",
+    "DDContext",
+    "DispatchError",
+    "DispatchReport",
+    "DispatchWarning",
+    "LOCAL",
+    "OWNED",
+    "Scope",
+    "autograd_target",
+    "current_dd_context",
+    "refresh_neighbors",
+    "scatter_to_owners",
+    "system_sum",
+    "to_local",
     "CompilePolicy",
     "DistributedModel",
     "DistributionSpec",

@@ -11,6 +11,7 @@ module-level callables can be saved in a spec file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import Any, ClassVar
 
 from .ops import SpecError
 
-__all__ = ["HelperAdapter", "PythonAdapter", "JitAdapter", "MethodAdapter", "ModuleForwardAdapter", "resolve_reference"]
+__all__ = ["AdapterRegistry", "HelperAdapter", "PythonAdapter", "JitAdapter", "MethodAdapter", "ModuleForwardAdapter", "resolve_reference"]
 
 
 def resolve_reference(ref: str, what: str = "replacement") -> Any:
@@ -148,3 +149,99 @@ class ModuleForwardAdapter(HelperAdapter):
 HELPER_ADAPTERS: dict[str, type[HelperAdapter]] = {
     cls.kind: cls for cls in (PythonAdapter, JitAdapter, MethodAdapter, ModuleForwardAdapter)
 }
+
+
+# --------------------------------------------------------------------------- installing
+
+
+def _owner(adapter: HelperAdapter):
+    """(object holding the attribute, attribute name) an adapter replaces."""
+    try:
+        obj = importlib.import_module(adapter.module_path)
+    except ImportError as exc:
+        raise SpecError(f"{type(adapter).__name__} for {adapter.target}: cannot import {adapter.module_path!r} ({exc})") from None
+    if isinstance(adapter, (MethodAdapter, ModuleForwardAdapter)):
+        try:
+            obj = getattr(obj, adapter.class_name)
+        except AttributeError:
+            raise SpecError(f"{type(adapter).__name__}: module {adapter.module_path!r} has no class "
+                            f"{adapter.class_name!r}") from None
+        attr = adapter.method_name if isinstance(adapter, MethodAdapter) else "__call__"
+    else:
+        attr = adapter.attr_name
+    if not hasattr(obj, attr):
+        raise SpecError(f"{type(adapter).__name__}: {adapter.module_path}.{'.'.join(adapter.target.split('.')[1:])} "
+                        f"has no attribute {attr!r} to replace")
+    return obj, attr
+
+
+@dataclasses.dataclass
+class _Installed:
+    adapter: HelperAdapter
+    owner: Any
+    attr: str
+    original: Any
+    own: bool  # the attribute lived on the owner itself (not inherited)
+
+
+class AdapterRegistry:
+    """Installs helper adapters while a model is traced and restores the originals.
+
+    ``install(*adapters)`` is all-or-nothing: if one adapter fails, those already installed
+    by the call are rolled back and the error re-raised. ``restore()`` undoes everything in
+    reverse order of installation. ``installed(adapters)`` does both around a ``with`` block.
+    """
+
+    def __init__(self):
+        self._active: list[_Installed] = []
+
+    def install(self, *adapters: HelperAdapter) -> None:
+        done: list[_Installed] = []
+        try:
+            for adapter in adapters:
+                if not isinstance(adapter, HelperAdapter):
+                    raise SpecError(f"AdapterRegistry.install takes helper adapters, got {adapter!r}")
+                owner, attr = _owner(adapter)
+                own = attr in getattr(owner, "__dict__", {})
+                original = owner.__dict__[attr] if own else getattr(owner, attr)
+                replacement = adapter.replacement
+                if isinstance(adapter, JitAdapter):
+                    import jax
+
+                    replacement = jax.jit(replacement)
+                setattr(owner, attr, replacement)
+                done.append(_Installed(adapter, owner, attr, original, own))
+        except BaseException:
+            for item in reversed(done):
+                _put_back(item)
+            raise
+        self._active.extend(done)
+
+    def restore(self) -> None:
+        while self._active:
+            _put_back(self._active.pop())
+
+    def list_active(self) -> tuple[HelperAdapter, ...]:
+        """The adapters installed now, in installation order."""
+        return tuple(item.adapter for item in self._active)
+
+    @contextlib.contextmanager
+    def installed(self, adapters=()):
+        """Install ``adapters`` for the ``with`` block; restore everything installed during it."""
+        mark = len(self._active)
+        self.install(*adapters)
+        try:
+            yield self
+        finally:
+            while len(self._active) > mark:
+                _put_back(self._active.pop())
+
+
+def _put_back(item: _Installed) -> None:
+    if item.own:
+        setattr(item.owner, item.attr, item.original)
+    else:
+        try:
+            delattr(item.owner, item.attr)
+        except AttributeError:
+            setattr(item.owner, item.attr, item.original)

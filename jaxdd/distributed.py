@@ -27,13 +27,28 @@ import numpy as np
 from jax.sharding import AxisType, Mesh
 from jax.sharding import PartitionSpec as P
 
+from .adapters import AdapterRegistry
+from .context import DDContext, dd_scope
 from .data import AtomicData, Batch, as_batch
+from .dispatch import (
+    REPLICATED,
+    DispatchError,
+    DispatchReport,
+    Dispatcher,
+    Kind,
+    Layout,
+    Runtime,
+    _varying_axes,
+    batch_layouts,
+    warn_fallbacks,
+)
 from .driver import _check_stress_cells, _default_order, _model_config
 from .halo import HaloLayout, HaloPlan, build_halo_plan, halo_forward
 from .model import ModelOutputs
 from .neighbors import NeighborCapacity, build_neighbor_list, neighbor_capacity
 from .partition import Partition, partition
 from .segments import per_system_sum
+from .ops import HaloRefreshPolicy, HaloStoragePolicy
 from .spec import SPEC_MPNN_HALO, MLIPSpec, OutputKind
 
 __all__ = ["DomainConfig", "DistributedModel", "PartitionHealth", "default_mesh"]
@@ -159,10 +174,29 @@ class _Static:
     search_cutoff: float
     outputs: tuple[str, ...]
     energy_key: str
+    use_node_energy: bool
+    deep: bool
     n_systems: int
     mesh: Mesh
-    kinds: tuple[tuple[str, OutputKind], ...]
-    all_reduce: frozenset
+    spec: MLIPSpec
+    sink: "_ReportSink"  # compared by identity: each DistributedModel keeps its own reports
+
+
+class _ReportSink:
+    """Dispatch reports of the programs one DistributedModel traced, by their static key."""
+
+    def __init__(self):
+        self._reports = {}
+
+    def put(self, static, report) -> None:
+        self._reports[_key(static)] = report
+
+    def get(self, static):
+        return None if static is None else self._reports.get(_key(static))
+
+
+def _key(static: _Static):
+    return dataclasses.replace(static, sink=None)
 
 
 class DistributedModel:
@@ -181,37 +215,63 @@ class DistributedModel:
         spec = spec if spec is not None else (model.distribution_spec or SPEC_MPNN_HALO)
         if not isinstance(spec, MLIPSpec):
             raise ValueError(f"spec must be an MLIPSpec, got {spec!r}")
+        name = type(model).__name__
+        policy = spec.policy
+        if not isinstance(policy, (HaloStoragePolicy, HaloRefreshPolicy)):
+            raise ValueError(
+                f"spec policy {type(policy).__name__} needs the graph-parallel strategy, which DistributedModel does "
+                "not run; use a halo policy (HaloStoragePolicy / HaloRefreshPolicy)"
+            )
         nc = cfg.neighbor_config
         if nc is None:
-            raise ValueError(f"{type(model).__name__} declares no neighbor_config; DistributedModel needs one")
+            raise ValueError(f"{name} declares no neighbor_config; DistributedModel needs one")
         if nc.half_list:
             raise ValueError(
-                f"{type(model).__name__} asks for a half neighbour list; under decomposition every edge must "
+                f"{name} asks for a half neighbour list; under decomposition every edge must "
                 "belong to its receiver's rank: use half_list=False"
             )
-        if nc.search_cutoff > domain_config.ghost_width + 1e-12:
+        deep = isinstance(policy, HaloStoragePolicy) and policy.deep
+        ghost_width = domain_config.ghost_width
+        if deep:  # every layer reads one more neighbour shell of ghosts computed on this rank
+            ghost_width = max(ghost_width, policy.halo_layers * nc.search_cutoff)
+        elif nc.search_cutoff > ghost_width + 1e-12:
             raise ValueError(
                 f"the model's neighbour range {nc.search_cutoff} (cutoff + skin) exceeds the ghost width "
-                f"{domain_config.ghost_width}; raise DomainConfig.cutoff/skin/ghost_width"
+                f"{ghost_width}; raise DomainConfig.cutoff/skin/ghost_width"
             )
-        energy_key = spec.node_energy_key or "atomic_energies"
-        if energy_key not in cfg.outputs:
+        strategy = spec.compile.force_strategy if spec.compile is not None else "framework_from_node_energy"
+        if strategy == "model_internal":
             raise ValueError(
-                f"{type(model).__name__} provides no per-atom energy {energy_key!r} (outputs {sorted(cfg.outputs)}); "
-                "DistributedModel sums owned per-atom energies: expose them or set spec.node_energy_key"
+                f"spec.compile.force_strategy='model_internal' ({name} computes its own forces): DistributedModel "
+                "takes forces from the energy; declare the model's forces as a PER_NODE output of a custom op instead"
+            )
+        node_key = spec.node_energy_key or ("atomic_energies" if "atomic_energies" in cfg.outputs else None)
+        if node_key is not None and node_key not in cfg.outputs:
+            raise ValueError(f"spec.node_energy_key {node_key!r} is not an output of {name} (outputs {sorted(cfg.outputs)})")
+        use_node = strategy == "framework_from_node_energy" and node_key is not None
+        if not use_node and "energy" not in cfg.outputs:
+            raise ValueError(
+                f"{name} provides neither per-atom energies nor 'energy' (outputs {sorted(cfg.outputs)}); "
+                "DistributedModel differentiates one of them"
             )
         self.model = model
         self.config = domain_config
         self.spec = spec
-        self.energy_key = energy_key
+        self.energy_key = node_key if use_node else "energy"
+        self.use_node_energy = use_node
+        self.ghost_width = ghost_width
+        self.deep_halo = deep
         self._halo_capacity = None
         self._halo_regrowths = 0  # halo capacity growths since the last recorded call
         self._nl_capacity = None
+        self._reports = _ReportSink()
+        self._last_static = None
         self.health: PartitionHealth | None = None
-        self._call_model_setup()
 
-    def _call_model_setup(self):
-        self.model.distributed_setup(self)
+    @property
+    def dispatch_report(self):
+        """The :class:`~jaxdd.dispatch.DispatchReport` of the program the last call ran (None before a call)."""
+        return self._reports.get(self._last_static)
 
     # ------------------------------------------------------------------ host side
 
@@ -220,13 +280,13 @@ class DistributedModel:
         cfg = self.config
         part = partition(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
                          cfg.n_ranks, grid=cfg.grid)
-        plan = build_halo_plan(part, cfg.ghost_width, capacity_factor=cfg.capacity_factor,
+        plan = build_halo_plan(part, self.ghost_width, capacity_factor=cfg.capacity_factor,
                                capacity=self._halo_capacity)
         if plan.overflow:
             grown = (max(self._halo_capacity[0], _grow(plan.needed_owned, cfg.capacity_factor)),
                      tuple(max(c, _grow(n, cfg.capacity_factor))
                            for c, n in zip(self._halo_capacity[1], plan.needed_exchange)))
-            plan = build_halo_plan(part, cfg.ghost_width, capacity_factor=cfg.capacity_factor, capacity=grown)
+            plan = build_halo_plan(part, self.ghost_width, capacity_factor=cfg.capacity_factor, capacity=grown)
             self._halo_regrowths += 1
         self._halo_capacity = (plan.layout.n_owned, tuple(e.capacity for e in plan.layout.exchanges))
         self._check_degenerate(part, plan)
@@ -238,7 +298,7 @@ class DistributedModel:
         if part.n_ranks > 1 and np.any(held >= n_real) and n_real > 0:
             msg = (
                 f"the ghost shell of some ranks covers every atom (grid {part.grid}, ghost width "
-                f"{self.config.ghost_width} Å): decomposition gains nothing here; use fewer ranks or a larger system"
+                f"{self.ghost_width} Å): decomposition gains nothing here; use fewer ranks or a larger system"
             )
             if self.config.require_nondegenerate:
                 raise ValueError(msg)
@@ -292,7 +352,7 @@ class DistributedModel:
             local=jax.tree_util.tree_map(jnp.asarray, local),
             own_pos=jnp.asarray(own_pos, dtype),
             own_sys=jnp.asarray(own_sys, jnp.int32),
-            strain=jnp.zeros((len(ids), n_sys, 3, 3), dtype),
+            strain=jnp.zeros((n_sys, 3, 3), dtype),
             owned_rows=jnp.asarray(owned_rows),
             routing=jax.tree_util.tree_map(jnp.asarray, plan.routing),
             cell=jnp.asarray(cell, dtype),
@@ -309,7 +369,8 @@ class DistributedModel:
         caps = [
             neighbor_capacity(pos[r], np.eye(3)[None], np.zeros((1, 3), bool), None,
                               np.asarray(local.atom_mask[r]), cutoff=nc.search_cutoff,
-                              headroom=self.config.capacity_factor, n_receivers=n_owned)
+                              headroom=self.config.capacity_factor,
+                              n_receivers=pos.shape[1] if self.deep_halo else n_owned)
             for r in range(pos.shape[0])
         ]
         return NeighborCapacity(
@@ -346,17 +407,21 @@ class DistributedModel:
         return batch, outputs, part, plan, inputs
 
     def _static(self, batch, outputs, plan) -> _Static:
-        return _Static(
+        static = _Static(
             layout=plan.layout,
             nl_capacity=self._nl_capacity,
             search_cutoff=_model_config(self.model).neighbor_config.search_cutoff,
             outputs=outputs,
             energy_key=self.energy_key,
+            use_node_energy=self.use_node_energy,
+            deep=self.deep_halo,
             n_systems=batch.n_systems,
             mesh=self.config.mesh,
-            kinds=tuple(self.spec.output_kinds.items()),
-            all_reduce=self.spec.all_reduce_outputs,
+            spec=self.spec,
+            sink=self._reports,
         )
+        self._last_static = static
+        return static
 
     def lower(self, data: AtomicData | Batch, outputs: Iterable[str] | str | None = None):
         """The lowered XLA program of one call (``.compile().cost_analysis()``, ``.memory_analysis()``)."""
@@ -421,21 +486,26 @@ def _run(model, inputs, static: _Static):
     want_forces = "forces" in static.outputs
     want_stress = "stress" in static.outputs
     layout = static.layout
+    spec = static.spec
+    n_sys = static.n_systems
+    report = DispatchReport(policy=spec.policy)
+    ops = {str(a.op): a for a in spec.distribution.custom_ops}
 
     def rank_fn(params, local, own_pos, own_sys, owned_rows, routing, strain, cell, system_mask):
         model = eqx.combine(params, rest)
-        local, own_pos, own_sys, owned_rows, routing, strain = jax.tree_util.tree_map(
-            lambda x: x[0], (local, own_pos, own_sys, owned_rows, routing, strain)
+        local, own_pos, own_sys, owned_rows, routing = jax.tree_util.tree_map(
+            lambda x: x[0], (local, own_pos, own_sys, owned_rows, routing)
         )
-        n_sys = static.n_systems
 
-        def local_energy(own_pos, strain):
+        def global_energy(own_pos, strain):
             if strain is None:
                 pos, cell_s = own_pos, cell
             else:
                 deform = jnp.eye(3, dtype=own_pos.dtype) + strain
                 pos = jnp.einsum("vi,vij->vj", own_pos, deform[own_sys])
                 cell_s = jnp.einsum("sij,sjk->sik", cell, deform)
+            # Ghost positions are made here, inside the differentiated function, so ghost
+            # forces travel home through the transpose of halo_forward.
             positions = halo_forward(pos, layout, routing, axes, cell=cell_s)
             nl = build_neighbor_list(
                 jax.lax.stop_gradient(positions),
@@ -445,43 +515,59 @@ def _run(model, inputs, static: _Static):
                 local.atom_mask,
                 cutoff=static.search_cutoff,
                 capacity=static.nl_capacity,
-                n_receivers=layout.n_owned,
+                n_receivers=layout.n_local if static.deep else layout.n_owned,
             )
-            out = model(local.replace(positions=positions, cell=cell_s, neighbors=nl))
-            atomic = jnp.where(owned_rows, out[static.energy_key], 0.0)
-            per_system = per_system_sum(atomic, local.batch_idx, n_sys)
-            return jnp.sum(jnp.where(system_mask, per_system, 0.0)), (per_system, out, nl)
+            runtime = Runtime(layout, routing, axes, spec.policy, owned_rows,
+                              edge_owned=nl.mask & (nl.receivers < layout.n_owned), ops=ops)
+            batch = local.replace(positions=positions, cell=cell_s, neighbors=nl)
+            out, lays = _call_model(model, batch, runtime, report, static)
+            if static.use_node_energy:
+                atomic = jnp.where(owned_rows, out[static.energy_key], 0.0)
+                per_system = jax.lax.psum(per_system_sum(atomic, local.batch_idx, n_sys), axes)
+            else:
+                if lays["energy"].kind in (Kind.NODE, Kind.EDGE):
+                    raise DispatchError(
+                        f"the model's 'energy' is laid out per {lays['energy'].kind.value} after dispatch, not per "
+                        "system; sum it over atoms (segment_sum by batch_idx, jnp.sum, or jaxdd.system_sum)"
+                    )
+                per_system = _invariant(out["energy"], axes, static.mesh.size)
+            return jnp.sum(jnp.where(system_mask, per_system, 0.0)), (per_system, out, lays, nl)
 
-        # Each rank's strain is its own (sharded) copy, so its gradient is this rank's part
-        # of the virial; the parts are summed explicitly below. A replicated strain would
-        # have its gradient summed over ranks implicitly, and the sum below would double it.
+        # The energy is the same on every rank (psum inside), so its gradient with respect
+        # to the replicated strain is already the whole virial; no further sum.
         if want_stress:
-            (_, (per_system, out, nl)), (g_pos, g_strain) = jax.value_and_grad(
-                local_energy, argnums=(0, 1), has_aux=True
+            (_, (per_system, out, lays, nl)), (g_pos, g_strain) = jax.value_and_grad(
+                global_energy, argnums=(0, 1), has_aux=True
             )(own_pos, strain)
         else:  # no strain in the graph: nothing is spent on the virial
-            (_, (per_system, out, nl)), g_pos = jax.value_and_grad(local_energy, has_aux=True)(own_pos, None)
+            (_, (per_system, out, lays, nl)), g_pos = jax.value_and_grad(global_energy, has_aux=True)(own_pos, None)
 
         results = {}
         n_owned = layout.n_owned
         for key in static.outputs:  # one fixed order on every rank
             if key == "energy":
-                results[key] = jax.lax.psum(per_system, axes)
+                results[key] = per_system
             elif key == "forces" and want_forces:
                 results[key] = -g_pos[None]
             elif key == "stress" and want_stress:
                 volume = jnp.abs(jnp.linalg.det(cell))
                 safe = jnp.where(volume > 0, volume, 1.0)[:, None, None]
-                results[key] = jax.lax.psum(g_strain, axes) / safe
+                results[key] = g_strain / safe
             else:
                 value = out[key]
-                kind = dict(static.kinds)[key]  # declared: checked on the host
+                kind = OutputKind.PER_NODE if static.use_node_energy and key == static.energy_key else spec.kind_of(key)
                 if kind is OutputKind.PER_NODE:
                     results[key] = value[:n_owned][None]
-                elif key in static.all_reduce or kind is OutputKind.PER_GRAPH:
+                elif key in spec.all_reduce_outputs:
                     results[key] = jax.lax.psum(value, axes)
-                else:  # GLOBAL: the same on every rank; pmax makes that explicit to shard_map
-                    results[key] = jax.lax.pmax(value, axes)
+                else:
+                    if lays[key].kind in (Kind.NODE, Kind.EDGE):
+                        raise DispatchError(
+                            f"output {key!r} is declared {kind.value} but is laid out per {lays[key].kind.value} "
+                            "after dispatch; declare it PER_NODE or reduce it over atoms in the model"
+                        )
+                    # Complete on every rank (the dispatch reduced it): make that explicit.
+                    results[key] = jax.lax.pmax(value, axes) if _varying_axes(value) else value
         needed = dict(
             edges=jax.lax.pmax(nl.n_edges, axes),
             neighbors=jax.lax.pmax(jnp.max(nl.num_neighbors), axes),
@@ -492,7 +578,9 @@ def _run(model, inputs, static: _Static):
         overflow = jax.lax.pmax(nl.overflow.astype(jnp.int32), axes) > 0
         return results, overflow, needed
 
-    per_node = {k for k in static.outputs if k in ("forces",) or dict(static.kinds).get(k) is OutputKind.PER_NODE}
+    per_node = {k for k in static.outputs
+                if k == "forces" or (static.use_node_energy and k == static.energy_key)
+                or spec.kind_of(k) is OutputKind.PER_NODE}
     out_specs = (
         {k: (ranked if k in per_node else P()) for k in static.outputs},
         P(),
@@ -501,13 +589,15 @@ def _run(model, inputs, static: _Static):
     fn = jax.shard_map(
         rank_fn,
         mesh=static.mesh,
-        in_specs=(P(), ranked, ranked, ranked, ranked, ranked, ranked, P(), P()),
+        in_specs=(P(), ranked, ranked, ranked, ranked, ranked, P(), P(), P()),
         out_specs=out_specs,
     )
     results, overflow, needed = fn(
         params, inputs["local"], inputs["own_pos"], inputs["own_sys"], inputs["owned_rows"],
         inputs["routing"], inputs["strain"], inputs["cell"], inputs["system_mask"],
     )
+    static.sink.put(static, report)
+    warn_fallbacks(report, type(model).__name__)
     outputs = {}
     for key in static.outputs:
         value = results[key]
@@ -517,3 +607,51 @@ def _run(model, inputs, static: _Static):
             value = flat[inputs["gather"]]
         outputs[key] = value
     return ModelOutputs(outputs), overflow, needed
+
+
+def _call_model(model, batch: Batch, runtime: Runtime, report: DispatchReport, static: _Static) -> ModelOutputs:
+    """Trace ``model(batch)`` on this rank's shapes and evaluate it through the dispatch."""
+    params, rest = eqx.partition(model, eqx.is_array)
+    p_leaves, p_def = jax.tree_util.tree_flatten(params)
+    b_leaves, b_def = jax.tree_util.tree_flatten(batch)
+    b_layouts = jax.tree_util.tree_leaves(batch_layouts(batch), is_leaf=lambda x: isinstance(x, Layout))
+    if len(b_layouts) != len(b_leaves):
+        raise RuntimeError("internal: batch layouts do not match the batch's leaves")
+    n_p = len(p_leaves)
+
+    def flat(*leaves):
+        m = eqx.combine(jax.tree_util.tree_unflatten(p_def, leaves[:n_p]), rest)
+        return m(jax.tree_util.tree_unflatten(b_def, leaves[n_p:]))
+
+    nl = batch.neighbors
+    spec = static.spec
+    policy = spec.policy
+    ctx = DDContext(
+        active=True, mesh=static.mesh, axis_names=tuple(static.mesh.axis_names), policy=policy,
+        world_size=int(static.mesh.size), n_owned=static.layout.n_owned, n_padded=static.layout.n_local,
+        n_edges=int(nl.senders.shape[0]), n_systems=static.n_systems,
+        halo_layers=getattr(policy, "halo_layers", 1), adapters=AdapterRegistry(),
+    )
+    leaves = p_leaves + b_leaves
+    with dd_scope(ctx), ctx.adapters.installed(spec.distribution.third_party_helpers):
+        model.distributed_setup(ctx)
+        # Traced on this rank's own values, so the jaxpr carries their types (which vary
+        # between ranks); only the dispatch's rules change what the program does.
+        closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*leaves)
+    dispatcher = Dispatcher(runtime, report, (ctx.n_padded, ctx.n_edges, ctx.n_systems))
+    in_layouts = [REPLICATED] * n_p + b_layouts
+    outs = dispatcher.run_closed(closed, leaves, in_layouts)
+    tree = jax.tree_util.tree_structure(out_shape)
+    return (jax.tree_util.tree_unflatten(tree, outs),
+            jax.tree_util.tree_unflatten(tree, list(dispatcher.out_layouts(closed, in_layouts))))
+
+
+def _invariant(x, axes, n_ranks: int):
+    """A value computed identically on every rank, typed as such.
+
+    ``psum(x) / n`` equals ``x`` and, unlike ``x`` typed per rank, differentiates to the
+    gradient of one copy (the n copies' gradients are summed, then divided by n).
+    """
+    if not _varying_axes(x):
+        return x
+    return jax.lax.psum(x, axes) / n_ranks

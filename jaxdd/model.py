@@ -246,4 +246,6 @@ class BaseModel:
         return None
 
     def distributed_setup(self, ctx) -> None:
-        """Called once when the model enters a domain-decomposition scope."""
+        """Called with the :class:`~jaxdd.DDContext` each time the model is traced for a decomposition,
+        inside the DD scope; install helper replacements that need it with ``ctx.adapters.install(...)``
+        (they are restored when tracing ends)."""

@@ -71,18 +71,33 @@ class HaloStoragePolicy(StoragePolicy):
     gather_mode: how per-atom values are read for neighbours.
         ``"halo_read"`` (default): ghost rows are kept equal to their owners' rows.
         ``"local"``: ghost rows are whatever the rank computed itself.
+    halo_layers: message-passing layers the ghost shell must cover. With
+        ``scatter_mode="local"`` the shell is ``halo_layers`` × (cutoff + skin) deep and every
+        local atom, ghosts included, receives edges, so owned rows come out exact after that
+        many layers. Ignored by ``halo_correction`` (one cutoff always suffices there).
     """
 
     scatter_mode: str = "halo_correction"
     gather_mode: str = "halo_read"
+    halo_layers: int = 1
     kind: ClassVar[str] = "halo"
 
     def __post_init__(self):
         _check_choice("HaloStoragePolicy", "scatter_mode", self.scatter_mode, ("halo_correction", "local"))
         _check_choice("HaloStoragePolicy", "gather_mode", self.gather_mode, ("halo_read", "local"))
+        if isinstance(self.halo_layers, bool) or not isinstance(self.halo_layers, int) or self.halo_layers < 1:
+            raise SpecError(f"HaloStoragePolicy.halo_layers must be an int >= 1, got {self.halo_layers!r}")
+
+    @property
+    def deep(self) -> bool:
+        """True when ranks compute ghost rows themselves (no scatter exchange)."""
+        return self.scatter_mode == "local"
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "scatter_mode": self.scatter_mode, "gather_mode": self.gather_mode}
+        d = {"kind": self.kind, "scatter_mode": self.scatter_mode, "gather_mode": self.gather_mode}
+        if self.halo_layers != 1:  # files of single-layer specs stay in the common schema
+            d["halo_layers"] = self.halo_layers
+        return d
 
 
 @dataclasses.dataclass(frozen=True)

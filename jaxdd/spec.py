@@ -490,6 +490,11 @@ class _Node:
             self.fail(f"expected a non-empty string{' or null' if optional else ''}, got {_json_repr(self.value)}")
         return self.value
 
+    def integer(self) -> int:
+        if isinstance(self.value, bool) or not isinstance(self.value, int):
+            self.fail(f"must be an integer, got {self.value!r}")
+        return self.value
+
     def boolean(self) -> bool:
         if not isinstance(self.value, bool):
             self.fail(f"expected true or false, got {_json_repr(self.value)}")
@@ -563,7 +568,7 @@ def _read_core(node: _Node) -> DistributionSpec:
 
 
 def _read_policy(node: _Node) -> StoragePolicy:
-    node.obj(("kind", "scatter_mode", "gather_mode"), required=("kind",))
+    node.obj(("kind", "scatter_mode", "gather_mode", "halo_layers"), required=("kind",))
     kind = node.get("kind").string()
     if kind not in POLICIES:
         node.get("kind").fail(f"unknown policy kind {kind!r}; expected one of {sorted(POLICIES)}")
@@ -572,6 +577,7 @@ def _read_policy(node: _Node) -> StoragePolicy:
         return HaloStoragePolicy(
             scatter_mode=node.get("scatter_mode", "halo_correction").string(),
             gather_mode=node.get("gather_mode", "halo_read").string(),
+            halo_layers=node.get("halo_layers", 1).integer(),
         )
     extra = sorted(set(node.value) - {"kind"})
     if extra:

@@ -1,0 +1,369 @@
+"""Specification of the dispatch: unchanged single-device models run distributed.
+
+The models live in ``plain_models.py`` and import nothing from jaxdd; the wrapper below
+only hands them edge vectors and indices. Every distributed result is compared in float64
+with ``jaxdd.compute`` of the same wrapper on one device: energy to 1e-10 relative, forces
+to 1e-9 absolute, on grids (2,2,2) and (3,2,1), with a one-cutoff halo and
+``halo_correction``, and with ``local`` scatters over a ghost shell (layers × cutoff) deep.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, Mesh
+
+import jaxdd
+import plain_helpers
+import plain_models
+from jaxdd import BaseModel, ModelConfig, NeighborConfig
+from jaxdd.adapters import AdapterRegistry, MethodAdapter, PythonAdapter
+from jaxdd.dispatch import DispatchError, DispatchWarning, Dispatcher, DispatchReport, Kind, Layout, REPLICATED
+from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.neighbors import edge_vectors
+from jaxdd.ops import HaloRefreshPolicy, HaloStoragePolicy
+from jaxdd.spec import SPEC_MPNN_HALO, MLIPSpec
+
+pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
+
+CUTOFF = plain_models.CUTOFF
+MODELS = plain_models.MODELS
+DEFAULT_MODELS = ["mpnn_segment_sum", "mpnn_jraph", "e3nn_equivariant", "flax_scan", "custom_vjp_mpnn", "sum_readout"]
+
+
+class Plain(eqx.Module, BaseModel):
+    """Wraps a plain model ``fn(params, vectors, senders, receivers, edge_mask, species, batch_idx, n_systems)``."""
+
+    params: Any
+    fn: Callable = eqx.field(static=True)
+    model_config: ModelConfig = eqx.field(static=True)
+
+    def __init__(self, name: str, seed: int = 0):
+        init, fn, _ = MODELS[name]
+        self.params = init(jax.random.PRNGKey(seed))
+        self.fn = fn
+        self.model_config = ModelConfig(
+            outputs=frozenset({"energy", "forces", "stress"}),
+            autograd_outputs=frozenset({"forces", "stress"}),
+            autograd_inputs=frozenset({"positions", "cell"}),
+            neighbor_config=NeighborConfig(cutoff=CUTOFF),
+        )
+
+    def adapt_input(self, batch):
+        nl = batch.neighbors
+        return dict(
+            vectors=edge_vectors(batch.positions, batch.cell, batch.batch_idx, nl),
+            senders=nl.senders, receivers=nl.receivers, edge_mask=nl.mask,
+            species=jnp.clip(batch.atomic_numbers - 1, 0, 3), batch_idx=batch.batch_idx,
+            n_systems=batch.n_systems,
+        )
+
+    def forward(self, **inputs):
+        return {"energy": self.fn(self.params, **inputs)}
+
+
+def random_system(box, n_atoms, seed, pbc=True, min_dist=1.2):
+    """Random atoms of species 1..4 in a cubic box, no pair closer than ``min_dist``."""
+    rng = np.random.default_rng(seed)
+    pos = []
+    while len(pos) < n_atoms:
+        p = rng.uniform(0, box, 3)
+        if pos:
+            d = np.asarray(pos) - p
+            if pbc:
+                d -= box * np.round(d / box)
+            if np.min(np.linalg.norm(d, axis=1)) < min_dist:
+                continue
+        pos.append(p)
+    return jaxdd.AtomicData(positions=np.asarray(pos), atomic_numbers=rng.integers(1, 5, n_atoms),
+                            cell=np.eye(3) * box, pbc=np.array([pbc] * 3))
+
+
+SYSTEM = random_system(14.0, 60, seed=3)
+
+
+def mesh_for(grid):
+    n = int(np.prod(grid))
+    return Mesh(np.asarray(jax.devices()[:n]), ("dd",), axis_types=(AxisType.Auto,))
+
+
+def spec_for(mode, layers):
+    if mode == "halo_correction":
+        return SPEC_MPNN_HALO
+    return SPEC_MPNN_HALO.with_policy(HaloStoragePolicy(scatter_mode="local", gather_mode="local", halo_layers=layers))
+
+
+_REFERENCE = {}
+
+
+def reference(name, data=SYSTEM):
+    key = (name, id(data))
+    if key not in _REFERENCE:
+        _REFERENCE[key] = jaxdd.compute(Plain(name), data, outputs=("energy", "forces"))
+    return _REFERENCE[key]
+
+
+def distributed(name, grid, mode="halo_correction", data=SYSTEM, spec=None):
+    model = Plain(name)
+    spec = spec or spec_for(mode, MODELS[name][2])
+    dm = DistributedModel(model, DomainConfig(CUTOFF, mesh=mesh_for(grid), grid=grid), spec=spec)
+    return dm, dm(data, outputs=("energy", "forces"))
+
+
+def assert_same(got, ref):
+    e_ref = np.asarray(ref["energy"])
+    assert np.max(np.abs(np.asarray(got["energy"]) - e_ref) / np.abs(e_ref)) <= 1e-10
+    assert np.max(np.abs(np.asarray(got["forces"]) - np.asarray(ref["forces"]))) <= 1e-9
+
+
+# ----------------------------------------------------------------------------- the six models
+
+
+@pytest.mark.parametrize("grid", [(2, 2, 2), (3, 2, 1)], ids=["2x2x2", "3x2x1"])
+@pytest.mark.parametrize("name", DEFAULT_MODELS)
+def test_unchanged_model_with_halo_correction_equals_single_device(name, grid):
+    dm, got = distributed(name, grid)
+    assert_same(got, reference(name))
+    assert dm.dispatch_report.counts["scatter_add.halo_correction"] == MODELS[name][2]
+    assert not dm.dispatch_report.fallbacks
+
+
+@pytest.mark.parametrize("name", ["mpnn_segment_sum", "sum_readout"])
+def test_unchanged_model_with_local_scatters_and_deep_halo_equals_single_device(name):
+    dm, got = distributed(name, (2, 2, 2), mode="local")
+    assert_same(got, reference(name))
+    assert dm.ghost_width == pytest.approx(MODELS[name][2] * CUTOFF)
+    assert dm.dispatch_report.counts["scatter_add.local"] == MODELS[name][2]
+    assert "scatter_add.halo_correction" not in dm.dispatch_report.counts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grid", [(2, 2, 2), (3, 2, 1)], ids=["2x2x2", "3x2x1"])
+@pytest.mark.parametrize("name", DEFAULT_MODELS)
+def test_every_model_with_local_scatters_and_deep_halo_equals_single_device(name, grid):
+    _, got = distributed(name, grid, mode="local")
+    assert_same(got, reference(name))
+
+
+def test_refresh_only_policy_equals_single_device():
+    dm, got = distributed("mpnn_segment_sum", (2, 2, 2), spec=SPEC_MPNN_HALO.with_policy(HaloRefreshPolicy()))
+    assert_same(got, reference("mpnn_segment_sum"))
+    assert dm.dispatch_report.counts["scatter_add.refresh"] == 3
+
+
+def test_batch_of_two_systems_equals_single_device():
+    batch = jaxdd.Batch.from_data_list([SYSTEM, random_system(12.0, 40, seed=8)])
+    _, got = distributed("mpnn_segment_sum", (2, 2, 2), data=batch)
+    assert_same(got, reference("mpnn_segment_sum", batch))
+
+
+def test_stress_equals_single_device():
+    model = Plain("mpnn_segment_sum")
+    dm = DistributedModel(model, DomainConfig(CUTOFF, mesh=mesh_for((2, 2, 2))))
+    got = dm(SYSTEM, outputs=("energy", "stress"))
+    ref = jaxdd.compute(model, SYSTEM, outputs=("energy", "stress"))
+    assert np.max(np.abs(np.asarray(got["stress"]) - np.asarray(ref["stress"]))) <= 1e-9
+
+
+def test_readout_reduction_is_masked_and_summed_across_ranks():
+    dm, _ = distributed("sum_readout", (2, 2, 2))
+    assert dm.dispatch_report.counts["reduce.sum"] == 1
+
+
+def test_custom_vjp_without_halo_rules_inside_keeps_its_derivative_rule():
+    dm, _ = distributed("custom_vjp_mpnn", (2, 2, 2))
+    assert not any(k.startswith("enter.custom") for k in dm.dispatch_report.counts)
+
+
+# ----------------------------------------------------------------------------- helpers and adapters
+
+
+def test_undeclared_per_system_helper_is_wrong_and_flagged():
+    with pytest.warns(DispatchWarning, match="cumsum"):
+        _, got = distributed("mpnn_mol_sum", (2, 2, 2))
+    ref = reference("mpnn_mol_sum")
+    assert abs(float(got["energy"][0] - ref["energy"][0])) > 1e-3 * abs(float(ref["energy"][0]))
+
+
+def dd_mol_sum(values, batch_idx, n_systems):
+    """Distribution-aware replacement of plain_helpers.mol_sum."""
+    return jaxdd.system_sum(values, batch_idx, n_systems)
+
+
+def test_python_adapter_replaces_the_helper_while_traced():
+    spec = SPEC_MPNN_HALO.with_helpers(PythonAdapter("plain_helpers", "mol_sum", replacement=dd_mol_sum))
+    original = plain_helpers.mol_sum
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DispatchWarning)
+        dm, got = distributed("mpnn_mol_sum", (2, 2, 2), spec=spec)
+    assert_same(got, reference("mpnn_mol_sum"))
+    assert dm.dispatch_report.counts["verb.system_sum"] == 1
+    assert plain_helpers.mol_sum is original  # restored after tracing
+
+
+def test_distributed_setup_receives_the_context_and_can_install_adapters():
+    seen = []
+
+    class Hooked(Plain):
+        def distributed_setup(self, ctx):
+            seen.append(ctx)
+            ctx.adapters.install(PythonAdapter("plain_helpers", "mol_sum", replacement=dd_mol_sum))
+
+    model = Hooked("mpnn_mol_sum")
+    dm = DistributedModel(model, DomainConfig(CUTOFF, mesh=mesh_for((2, 2, 2))))
+    got = dm(SYSTEM, outputs=("energy", "forces"))
+    assert_same(got, reference("mpnn_mol_sum"))
+    (ctx,) = seen
+    assert ctx.active and ctx.world_size == 8 and ctx.n_owned > 0 and ctx.n_padded > ctx.n_owned
+    assert ctx.adapters.list_active() == ()  # everything restored when tracing ended
+
+
+def test_adapter_install_is_all_or_nothing():
+    registry = AdapterRegistry()
+    original = plain_helpers.mol_sum
+    good = PythonAdapter("plain_helpers", "mol_sum", replacement=dd_mol_sum)
+    bad = MethodAdapter("plain_helpers", "NoSuchClass", "method", replacement=dd_mol_sum)
+    with pytest.raises(jaxdd.SpecError, match="NoSuchClass"):
+        registry.install(good, bad)
+    assert plain_helpers.mol_sum is original
+    assert registry.list_active() == ()
+
+
+def test_adapters_restore_in_reverse_order():
+    registry = AdapterRegistry()
+    original = plain_helpers.mol_sum
+    first = PythonAdapter("plain_helpers", "mol_sum", replacement=dd_mol_sum)
+    second = PythonAdapter("plain_helpers", "mol_sum", replacement=plain_models.cosine_cutoff)
+    registry.install(first, second)
+    assert registry.list_active() == (first, second)
+    assert plain_helpers.mol_sum is plain_models.cosine_cutoff
+    registry.restore()
+    assert plain_helpers.mol_sum is original
+
+
+# ----------------------------------------------------------------------------- provenance
+
+
+def test_equal_edge_and_node_counts_classify_by_provenance():
+    n = 6
+
+    def fn(h, senders, receivers, batch_idx):
+        msg = h[senders] * 2.0
+        agg = jax.ops.segment_sum(msg, receivers, num_segments=n)
+        per_edge = jnp.sum(msg)
+        per_system = jax.ops.segment_sum(agg, batch_idx, num_segments=1)
+        return agg, per_edge, per_system
+
+    idx = jax.ShapeDtypeStruct((n,), jnp.int32)
+    closed = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct((n, 3), jnp.float64), idx, idx, idx)
+    layouts = [Layout(Kind.NODE), Layout(Kind.EDGE, 0, Kind.NODE), Layout(Kind.EDGE, 0, Kind.NODE),
+               Layout(Kind.NODE, 0, Kind.GRAPH)]
+    d = Dispatcher(None, DispatchReport(), (n, n, 1))
+    agg, per_edge, per_system = d.out_layouts(closed, layouts)
+    assert agg.kind is Kind.NODE
+    assert per_edge == REPLICATED
+    assert per_system.kind is Kind.GRAPH
+    assert not d.report.fallbacks
+
+
+def test_distributed_model_with_equal_edge_and_node_capacities_equals_single_device():
+    data = random_system(14.0, 40, seed=5, min_dist=2.2)
+    dm = DistributedModel(Plain("mpnn_segment_sum"), DomainConfig(CUTOFF, mesh=mesh_for((2, 2, 2))))
+    batch = jaxdd.data.as_batch(data)
+    _, plan = dm.plan(batch)
+    inputs = dm._inputs(batch, *dm.plan(batch))
+    cap = dm._size_neighbors(inputs)
+    n_local = plan.layout.n_local
+    assert cap.max_edges <= n_local, "precondition: the needed edges fit in n_local slots"
+    import dataclasses
+
+    dm._nl_capacity = dataclasses.replace(cap, max_edges=n_local)
+    got = dm(data, outputs=("energy", "forces"))
+    assert dm._nl_capacity.max_edges == n_local  # no growth happened: the counts were equal
+    assert_same(got, reference("mpnn_segment_sum", data))
+
+
+def test_shape_fallback_is_recorded():
+    n = 5
+
+    def fn(h):
+        return jnp.sum(jnp.ones((n,)) * 2.0)
+
+    closed = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct((n, 3), jnp.float64))
+    d = Dispatcher(None, DispatchReport(), (n, 7, 1))
+    d.out_layouts(closed, [Layout(Kind.NODE)])
+    plan = d.analyse(closed.jaxpr, (Layout(Kind.NODE),))
+    assert any("shape fallback" in note for note in plan.notes)
+
+
+def test_cond_on_a_per_atom_value_around_halo_rules_is_refused():
+    class Branchy(Plain):
+        def forward(self, **inputs):
+            h = inputs["vectors"][:, 0]
+            agg = jax.ops.segment_sum(h, inputs["receivers"], num_segments=inputs["species"].shape[0])
+            flag = agg[0] > 0  # one atom's value: differs between ranks
+            out = jax.lax.cond(flag, lambda a: jax.ops.segment_sum(a, inputs["receivers"], a.shape[0]),
+                               lambda a: a, h)
+            return {"energy": jax.ops.segment_sum(out, jnp.zeros_like(inputs["receivers"]), 1)}
+
+    dm = DistributedModel(Branchy("mpnn_segment_sum"), DomainConfig(CUTOFF, mesh=mesh_for((2, 2, 2))))
+    with pytest.raises(Exception):
+        dm(SYSTEM, outputs=("energy",))
+
+
+# ----------------------------------------------------------------------------- verbs and context
+
+
+def test_intent_verbs_are_the_single_device_meaning_outside_a_dd_scope():
+    x = jnp.arange(6.0).reshape(3, 2)
+    idx = jnp.array([0, 1, 1])
+    np.testing.assert_array_equal(jaxdd.system_sum(x, idx, 2), jax.ops.segment_sum(x, idx, 2))
+    np.testing.assert_array_equal(jaxdd.system_sum(x, idx, 2, scope="local"), jax.ops.segment_sum(x, idx, 2))
+    for verb in (jaxdd.to_local, jaxdd.refresh_neighbors, jaxdd.scatter_to_owners, jaxdd.autograd_target):
+        np.testing.assert_array_equal(verb(x), x)
+
+
+def test_current_dd_context_is_inert_outside_a_dd_scope():
+    ctx = jaxdd.current_dd_context()
+    assert not ctx.active and ctx.world_size == 1 and ctx.rank == 0 and ctx.adapters is None
+
+
+def test_verbs_under_decomposition_equal_single_device():
+    class Explicit(Plain):
+        def forward(self, **inputs):
+            n = inputs["species"].shape[0]
+            r = jnp.linalg.norm(jnp.where(inputs["edge_mask"][:, None], inputs["vectors"], 1.0), axis=1)
+            w = jnp.where(inputs["edge_mask"], jnp.exp(-r), 0.0)
+            partial = jax.ops.segment_sum(jaxdd.to_local(w), inputs["senders"], num_segments=n)
+            h = jnp.tanh(jaxdd.scatter_to_owners(partial))  # senders may be ghosts: send partials home
+            m = jax.ops.segment_sum(jaxdd.to_local(jaxdd.refresh_neighbors(h)[inputs["senders"]] * w),
+                                    inputs["receivers"], num_segments=n)
+            return {"energy": jaxdd.system_sum(jnp.sin(m), inputs["batch_idx"], inputs["n_systems"])}
+
+    model = Explicit("mpnn_segment_sum")
+    dm = DistributedModel(model, DomainConfig(CUTOFF, mesh=mesh_for((2, 2, 2))))
+    got = dm(SYSTEM, outputs=("energy", "forces"))
+    assert_same(got, jaxdd.compute(model, SYSTEM, outputs=("energy", "forces")))
+    counts = dm.dispatch_report.counts
+    assert counts["verb.scatter_to_owners"] == 1 and counts["verb.refresh_neighbors"] == 1
+    assert counts["verb.system_sum"] == 1 and counts["verb.to_local"] == 2
+    assert "scatter_add.halo_correction" not in counts  # to_local opted those scatters out
+
+
+def test_halo_layers_round_trips_through_json():
+    spec = spec_for("local", 3)
+    again = MLIPSpec.from_json(spec.to_json())
+    assert again == spec and again.policy.halo_layers == 3
+    assert "halo_layers" not in SPEC_MPNN_HALO.to_json()
+
+
+def test_halo_layers_must_be_a_positive_int():
+    with pytest.raises(jaxdd.SpecError, match="halo_layers"):
+        HaloStoragePolicy(halo_layers=0)
