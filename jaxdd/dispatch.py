@@ -247,6 +247,7 @@ class _Decision:
     apply: Callable | None = None
     rule: str | None = None
     notes: tuple[str, ...] = ()
+    passive: bool = False  # the action only re-types values: a body of such actions is bound as traced
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,7 +333,7 @@ class Dispatcher:
             for v, lay in zip(eqn.outvars, d.outs):
                 env[v] = _clean(lay, v)
         plan = _Plan(tuple(decisions), tuple(read(v) for v in jaxpr.outvars),
-                     any(d.apply is not None for d in decisions), tuple(dict.fromkeys(notes)))
+                     any(d.apply is not None and not d.passive for d in decisions), tuple(dict.fromkeys(notes)))
         self._plans[key] = (jaxpr, plan)  # holding the jaxpr keeps its id unique
         return plan
 
@@ -642,7 +643,7 @@ class Dispatcher:
 
     def _pvary(self, eqn, ins) -> _Decision:
         # Typing inserted while tracing; values are re-typed where a primitive needs it.
-        return _Decision(tuple(ins), lambda eqn, invals: list(invals))
+        return _Decision(tuple(ins), lambda eqn, invals: list(invals), passive=True)
 
     # gather / scatter -----------------------------------------------------
 
@@ -688,7 +689,9 @@ class Dispatcher:
         a = dn.scatter_dims_to_operand_dims[0]
         target = idx.index
         notes = []
-        if target is None and op.kind is None and (idx.kind in _ROWS or upd.kind in _ROWS):
+        # Indices that are per-row data without a known meaning are suspicious; replicated
+        # ones (constants, or indices passed through to_local) are a deliberate local scatter.
+        if target is None and op.kind is None and idx.kind in _ROWS:
             notes.append(f"{name} of per-row values by indices of unknown provenance in {_where(eqn)}: left rank-local")
         if target is None:
             out = op if op.kind is not None else REPLICATED
@@ -784,7 +787,12 @@ class Dispatcher:
 
             return _Decision((Layout(Kind.GRAPH, 0),), apply, "verb.system_sum")
         if lay.kind is not Kind.NODE:
-            raise DispatchError(f"{name} takes a per-node value; got a value laid out as {lay}")
+            rows = _shape(eqn.invars[0])[:1]
+            if not rows or rows[0] < self.n_padded:
+                raise DispatchError(
+                    f"{name} takes per-atom values with one row per local atom ({self.n_padded}); got shape "
+                    f"{_shape(eqn.invars[0])} in {_where(eqn)}")
+            lay = Layout(Kind.NODE, 0)  # the caller says these rows are atoms
         if name == "jaxdd::refresh_neighbors":
             return _Decision((lay,), lambda eqn, invals: [self.rt.halo_refresh(invals[0], lay.axis)],
                              "verb.refresh_neighbors")
@@ -944,7 +952,17 @@ class Dispatcher:
 
         def apply(eqn, invals):
             cvals, bvals, init = invals[:ncc], invals[ncc:ncc + nbc], invals[ncc + nbc:]
-            cond = lambda carry: self.eval(cj, cc, list(cvals) + list(carry), c_l)[0]  # noqa: E731
+
+            def cond(carry):
+                pred = self.eval(cj, cc, list(cvals) + list(carry), c_l)[0]
+                if _varying_axes(pred):
+                    raise DispatchError(
+                        f"a while loop in {_where(eqn)} stops on a value that differs between ranks while its body "
+                        "needs halo exchanges: ranks would loop a different number of times. Reduce the condition "
+                        "over atoms first (e.g. jnp.max over atoms), which the dispatch turns into a collective"
+                    )
+                return pred
+
             body = lambda carry: [rt.vary(r) for r in self.eval(bj, bc, list(bvals) + list(carry), b_l)]  # noqa: E731
             return list(jax.lax.while_loop(cond, body, [rt.vary(c) for c in init]))
 
@@ -968,6 +986,12 @@ class Dispatcher:
 
         def apply(eqn, invals):
             index, ops = invals[0], invals[1:]
+            if _varying_axes(index):
+                raise DispatchError(
+                    f"a cond/switch in {_where(eqn)} branches on a value that differs between ranks (e.g. one atom's "
+                    "value) while a branch needs halo exchanges: ranks would take different branches. Branch on a "
+                    "value reduced over atoms, or use jnp.where"
+                )
             fns = [(lambda *a, b=b: [rt.vary(r) for r in self.eval(b.jaxpr, b.consts, a, tuple(ins[1:]))])
                    for b in branches]
             return list(jax.lax.switch(index, fns, *ops))
