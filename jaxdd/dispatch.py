@@ -40,10 +40,10 @@ from jax.extend import core as jcore
 
 from . import halo as _halo
 from .intent import VERBS
-from .ops import GraphParallelPolicy, HaloRefreshPolicy, HaloStoragePolicy, SpecError
+from .ops import HaloRefreshPolicy, HaloStoragePolicy, SpecError
 
 __all__ = ["Kind", "Layout", "REPLICATED", "DispatchError", "DispatchWarning", "DispatchReport", "Runtime",
-           "Dispatcher", "batch_layouts"]
+           "Dispatcher", "batch_layouts", "call_model"]
 
 
 class DispatchError(ValueError):
@@ -215,6 +215,12 @@ def _varying_axes(x) -> frozenset:
     except TypeError:
         return frozenset()
     return _aval_varying(aval)
+
+
+def _as_traced(values, variables) -> list:
+    """``values`` re-typed as varying wherever the traced ``variables`` were (loop carries and
+    branch outputs must keep one type; the dispatch only ever makes values less varying)."""
+    return [_coerce(x, _aval_varying(v.aval)) for x, v in zip(values, variables)]
 
 
 def _coerce(x, axes: frozenset):
@@ -909,16 +915,15 @@ class Dispatcher:
         if not plan.active:
             return _Decision(outs, notes=plan.notes + tuple(notes))
         layouts = tuple(const_l) + tuple(carry_l) + tuple(xs_in)
-        rt = self.rt
 
         def apply(eqn, invals):
             cvals, init, xs = invals[:nc], invals[nc:nc + nk], invals[nc + nk:]
 
             def body(carry, x):
                 res = self.eval(jaxpr, consts, list(cvals) + list(carry) + list(x), layouts)
-                return [rt.vary(r) for r in res[:nk]], res[nk:]
+                return _as_traced(res[:nk], jaxpr.outvars[:nk]), res[nk:]
 
-            carry, ys = jax.lax.scan(body, [rt.vary(c) for c in init], list(xs), length=p["length"],
+            carry, ys = jax.lax.scan(body, _as_traced(init, eqn.invars[nc:nc + nk]), list(xs), length=p["length"],
                                      reverse=p["reverse"], unroll=p.get("unroll", 1))
             return list(carry) + list(ys)
 
@@ -948,7 +953,6 @@ class Dispatcher:
             )
         b_l = tuple(bconst_l) + tuple(carry_l)
         c_l = tuple(cconst_l) + tuple(carry_l)
-        rt = self.rt
 
         def apply(eqn, invals):
             cvals, bvals, init = invals[:ncc], invals[ncc:ncc + nbc], invals[ncc + nbc:]
@@ -963,8 +967,8 @@ class Dispatcher:
                     )
                 return pred
 
-            body = lambda carry: [rt.vary(r) for r in self.eval(bj, bc, list(bvals) + list(carry), b_l)]  # noqa: E731
-            return list(jax.lax.while_loop(cond, body, [rt.vary(c) for c in init]))
+            body = lambda carry: _as_traced(self.eval(bj, bc, list(bvals) + list(carry), b_l), bj.outvars)  # noqa: E731
+            return list(jax.lax.while_loop(cond, body, _as_traced(init, eqn.invars[ncc + nbc:])))
 
         return _Decision(tuple(carry_l), apply, "enter.while", notes)
 
@@ -982,7 +986,6 @@ class Dispatcher:
                 f"a cond/switch in {_where(eqn)} branches on a per-{ins[0].kind.value} value while a branch needs halo "
                 "exchanges: ranks would take different branches. Branch on a value reduced over atoms, or use jnp.where"
             )
-        rt = self.rt
 
         def apply(eqn, invals):
             index, ops = invals[0], invals[1:]
@@ -992,7 +995,7 @@ class Dispatcher:
                     "value) while a branch needs halo exchanges: ranks would take different branches. Branch on a "
                     "value reduced over atoms, or use jnp.where"
                 )
-            fns = [(lambda *a, b=b: [rt.vary(r) for r in self.eval(b.jaxpr, b.consts, a, tuple(ins[1:]))])
+            fns = [(lambda *a, b=b: _as_traced(self.eval(b.jaxpr, b.consts, a, tuple(ins[1:])), eqn.outvars))
                    for b in branches]
             return list(jax.lax.switch(index, fns, *ops))
 
@@ -1126,6 +1129,42 @@ def _neighbor_layouts(nl):
         lambda path, _: tags.get(getattr(path[-1], "name", None), REPLICATED), nl)
 
 
+def call_model(model, batch, runtime: Runtime | None, report: DispatchReport):
+    """``model(batch)`` traced on this rank's values and evaluated through the dispatch.
+
+    model: a wrapper (its array leaves are parameters, replicated); batch: the rank's local
+    :class:`~jaxdd.Batch` with its neighbour list. Call inside ``shard_map`` (and inside the
+    DD scope, so the model can read :func:`~jaxdd.current_dd_context`). Returns the outputs
+    and a matching pytree of their :class:`Layout`.
+    """
+    import equinox as eqx
+
+    params, rest = eqx.partition(model, eqx.is_array)
+    p_leaves, p_def = jax.tree_util.tree_flatten(params)
+    b_leaves, b_def = jax.tree_util.tree_flatten(batch)
+    b_layouts = jax.tree_util.tree_leaves(batch_layouts(batch), is_leaf=lambda x: isinstance(x, Layout))
+    if len(b_layouts) != len(b_leaves):
+        raise RuntimeError("internal: the batch's layouts do not match its leaves")
+    n_p = len(p_leaves)
+
+    def flat(*leaves):
+        m = eqx.combine(jax.tree_util.tree_unflatten(p_def, leaves[:n_p]), rest)
+        return m(jax.tree_util.tree_unflatten(b_def, leaves[n_p:]))
+
+    leaves = p_leaves + b_leaves
+    # Traced on this rank's own values, so the jaxpr carries their types (which vary
+    # between ranks); only the rules change what the program does.
+    closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*leaves)
+    nl = batch.neighbors
+    sizes = (int(batch.positions.shape[0]), int(nl.senders.shape[0]) if nl is not None else 0, int(batch.cell.shape[0]))
+    dispatcher = Dispatcher(runtime, report, sizes)
+    in_layouts = [REPLICATED] * n_p + b_layouts
+    outs = dispatcher.run_closed(closed, leaves, in_layouts)
+    tree = jax.tree_util.tree_structure(out_shape)
+    return (jax.tree_util.tree_unflatten(tree, outs),
+            jax.tree_util.tree_unflatten(tree, list(dispatcher.out_layouts(closed, in_layouts))))
+
+
 def warn_fallbacks(report: DispatchReport, model_name: str) -> None:
     """One warning listing the fallbacks of a traced program (if any)."""
     if report.fallbacks:
@@ -1135,5 +1174,3 @@ def warn_fallbacks(report: DispatchReport, model_name: str) -> None:
                       "(jaxdd.system_sum, jaxdd.to_local ...) or a helper adapter on the spec.", DispatchWarning,
                       stacklevel=4)
 
-
-_ = GraphParallelPolicy  # named in errors raised by the engine

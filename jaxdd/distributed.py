@@ -30,18 +30,7 @@ from jax.sharding import PartitionSpec as P
 from .adapters import AdapterRegistry
 from .context import DDContext, dd_scope
 from .data import AtomicData, Batch, as_batch
-from .dispatch import (
-    REPLICATED,
-    DispatchError,
-    DispatchReport,
-    Dispatcher,
-    Kind,
-    Layout,
-    Runtime,
-    _varying_axes,
-    batch_layouts,
-    warn_fallbacks,
-)
+from .dispatch import DispatchError, DispatchReport, Kind, Runtime, _varying_axes, call_model, warn_fallbacks
 from .driver import _check_stress_cells, _default_order, _model_config
 from .halo import HaloLayout, HaloPlan, build_halo_plan, halo_forward
 from .model import ModelOutputs
@@ -609,41 +598,18 @@ def _run(model, inputs, static: _Static):
     return ModelOutputs(outputs), overflow, needed
 
 
-def _call_model(model, batch: Batch, runtime: Runtime, report: DispatchReport, static: _Static) -> ModelOutputs:
-    """Trace ``model(batch)`` on this rank's shapes and evaluate it through the dispatch."""
-    params, rest = eqx.partition(model, eqx.is_array)
-    p_leaves, p_def = jax.tree_util.tree_flatten(params)
-    b_leaves, b_def = jax.tree_util.tree_flatten(batch)
-    b_layouts = jax.tree_util.tree_leaves(batch_layouts(batch), is_leaf=lambda x: isinstance(x, Layout))
-    if len(b_layouts) != len(b_leaves):
-        raise RuntimeError("internal: batch layouts do not match the batch's leaves")
-    n_p = len(p_leaves)
-
-    def flat(*leaves):
-        m = eqx.combine(jax.tree_util.tree_unflatten(p_def, leaves[:n_p]), rest)
-        return m(jax.tree_util.tree_unflatten(b_def, leaves[n_p:]))
-
-    nl = batch.neighbors
-    spec = static.spec
-    policy = spec.policy
+def _call_model(model, batch: Batch, runtime: Runtime, report: DispatchReport, static: _Static):
+    """``model(batch)`` on this rank, through the dispatch, inside the DD scope; (outputs, layouts)."""
+    policy = static.spec.policy
     ctx = DDContext(
         active=True, mesh=static.mesh, axis_names=tuple(static.mesh.axis_names), policy=policy,
         world_size=int(static.mesh.size), n_owned=static.layout.n_owned, n_padded=static.layout.n_local,
-        n_edges=int(nl.senders.shape[0]), n_systems=static.n_systems,
+        n_edges=int(batch.neighbors.senders.shape[0]), n_systems=static.n_systems,
         halo_layers=getattr(policy, "halo_layers", 1), adapters=AdapterRegistry(),
     )
-    leaves = p_leaves + b_leaves
-    with dd_scope(ctx), ctx.adapters.installed(spec.distribution.third_party_helpers):
+    with dd_scope(ctx), ctx.adapters.installed(static.spec.distribution.third_party_helpers):
         model.distributed_setup(ctx)
-        # Traced on this rank's own values, so the jaxpr carries their types (which vary
-        # between ranks); only the dispatch's rules change what the program does.
-        closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*leaves)
-    dispatcher = Dispatcher(runtime, report, (ctx.n_padded, ctx.n_edges, ctx.n_systems))
-    in_layouts = [REPLICATED] * n_p + b_layouts
-    outs = dispatcher.run_closed(closed, leaves, in_layouts)
-    tree = jax.tree_util.tree_structure(out_shape)
-    return (jax.tree_util.tree_unflatten(tree, outs),
-            jax.tree_util.tree_unflatten(tree, list(dispatcher.out_layouts(closed, in_layouts))))
+        return call_model(model, batch, runtime, report)
 
 
 def _invariant(x, axes, n_ranks: int):
