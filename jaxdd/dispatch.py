@@ -64,13 +64,15 @@ class Kind(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """kind: the distributed axis' kind (None: replicated, nothing distributed).
-    axis: which axis that is. index: the values are indices into this kind's axis
-    (edge receivers point at nodes, ``batch_idx`` at systems)."""
+    """kind: the distributed axis' kind (None: nothing distributed). axis: which axis that
+    is. index: the values are indices into this kind's axis (edge receivers point at nodes,
+    ``batch_idx`` at systems). local: no distributed axis, but the value differs between
+    ranks (one atom's value, a rank-local partial); never set together with ``kind``."""
 
     kind: Kind | None = None
     axis: int = 0
     index: Kind | None = None
+    local: bool = False
 
     def moved(self, axis: int | None) -> "Layout":
         return Layout(self.kind, axis, self.index) if axis is not None else Layout(None, 0, self.index)
@@ -203,43 +205,6 @@ class Runtime:
             return x
         return _halo.halo_forward(x[: self.layout.n_owned], self.layout, self.routing, self.axis_names)
 
-    def vary(self, x):
-        """``x`` typed as varying over the mesh axes (a no-op when it already is)."""
-        missing = tuple(a for a in self.axis_names if a not in _varying_axes(x))
-        return _pvary(x, missing) if missing else x
-
-
-def _varying_axes(x) -> frozenset:
-    try:
-        aval = jax.typeof(x)
-    except TypeError:
-        return frozenset()
-    return _aval_varying(aval)
-
-
-def _as_traced(values, variables) -> list:
-    """``values`` re-typed as varying wherever the traced ``variables`` were (loop carries and
-    branch outputs must keep one type; the dispatch only ever makes values less varying)."""
-    return [_coerce(x, _aval_varying(v.aval)) for x, v in zip(values, variables)]
-
-
-def _coerce(x, axes: frozenset):
-    missing = tuple(sorted(axes - _varying_axes(x)))
-    return _pvary(x, missing) if missing else x
-
-
-def _aval_varying(aval) -> frozenset:
-    mat = getattr(aval, "manual_axis_type", None)
-    if mat is not None:
-        return frozenset(mat.varying)
-    return frozenset(getattr(aval, "vma", ()))
-
-
-def _pvary(x, axes):
-    if hasattr(jax.lax, "pvary"):
-        return jax.lax.pvary(x, axes)
-    return jax.lax.pcast(x, axes, to="varying")
-
 
 # --------------------------------------------------------------------------- plans
 
@@ -253,7 +218,8 @@ class _Decision:
     apply: Callable | None = None
     rule: str | None = None
     notes: tuple[str, ...] = ()
-    passive: bool = False  # the action only re-types values: a body of such actions is bound as traced
+    passive: bool = False  # the action changes nothing: a body of such actions is bound as traced
+    replicates: bool = False  # the outputs are the same on every rank (a reduction with a collective)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,14 +231,6 @@ class _Plan:
 
 
 def _bind(eqn, invals):
-    # A rule may have made a value the same on every rank (a psum). Calls with bodies were
-    # typed when traced, so their inputs are re-typed as varying where the body expects it;
-    # other primitives only need their inputs to agree with each other (as in lax itself).
-    if jcore.jaxprs_in_params(eqn.params):
-        invals = [_coerce(x, _aval_varying(v.aval)) for x, v in zip(invals, eqn.invars)]
-    else:
-        union = frozenset().union(*(_varying_axes(x) for x in invals))
-        invals = [_coerce(x, union) for x in invals]
     got = eqn.primitive.get_bind_params(eqn.params)
     # Older JAX returned (subfuns, params); newer returns params only.
     subfuns, params = got if isinstance(got, tuple) else ((), got)
@@ -333,11 +291,19 @@ class Dispatcher:
             env[v] = lay
         decisions, notes = [], []
         for eqn in jaxpr.eqns:
-            d = self._decide(eqn, tuple(read(v) for v in eqn.invars))
+            ins = tuple(read(v) for v in eqn.invars)
+            d = self._decide(eqn, ins)
             decisions.append(d)
             notes.extend(d.notes)
+            # Whatever comes from rank-dependent data without keeping a distributed axis (one
+            # atom's value, a partial left local) differs between ranks, unless a collective
+            # made it the same everywhere.
+            tainted = not d.replicates and any(i.local or i.kind in _ROWS for i in ins)
             for v, lay in zip(eqn.outvars, d.outs):
-                env[v] = _clean(lay, v)
+                lay = _clean(lay, v)
+                if tainted and lay.kind is None and not lay.local:
+                    lay = dataclasses.replace(lay, local=True)
+                env[v] = lay
         plan = _Plan(tuple(decisions), tuple(read(v) for v in jaxpr.outvars),
                      any(d.apply is not None and not d.passive for d in decisions), tuple(dict.fromkeys(notes)))
         self._plans[key] = (jaxpr, plan)  # holding the jaxpr keeps its id unique
@@ -461,7 +427,7 @@ class Dispatcher:
                 return [collective(out.astype(jnp.int32), self.rt.axis_names).astype(out.dtype)]
             return [collective(out, self.rt.axis_names)]
 
-        return _Decision((REPLICATED,), apply, f"reduce.{op}", notes)
+        return _Decision((REPLICATED,), apply, f"reduce.{op}", notes, replicates=True)
 
     def _cumulative(self, eqn, ins) -> _Decision:
         lay = ins[0]
@@ -533,7 +499,7 @@ class Dispatcher:
             (y,) = _bind(eqn, invals)
             return [jax.lax.psum(y, self.rt.axis_names)]
 
-        return _Decision((out,), apply, "reduce.dot_general", tuple(notes))
+        return _Decision((out,), apply, "reduce.dot_general", tuple(notes), replicates=True)
 
     # structure ------------------------------------------------------------
 
@@ -648,7 +614,7 @@ class Dispatcher:
         return self._generic(eqn, ins)
 
     def _pvary(self, eqn, ins) -> _Decision:
-        # Typing inserted while tracing; values are re-typed where a primitive needs it.
+        # Per-rank typing recorded by a trace with manual axis types: an identity on values.
         return _Decision(tuple(ins), lambda eqn, invals: list(invals), passive=True)
 
     # gather / scatter -----------------------------------------------------
@@ -744,7 +710,7 @@ class Dispatcher:
                 (y,) = _bind(eqn, [operand, indices, updates])
                 return [collective(y, self.rt.axis_names)]
 
-            return _Decision((out,), apply, f"segment_reduce.{kind}", tuple(notes))
+            return _Decision((out,), apply, f"segment_reduce.{kind}", tuple(notes), replicates=True)
         return _Decision((out,), notes=tuple(notes))
 
     @staticmethod
@@ -779,7 +745,7 @@ class Dispatcher:
         if name == "jaxdd::autograd_target":
             return _Decision((lay,), self._noop, "verb.autograd_target")
         if name == "jaxdd::system_sum_local":
-            return _Decision((Layout(Kind.GRAPH, 0),), self._noop, "verb.system_sum_local")
+            return _Decision((Layout(local=True),), self._noop, "verb.system_sum_local")
         if name == "jaxdd::system_sum":
             rows = lay.kind if lay.kind in _ROWS else None
 
@@ -791,7 +757,7 @@ class Dispatcher:
                 (y,) = _bind(eqn, [values, index])
                 return [jax.lax.psum(y, self.rt.axis_names) if rows is not None else y]
 
-            return _Decision((Layout(Kind.GRAPH, 0),), apply, "verb.system_sum")
+            return _Decision((Layout(Kind.GRAPH, 0),), apply, "verb.system_sum", replicates=rows is not None)
         if lay.kind is not Kind.NODE:
             rows = _shape(eqn.invars[0])[:1]
             if not rows or rows[0] < self.n_padded:
@@ -850,14 +816,15 @@ class Dispatcher:
             invals = [arg(x, adapter.arg_transforms[i]) if i in adapter.arg_transforms else x
                       for i, x in enumerate(invals)]
             if any(getattr(x, "shape", None) != getattr(v.aval, "shape", None) for x, v in zip(invals, eqn.invars)):
-                fn = jcore.jaxpr_as_fun(eqn.params["jaxpr"])  # shapes changed: call the body on the new shapes
-                outvals = list(jax.jit(fn)(*invals))
+                # A transform changed a shape (owned rows only): trace the kernel again on it.
+                outvals = jax.tree_util.tree_leaves(adapter.op(*invals))
             else:
                 outvals = _bind(eqn, invals)
             return [out(y, adapter.output_transforms[i]) if i in adapter.output_transforms else y
                     for i, y in enumerate(outvals)]
 
-        return _Decision(tuple(outs), apply, f"custom_op.{adapter.op}")
+        reduced = any(isinstance(tr, AllReduceSum) for tr in adapter.output_transforms.values())
+        return _Decision(tuple(outs), apply, f"custom_op.{adapter.op}", replicates=reduced)
 
     # higher-order ---------------------------------------------------------
 
@@ -896,21 +863,25 @@ class Dispatcher:
         const_l, carry_l, xs_l = ins[:nc], list(ins[nc:nc + nk]), ins[nc + nk:]
         notes = []
         xs_in = []
+        over_rows = None  # the kind of rows the scan walks over (lax.map over atoms), if any
         for lay in xs_l:
             if lay.kind is not None and lay.axis == 0:
                 if lay.kind in _ROWS:
-                    notes.append(f"scan over the per-{lay.kind.value} axis in {_where(eqn)}: rows visited one by one "
-                                 "are rank-local")
+                    over_rows = lay.kind
                 xs_in.append(Layout(None, 0, lay.index))
             else:
                 xs_in.append(lay.moved(lay.axis - 1) if lay.kind is not None else lay)
+        if over_rows is not None and nk:
+            notes.append(f"scan over the per-{over_rows.value} axis with a carry in {_where(eqn)}: what the carry "
+                         "accumulates over rows is rank-local")
         for _ in range(8):
             plan = self.analyse(jaxpr, tuple(const_l) + tuple(carry_l) + tuple(xs_in))
             joined = [_join(c, o) for c, o in zip(carry_l, plan.outs[:nk])]
             if joined == carry_l:
                 break
             carry_l = joined
-        ys = [lay.moved(lay.axis + 1) if lay.kind is not None else lay for lay in plan.outs[nk:]]
+        ys = [lay.moved(lay.axis + 1) if lay.kind is not None else
+              (Layout(over_rows, 0, lay.index) if over_rows is not None else lay) for lay in plan.outs[nk:]]
         outs = tuple(carry_l) + tuple(ys)
         if not plan.active:
             return _Decision(outs, notes=plan.notes + tuple(notes))
@@ -921,9 +892,9 @@ class Dispatcher:
 
             def body(carry, x):
                 res = self.eval(jaxpr, consts, list(cvals) + list(carry) + list(x), layouts)
-                return _as_traced(res[:nk], jaxpr.outvars[:nk]), res[nk:]
+                return res[:nk], res[nk:]
 
-            carry, ys = jax.lax.scan(body, _as_traced(init, eqn.invars[nc:nc + nk]), list(xs), length=p["length"],
+            carry, ys = jax.lax.scan(body, list(init), list(xs), length=p["length"],
                                      reverse=p["reverse"], unroll=p.get("unroll", 1))
             return list(carry) + list(ys)
 
@@ -945,9 +916,9 @@ class Dispatcher:
         notes = bplan.notes + cplan.notes
         if not (bplan.active or cplan.active):
             return _Decision(tuple(carry_l), notes=notes)
-        if cplan.outs[0].kind in _ROWS:
+        if cplan.outs[0].kind in _ROWS or cplan.outs[0].local:
             raise DispatchError(
-                f"a while loop in {_where(eqn)} stops on a per-{cplan.outs[0].kind.value} value while its body needs "
+                f"a while loop in {_where(eqn)} stops on a value that differs between ranks while its body needs "
                 "halo exchanges: ranks would loop a different number of times. Reduce the condition over atoms first "
                 "(e.g. jnp.max over atoms), which the dispatch turns into a collective"
             )
@@ -957,18 +928,9 @@ class Dispatcher:
         def apply(eqn, invals):
             cvals, bvals, init = invals[:ncc], invals[ncc:ncc + nbc], invals[ncc + nbc:]
 
-            def cond(carry):
-                pred = self.eval(cj, cc, list(cvals) + list(carry), c_l)[0]
-                if _varying_axes(pred):
-                    raise DispatchError(
-                        f"a while loop in {_where(eqn)} stops on a value that differs between ranks while its body "
-                        "needs halo exchanges: ranks would loop a different number of times. Reduce the condition "
-                        "over atoms first (e.g. jnp.max over atoms), which the dispatch turns into a collective"
-                    )
-                return pred
-
-            body = lambda carry: _as_traced(self.eval(bj, bc, list(bvals) + list(carry), b_l), bj.outvars)  # noqa: E731
-            return list(jax.lax.while_loop(cond, body, _as_traced(init, eqn.invars[ncc + nbc:])))
+            cond = lambda carry: self.eval(cj, cc, list(cvals) + list(carry), c_l)[0]  # noqa: E731
+            body = lambda carry: self.eval(bj, bc, list(bvals) + list(carry), b_l)  # noqa: E731
+            return list(jax.lax.while_loop(cond, body, list(init)))
 
         return _Decision(tuple(carry_l), apply, "enter.while", notes)
 
@@ -981,21 +943,16 @@ class Dispatcher:
         notes = tuple(n for plan in plans for n in plan.notes)
         if not any(plan.active for plan in plans):
             return _Decision(tuple(outs), notes=notes)
-        if ins[0].kind in _ROWS:
+        if ins[0].kind in _ROWS or ins[0].local:
             raise DispatchError(
-                f"a cond/switch in {_where(eqn)} branches on a per-{ins[0].kind.value} value while a branch needs halo "
-                "exchanges: ranks would take different branches. Branch on a value reduced over atoms, or use jnp.where"
+                f"a cond/switch in {_where(eqn)} branches on a value that differs between ranks (e.g. one atom's "
+                "value) while a branch needs halo exchanges: ranks would take different branches. Branch on a value "
+                "reduced over atoms, or use jnp.where"
             )
 
         def apply(eqn, invals):
             index, ops = invals[0], invals[1:]
-            if _varying_axes(index):
-                raise DispatchError(
-                    f"a cond/switch in {_where(eqn)} branches on a value that differs between ranks (e.g. one atom's "
-                    "value) while a branch needs halo exchanges: ranks would take different branches. Branch on a "
-                    "value reduced over atoms, or use jnp.where"
-                )
-            fns = [(lambda *a, b=b: _as_traced(self.eval(b.jaxpr, b.consts, a, tuple(ins[1:])), eqn.outvars))
+            fns = [(lambda *a, b=b: self.eval(b.jaxpr, b.consts, a, tuple(ins[1:])))
                    for b in branches]
             return list(jax.lax.switch(index, fns, *ops))
 
@@ -1013,7 +970,7 @@ def _join(a: Layout, b: Layout) -> Layout:
     if a.kind == b.kind and a.axis == b.axis:
         return Layout(a.kind, a.axis, a.index if a.index == b.index else None)
     if a.kind is None and b.kind is None:
-        return REPLICATED
+        return Layout(None, 0, a.index if a.index == b.index else None, a.local or b.local)
     return a.plain()
 
 
@@ -1172,5 +1129,5 @@ def warn_fallbacks(report: DispatchReport, model_name: str) -> None:
         warnings.warn(f"{model_name} under decomposition: the dispatch had to guess or leave operations rank-local:\n  "
                       f"{listing}\nCheck the result with jaxdd.validate, or say it explicitly with the intent verbs "
                       "(jaxdd.system_sum, jaxdd.to_local ...) or a helper adapter on the spec.", DispatchWarning,
-                      stacklevel=4)
+                      stacklevel=4)  # the caller of DistributedModel
 

@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 from .adapters import AdapterRegistry
 from .context import DDContext, dd_scope
 from .data import AtomicData, Batch, as_batch
-from .dispatch import DispatchError, DispatchReport, Kind, Runtime, _varying_axes, call_model, warn_fallbacks
+from .dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model, warn_fallbacks
 from .driver import _check_stress_cells, _default_order, _model_config
 from .halo import HaloLayout, HaloPlan, build_halo_plan, halo_forward
 from .model import ModelOutputs
@@ -425,10 +425,18 @@ class DistributedModel:
             out, overflow, needed = _run(self.model, inputs, self._static(batch, outputs, plan))
             if not bool(overflow):
                 self._record_health(part, plan, recompiles)
+                self._warn_once()
                 return out
             recompiles += 1
             self._nl_capacity = self._nl_capacity.grown(_stats(needed), self.config.capacity_factor)
         raise RuntimeError(f"neighbour lists still overflowed after {recompiles} capacity increases")
+
+    def _warn_once(self) -> None:
+        """Warn about the dispatch's guesses once per traced program."""
+        report = self.dispatch_report
+        if report is not None and report is not getattr(self, "_warned", None):
+            self._warned = report
+            warn_fallbacks(report, type(self.model).__name__)
 
     def _record_health(self, part: Partition, plan: HaloPlan, recompiles: int) -> None:
         n_real = int((part.owner >= 0).sum())
@@ -510,26 +518,34 @@ def _run(model, inputs, static: _Static):
                               edge_owned=nl.mask & (nl.receivers < layout.n_owned), ops=ops)
             batch = local.replace(positions=positions, cell=cell_s, neighbors=nl)
             out, lays = _call_model(model, batch, runtime, report, static)
+            # What is differentiated is this rank's term of a sum over ranks: the program's
+            # collectives transpose exactly (psum to psum, ppermute to its inverse), so the
+            # gradient of the sum of the ranks' terms is the gradient of the energy.
             if static.use_node_energy:
                 atomic = jnp.where(owned_rows, out[static.energy_key], 0.0)
-                per_system = jax.lax.psum(per_system_sum(atomic, local.batch_idx, n_sys), axes)
+                own_systems = per_system_sum(atomic, local.batch_idx, n_sys)
+                per_system = jax.lax.psum(own_systems, axes)
+                term = jnp.sum(jnp.where(system_mask, own_systems, 0.0))
             else:
-                if lays["energy"].kind in (Kind.NODE, Kind.EDGE):
+                if lays["energy"].kind in (Kind.NODE, Kind.EDGE) or lays["energy"].local:
                     raise DispatchError(
-                        f"the model's 'energy' is laid out per {lays['energy'].kind.value} after dispatch, not per "
-                        "system; sum it over atoms (segment_sum by batch_idx, jnp.sum, or jaxdd.system_sum)"
+                        "the model's 'energy' is not the same on every rank after dispatch (laid out as "
+                        f"{lays['energy']}); sum per-atom energies over atoms (segment_sum by batch_idx, jnp.sum, "
+                        "or jaxdd.system_sum) so the dispatch can reduce them across ranks"
                     )
-                per_system = _invariant(out["energy"], axes, static.mesh.size)
-            return jnp.sum(jnp.where(system_mask, per_system, 0.0)), (per_system, out, lays, nl)
+                per_system = out["energy"]  # complete, and computed alike on every rank
+                term = jnp.sum(jnp.where(system_mask, per_system, 0.0)) / static.mesh.size
+            return term, (per_system, out, lays, nl)
 
-        # The energy is the same on every rank (psum inside), so its gradient with respect
-        # to the replicated strain is already the whole virial; no further sum.
+        # Each rank's strain copy collects that rank's share of the virial; summed below.
         if want_stress:
             (_, (per_system, out, lays, nl)), (g_pos, g_strain) = jax.value_and_grad(
                 global_energy, argnums=(0, 1), has_aux=True
             )(own_pos, strain)
-        else:  # no strain in the graph: nothing is spent on the virial
+        elif want_forces:  # no strain in the graph: nothing is spent on the virial
             (_, (per_system, out, lays, nl)), g_pos = jax.value_and_grad(global_energy, has_aux=True)(own_pos, None)
+        else:  # nothing to differentiate
+            _, (per_system, out, lays, nl) = global_energy(own_pos, None)
 
         results = {}
         n_owned = layout.n_owned
@@ -541,7 +557,7 @@ def _run(model, inputs, static: _Static):
             elif key == "stress" and want_stress:
                 volume = jnp.abs(jnp.linalg.det(cell))
                 safe = jnp.where(volume > 0, volume, 1.0)[:, None, None]
-                results[key] = g_strain / safe
+                results[key] = jax.lax.psum(g_strain, axes) / safe
             else:
                 value = out[key]
                 kind = OutputKind.PER_NODE if static.use_node_energy and key == static.energy_key else spec.kind_of(key)
@@ -550,13 +566,13 @@ def _run(model, inputs, static: _Static):
                 elif key in spec.all_reduce_outputs:
                     results[key] = jax.lax.psum(value, axes)
                 else:
-                    if lays[key].kind in (Kind.NODE, Kind.EDGE):
+                    if lays[key].kind in (Kind.NODE, Kind.EDGE) or lays[key].local:
                         raise DispatchError(
-                            f"output {key!r} is declared {kind.value} but is laid out per {lays[key].kind.value} "
-                            "after dispatch; declare it PER_NODE or reduce it over atoms in the model"
+                            f"output {key!r} is declared {kind.value} but differs between ranks after dispatch "
+                            f"(laid out as {lays[key]}); declare it PER_NODE, reduce it over atoms in the model, "
+                            "or list it in all_reduce_outputs if it is a per-rank partial"
                         )
-                    # Complete on every rank (the dispatch reduced it): make that explicit.
-                    results[key] = jax.lax.pmax(value, axes) if _varying_axes(value) else value
+                    results[key] = value  # complete on every rank: the dispatch reduced it
         needed = dict(
             edges=jax.lax.pmax(nl.n_edges, axes),
             neighbors=jax.lax.pmax(jnp.max(nl.num_neighbors), axes),
@@ -575,18 +591,22 @@ def _run(model, inputs, static: _Static):
         P(),
         P(),
     )
+    # check_vma=False: a single-device model traced on per-rank types would have to mark
+    # its own loop carries as varying (a carry started from a constant and updated from
+    # positions does not type-check); jaxdd instead differentiates a sum of per-rank terms,
+    # for which exact transposes of the collectives are right (see docs/dispatch.md).
     fn = jax.shard_map(
         rank_fn,
         mesh=static.mesh,
         in_specs=(P(), ranked, ranked, ranked, ranked, ranked, P(), P(), P()),
         out_specs=out_specs,
+        check_vma=False,
     )
     results, overflow, needed = fn(
         params, inputs["local"], inputs["own_pos"], inputs["own_sys"], inputs["owned_rows"],
         inputs["routing"], inputs["strain"], inputs["cell"], inputs["system_mask"],
     )
     static.sink.put(static, report)
-    warn_fallbacks(report, type(model).__name__)
     outputs = {}
     for key in static.outputs:
         value = results[key]
@@ -610,14 +630,3 @@ def _call_model(model, batch: Batch, runtime: Runtime, report: DispatchReport, s
     with dd_scope(ctx), ctx.adapters.installed(static.spec.distribution.third_party_helpers):
         model.distributed_setup(ctx)
         return call_model(model, batch, runtime, report)
-
-
-def _invariant(x, axes, n_ranks: int):
-    """A value computed identically on every rank, typed as such.
-
-    ``psum(x) / n`` equals ``x`` and, unlike ``x`` typed per rank, differentiates to the
-    gradient of one copy (the n copies' gradients are summed, then divided by n).
-    """
-    if not _varying_axes(x):
-        return x
-    return jax.lax.psum(x, axes) / n_ranks

@@ -3,6 +3,7 @@
 Plain JAX only: nothing here imports jaxdd.
 """
 
+import jax
 import jax.numpy as jnp
 
 
@@ -27,3 +28,24 @@ def mol_sum(values, batch_idx, n_systems):
     ends = jnp.cumsum(counts)
     c = jnp.concatenate([jnp.zeros(1, dtype=values.dtype), jnp.cumsum(values)])
     return c[ends] - c[ends - counts]
+
+
+class Readout:
+    """A third-party readout with a method and a forward, for the method adapters."""
+
+    def scale(self, x):
+        return 2.0 * x
+
+    def __call__(self, x):
+        return x + 1.0
+
+
+class DerivedReadout(Readout):
+    """Inherits ``scale``: replacing it must not leave a copy on this class afterwards."""
+
+
+def _doubled(x):
+    return 2.0 * x
+
+
+doubled = jax.jit(_doubled)

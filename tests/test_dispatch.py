@@ -379,3 +379,167 @@ def test_halo_layers_round_trips_through_json():
 def test_halo_layers_must_be_a_positive_int():
     with pytest.raises(jaxdd.SpecError, match="halo_layers"):
         HaloStoragePolicy(halo_layers=0)
+
+
+# ----------------------------------------------------------------------------- control flow and named ops
+
+
+class ControlFlow(Plain):
+    """Layers in a fori_loop, a remat'd message function and a cond on a replicated flag, all
+    around halo-correcting scatters. With a traced trip count the loop is a while loop
+    (energy only: JAX cannot reverse-differentiate it); with a static one, a scan."""
+
+    traced_bound: bool = eqx.field(static=True, default=False)
+
+    def __init__(self, name, traced_bound=False):
+        super().__init__(name)
+        self.traced_bound = traced_bound
+
+    def forward(self, **inputs):
+        n = inputs["species"].shape[0]
+        v, mask, s, r = inputs["vectors"], inputs["edge_mask"], inputs["senders"], inputs["receivers"]
+        r2 = jnp.where(mask, jnp.sum(v * v, axis=1), 1.0)
+        env = jnp.where(mask, jnp.exp(-r2 / 4.0), 0.0)
+        h0 = jnp.ones((n, 4)) * jnp.asarray([0.3, 0.5, 0.7, 0.9], v.dtype)  # a carry started from constants
+
+        @jax.checkpoint
+        def layer(h):
+            return h + 0.2 * jax.ops.segment_sum(jnp.tanh(h[s]) * env[:, None], r, num_segments=n)
+
+        n_layers = jnp.asarray(2) + (inputs["n_systems"] - 1) if self.traced_bound else 2
+        h = jax.lax.fori_loop(0, n_layers, lambda i, h: layer(h), h0)
+        flag = jnp.sum(h0) > 0  # replicated: the same on every rank
+        h = jax.lax.cond(flag, layer, lambda h: h, h)
+        atomic = jnp.sum(jnp.sin(h), axis=1)
+        return {"energy": jax.ops.segment_sum(atomic, inputs["batch_idx"], num_segments=inputs["n_systems"])}
+
+
+def test_loop_remat_and_cond_around_scatters_equal_single_device():
+    model = ControlFlow("mpnn_segment_sum")
+    dm = DistributedModel(model, DomainConfig(CUTOFF, mesh=mesh_for((3, 2, 1)), grid=(3, 2, 1)))
+    got = dm(SYSTEM, outputs=("energy", "forces"))
+    assert_same(got, jaxdd.compute(model, SYSTEM, outputs=("energy", "forces")))
+    counts = dm.dispatch_report.counts
+    assert counts["enter.scan"] == 1 and counts["enter.cond"] == 1 and counts["enter.remat"] >= 2
+
+
+def test_while_loop_around_scatters_equals_single_device():
+    model = ControlFlow("mpnn_segment_sum", traced_bound=True)
+    dm = DistributedModel(model, DomainConfig(CUTOFF, mesh=mesh_for((2, 2, 2))))
+    got = dm(SYSTEM, outputs=("energy",))
+    ref = jaxdd.compute(model, SYSTEM, outputs=("energy",))
+    assert abs(float(got["energy"][0] - ref["energy"][0])) <= 1e-10 * abs(float(ref["energy"][0]))
+    assert dm.dispatch_report.counts["enter.while"] == 1
+
+
+@jaxdd.register_op("dispatchtest::aggregate")
+def _aggregate(h, senders, receivers, env):
+    """An opaque kernel: messages summed onto receivers (a fused kernel in real life)."""
+    return jax.ops.segment_sum(jnp.tanh(h[senders]) * env[:, None], receivers, num_segments=h.shape[0])
+
+
+@jaxdd.register_op("dispatchtest::owned_square")
+def _owned_square(x):
+    return x * x
+
+
+@jaxdd.register_op("dispatchtest::identity")
+def _identity(x):
+    return x
+
+
+@jaxdd.register_op("dispatchtest::system_partial")
+def _system_partial(x, batch_idx):
+    return jax.ops.segment_sum(x, batch_idx, num_segments=1)
+
+
+class OpaqueKernels(Plain):
+    def forward(self, **inputs):
+        n = inputs["species"].shape[0]
+        v, mask = inputs["vectors"], inputs["edge_mask"]
+        env = jnp.where(mask, jnp.exp(-jnp.where(mask, jnp.sum(v * v, axis=1), 1.0) / 4.0), 0.0)
+        h = jnp.ones((n, 4)) * jnp.asarray([0.3, 0.5, 0.7, 0.9], v.dtype)
+        ops = jaxdd.ops.get_op
+        for _ in range(2):
+            h = h + ops("dispatchtest::aggregate")(h, inputs["senders"], inputs["receivers"], env)
+        sq = ops("dispatchtest::identity")(ops("dispatchtest::owned_square")(h))  # owned rows, then halo again
+        atomic = jnp.sum(jnp.sin(sq), axis=1) * (inputs["batch_idx"] < inputs["n_systems"])
+        return {"energy": ops("dispatchtest::system_partial")(atomic, inputs["batch_idx"])}
+
+
+def opaque_spec():
+    from jaxdd.ops import AllReduceSum, GatherInputs, ScatterOutputs, SliceOwned
+    from jaxdd.spec import OpAdapter
+
+    return SPEC_MPNN_HALO.with_custom_ops(
+        OpAdapter("dispatchtest::aggregate", output_transforms={0: ScatterOutputs()}),
+        OpAdapter("dispatchtest::owned_square", arg_transforms={0: SliceOwned()}),
+        OpAdapter("dispatchtest::identity", arg_transforms={0: GatherInputs()}),
+        OpAdapter("dispatchtest::system_partial", arg_transforms={0: SliceOwned(), 1: SliceOwned()},
+                  output_transforms={0: AllReduceSum()}),
+    )
+
+
+def test_registered_ops_get_their_adapters_transforms():
+    model = OpaqueKernels("mpnn_segment_sum")
+    dm = DistributedModel(model, DomainConfig(CUTOFF, mesh=mesh_for((2, 2, 2))), spec=opaque_spec())
+    got = dm(SYSTEM, outputs=("energy", "forces"))
+    assert_same(got, jaxdd.compute(model, SYSTEM, outputs=("energy", "forces")))
+    counts = dm.dispatch_report.counts
+    assert counts["custom_op.dispatchtest::aggregate"] == 2
+    assert counts["custom_op.dispatchtest::system_partial"] == 1
+    assert "scatter_add.halo_correction" not in counts  # the kernels are opaque: only their adapters act
+
+
+def test_registered_op_without_its_output_transform_is_wrong():
+    from jaxdd.ops import AllReduceSum, GatherInputs, SliceOwned
+    from jaxdd.spec import OpAdapter
+
+    spec = SPEC_MPNN_HALO.with_custom_ops(
+        OpAdapter("dispatchtest::aggregate"),  # ScatterOutputs forgotten
+        OpAdapter("dispatchtest::owned_square", arg_transforms={0: SliceOwned()}),
+        OpAdapter("dispatchtest::identity", arg_transforms={0: GatherInputs()}),
+        OpAdapter("dispatchtest::system_partial", arg_transforms={0: SliceOwned(), 1: SliceOwned()},
+                  output_transforms={0: AllReduceSum()}),
+    )
+    model = OpaqueKernels("mpnn_segment_sum")
+    got = DistributedModel(model, DomainConfig(CUTOFF, mesh=mesh_for((2, 2, 2))), spec=spec)(SYSTEM, outputs=("energy",))
+    ref = jaxdd.compute(model, SYSTEM, outputs=("energy",))
+    assert abs(float(got["energy"][0] - ref["energy"][0])) > 1e-6 * abs(float(ref["energy"][0]))
+
+
+# ----------------------------------------------------------------------------- adapter kinds
+
+
+def _tripled(self_or_x, x=None):
+    return 3.0 * (self_or_x if x is None else x)
+
+
+def test_method_adapter_swaps_and_restores_an_inherited_method():
+    registry = AdapterRegistry()
+    registry.install(MethodAdapter("plain_helpers", "DerivedReadout", "scale", replacement=_tripled))
+    assert plain_helpers.DerivedReadout().scale(1.0) == 3.0
+    assert plain_helpers.Readout().scale(1.0) == 2.0  # only the named class changes
+    registry.restore()
+    assert "scale" not in plain_helpers.DerivedReadout.__dict__
+    assert plain_helpers.DerivedReadout().scale(1.0) == 2.0
+
+
+def test_module_forward_adapter_swaps_call():
+    from jaxdd.adapters import ModuleForwardAdapter
+
+    registry = AdapterRegistry()
+    with registry.installed([ModuleForwardAdapter("plain_helpers", "Readout", replacement=_tripled)]):
+        assert plain_helpers.Readout()(1.0) == 3.0
+    assert plain_helpers.Readout()(1.0) == 2.0
+
+
+def test_jit_adapter_installs_a_jitted_replacement():
+    from jaxdd.adapters import JitAdapter
+
+    original = plain_helpers.doubled
+    registry = AdapterRegistry()
+    with registry.installed([JitAdapter("plain_helpers", "doubled", replacement=_tripled)]):
+        assert float(plain_helpers.doubled(jnp.asarray(1.0))) == 3.0
+        assert hasattr(plain_helpers.doubled, "lower")  # a jax.jit function, like the original
+    assert plain_helpers.doubled is original
