@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
@@ -37,30 +35,9 @@ from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh  # no
 from jaxdd.driver import _run as compute_program  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
 from jaxdd.systems import lj_melt_data  # noqa: E402
+from timing import cost, median_time  # noqa: E402
 
 OUTPUTS = ("energy", "forces")
-
-
-def median_time(fn, repeat):
-    jax.block_until_ready(fn())  # warm-up (compilation)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def cost(compiled) -> dict:
-    compiled = getattr(compiled, "compiled", compiled)  # equinox wraps jax's Compiled
-    analysis = compiled.cost_analysis()
-    if isinstance(analysis, (list, tuple)):
-        analysis = analysis[0]
-    memory = compiled.memory_analysis()
-    mem = None
-    if memory is not None:
-        mem = memory.argument_size_in_bytes + memory.temp_size_in_bytes + memory.output_size_in_bytes
-    return {"flops": float(analysis.get("flops", np.nan)), "bytes": float(analysis.get("bytes accessed", np.nan)), "memory": mem}
 
 
 def main(argv=None):

@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "1")
@@ -43,23 +41,7 @@ from jaxdd.ops import HaloStoragePolicy  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import plain_models  # noqa: E402
 from test_dispatch import Plain  # noqa: E402
-
-
-def flops(compiled) -> float:
-    analysis = compiled.cost_analysis()
-    if isinstance(analysis, (list, tuple)):
-        analysis = analysis[0]
-    return float(analysis.get("flops", np.nan))
-
-
-def median_time(fn, repeat=3):
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from timing import cost, median_time  # noqa: E402
 
 
 def system(n_atoms, seed=0, density=0.05):
@@ -115,8 +97,8 @@ def main(argv=None):
         stacked = jax.tree_util.tree_map(lambda x: x[None], batch)
         dispatched = jax.jit(jax.shard_map(rank, mesh=mesh, in_specs=(P(), P("dd")), out_specs=(P(), P("dd")),
                                            check_vma=False))  # as DistributedModel runs it
-        f_plain = flops(plain.lower(model, batch.positions).compile())
-        f_disp = flops(dispatched.lower(model, stacked).compile())
+        f_plain = cost(plain.lower(model, batch.positions).compile())["flops"]
+        f_disp = cost(dispatched.lower(model, stacked).compile())["flops"]
         t_plain = median_time(lambda: plain(model, batch.positions), args.repeat)
         t_disp = median_time(lambda: dispatched(model, stacked), args.repeat)
         (e0, g0), (e1, g1) = plain(model, batch.positions), dispatched(model, stacked)
