@@ -807,8 +807,9 @@ class Dispatcher:
                 return rt.halo_correct(y)
             if isinstance(tr, AllReduceSum):
                 return jax.lax.psum(y, rt.axis_names)
-            if isinstance(tr, SliceOutputsOwned):
-                return jnp.concatenate([y[: rt.n_owned], y[-1:]])
+            if isinstance(tr, SliceOutputsOwned):  # this rank's block of the gathered rows, then the padding row
+                start = jax.lax.axis_index(rt.axis_names) * rt.n_owned
+                return jnp.concatenate([jax.lax.dynamic_slice_in_dim(y, start, rt.n_owned, axis=0), y[-1:]])
             raise DispatchError(f"{type(tr).__name__} is an input transform; OpAdapter for {adapter.op} lists it "
                                 "under output_transforms")
 

@@ -543,3 +543,34 @@ def test_jit_adapter_installs_a_jitted_replacement():
         assert float(plain_helpers.doubled(jnp.asarray(1.0))) == 3.0
         assert hasattr(plain_helpers.doubled, "lower")  # a jax.jit function, like the original
     assert plain_helpers.doubled is original
+
+
+@jaxdd.register_op("dispatchtest::double_full")
+def _double_full(x):
+    return 2.0 * x
+
+
+def test_graph_parallel_transforms_gather_all_rows_and_slice_own_rows_back():
+    from jax.sharding import PartitionSpec as P
+
+    from jaxdd.dispatch import Runtime
+    from jaxdd.ops import GatherInputsFull, SliceOutputsOwned
+    from jaxdd.spec import OpAdapter
+
+    adapter = OpAdapter("dispatchtest::double_full", arg_transforms={0: GatherInputsFull()},
+                        output_transforms={0: SliceOutputsOwned()})
+    n_ranks, n_own = 4, 3
+    x = jnp.arange(n_ranks * n_own * 2, dtype=jnp.float64).reshape(n_ranks, n_own, 2)
+    closed = jax.make_jaxpr(lambda a: jaxdd.ops.get_op("dispatchtest::double_full")(a))(x[0])
+
+    def rank(xr):
+        rt = Runtime(None, None, ("dd",), HaloStoragePolicy(), jnp.ones(n_own, bool), ops={str(adapter.op): adapter})
+        d = Dispatcher(rt, DispatchReport(), (n_own, 0, 1))
+        (y,) = d.run_closed(closed, [xr[0]], [Layout(Kind.NODE)])
+        return y[None]
+
+    y = jax.shard_map(rank, mesh=mesh_for((n_ranks, 1, 1)), in_specs=P("dd"), out_specs=P("dd"),
+                      check_vma=False)(x)
+    assert y.shape == (n_ranks, n_own + 1, 2)  # own rows, then the full array's padding row
+    np.testing.assert_array_equal(y[:, :n_own], 2.0 * x)
+    np.testing.assert_array_equal(y[:, n_own], 0.0)
