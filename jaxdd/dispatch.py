@@ -744,20 +744,21 @@ class Dispatcher:
             return _Decision((REPLICATED,), self._noop, "verb.to_local")
         if name == "jaxdd::autograd_target":
             return _Decision((lay,), self._noop, "verb.autograd_target")
-        if name == "jaxdd::system_sum_local":
-            return _Decision((Layout(local=True),), self._noop, "verb.system_sum_local")
-        if name == "jaxdd::system_sum":
+        if name in ("jaxdd::system_sum", "jaxdd::system_sum_local"):
             rows = lay.kind if lay.kind in _ROWS else None
+            total = name == "jaxdd::system_sum"
 
             def apply(eqn, invals):
                 values, index = invals
-                if rows is not None:
+                if rows is not None:  # each atom (edge) counted on its owner's rank only
                     mask = _along(self.rt.row_mask(rows, values.shape[lay.axis]), values.ndim, lay.axis)
                     values = jnp.where(mask, values, jnp.zeros((), values.dtype))
                 (y,) = _bind(eqn, [values, index])
-                return [jax.lax.psum(y, self.rt.axis_names) if rows is not None else y]
+                return [jax.lax.psum(y, self.rt.axis_names) if rows is not None and total else y]
 
-            return _Decision((Layout(Kind.GRAPH, 0),), apply, "verb.system_sum", replicates=rows is not None)
+            if total:
+                return _Decision((Layout(Kind.GRAPH, 0),), apply, "verb.system_sum", replicates=rows is not None)
+            return _Decision((Layout(local=rows is not None),), apply, "verb.system_sum_local")
         if lay.kind is not Kind.NODE:
             rows = _shape(eqn.invars[0])[:1]
             if not rows or rows[0] < self.n_padded:

@@ -566,12 +566,14 @@ def _run(model, inputs, static: _Static):
                 elif key in spec.all_reduce_outputs:
                     results[key] = jax.lax.psum(value, axes)
                 else:
-                    if lays[key].kind in (Kind.NODE, Kind.EDGE) or lays[key].local:
+                    if lays[key].kind in (Kind.NODE, Kind.EDGE):
                         raise DispatchError(
-                            f"output {key!r} is declared {kind.value} but differs between ranks after dispatch "
-                            f"(laid out as {lays[key]}); declare it PER_NODE, reduce it over atoms in the model, "
-                            "or list it in all_reduce_outputs if it is a per-rank partial"
+                            f"output {key!r} is declared {kind.value} but is laid out per {lays[key].kind.value} "
+                            "after dispatch; declare it PER_NODE or reduce it over atoms in the model"
                         )
+                    if lays[key].local:
+                        report.note(f"output {key!r} differs between ranks (a per-rank partial?); rank 0's value is "
+                                    "returned: list it in all_reduce_outputs if the ranks' values should be summed")
                     results[key] = value  # complete on every rank: the dispatch reduced it
         needed = dict(
             edges=jax.lax.pmax(nl.n_edges, axes),

@@ -9,7 +9,8 @@ recognises the name and applies the distributed meaning instead:
 verb                   single device                    under decomposition
 =====================  ===============================  ==========================================
 ``system_sum``         ``segment_sum(values, index, n)``  OWNED: own rows only, summed over ranks;
-                                                          LOCAL: this rank's rows, no communication
+                                                          LOCAL: own rows only, this rank's share
+                                                          (no communication)
 ``refresh_neighbors``  identity                         ghost rows re-read from their owners
 ``scatter_to_owners``  identity                         ghost partials added to owners, then refreshed
 ``to_local``           identity                         the rank's rows as a plain array: no rule
@@ -31,7 +32,8 @@ __all__ = ["Scope", "OWNED", "LOCAL", "system_sum", "refresh_neighbors", "scatte
 
 
 class Scope(str, enum.Enum):
-    """Which rows a reduction covers: OWNED (each atom once, over all ranks) or LOCAL (this rank's rows)."""
+    """What a reduction returns: OWNED (each atom once, summed over all ranks) or LOCAL (this rank's
+    share: its owned atoms only, no communication; the ranks' shares add up to the OWNED sum)."""
 
     OWNED = "owned"
     LOCAL = "local"

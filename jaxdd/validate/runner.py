@@ -1,0 +1,393 @@
+"""``trace_and_validate``: prove that a model distributed equals the model on one device."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh
+
+from ..adapters import reference_of, resolve_reference
+from ..data import Batch, as_batch
+from ..dispatch import DispatchReport, DispatchWarning, Runtime, call_model
+from ..driver import _default_order, _model_config, compute
+from ..neighbors import neighbor_list
+from ..ops import HaloStoragePolicy, SpecError
+from ..spec import SPEC_MPNN_HALO, MLIPSpec, OutputKind
+from .compare import compare_outputs
+from .diagnostics import HelperRecorder, diagnose, halo_completeness, helper_diagnostics, watched_modules
+from .report import Attempt, HaloCompleteness, TraceReport
+
+__all__ = ["trace_and_validate", "FIX_RULES"]
+
+FIX_RULES = ("halo_correction_to_local", "add_all_reduce", "drop_extra_all_reduce")
+_AUTOGRAD = ("energy", "forces", "stress")
+
+
+@dataclasses.dataclass
+class _Result:
+    """What one sharded run produced (in this process or a child)."""
+
+    outputs: dict[str, np.ndarray] | None = None
+    error: str | None = None
+    diagnosis: str | None = None
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    fallbacks: tuple[str, ...] = ()
+    health: str | None = None
+    halo: HaloCompleteness | None = None
+    owner: np.ndarray | None = None
+
+
+def trace_and_validate(
+    model_factory: Callable[[], Any] | str,
+    sample_batch,
+    *,
+    world_size: int = 2,
+    devices="auto",
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+    auto_fix: bool = True,
+    max_fix_attempts: int = 8,
+    outputs=None,
+    watch=None,
+    progress: Callable[[str], None] | None = None,
+) -> TraceReport:
+    """Run the model on one device and on ``world_size`` ranks; compare; fix the spec if it can.
+
+    model_factory: a zero-argument callable returning the wrapper, or its ``"module:qualname"``
+    (needed when the sharded runs happen in a child process). sample_batch: AtomicData or Batch.
+    devices: "auto" (this process's devices when there are ``world_size`` of them, else
+    ``world_size`` virtual CPU devices in a child process), "subprocess", or a list of devices.
+    atol, rtol: an output passes when its partition-invariant difference is within either.
+    outputs: keys to compare (default: the model's active outputs). watch: module names whose
+    functions are watched for undeclared per-system reductions (default: the modules the
+    model's code reaches, other than jaxdd and the usual frameworks). progress: called with
+    one line per attempt.
+    """
+    factory, factory_ref = _resolve_factory(model_factory)
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    if max_fix_attempts < 0:
+        raise ValueError(f"max_fix_attempts must be >= 0, got {max_fix_attempts!r}")
+    model = factory()
+    cfg = _model_config(model)
+    batch = as_batch(sample_batch)
+    outputs = cfg.check_outputs(_default_order(cfg.active_outputs) if outputs is None else outputs)
+    say = progress or (lambda line: None)
+
+    spec = model.distribution_spec
+    try:
+        reference = {k: np.asarray(v) for k, v in compute(model, batch, outputs).items()}
+    except Exception as exc:  # the model fails on one device already: nothing to compare with
+        a = Attempt(spec or SPEC_MPNN_HALO, "single-device reference", error=f"{type(exc).__name__}: {exc}",
+                    diagnosis=diagnose(exc))
+        say(a.line())
+        return TraceReport(ok=False, spec=a.spec, attempts=[a], devices="none (the reference failed)",
+                           next_action=f"FAIL — the single-device reference raised {a.error.splitlines()[0]}. "
+                                       f"Diagnosis: {a.diagnosis}")
+    watch = watched_modules(model) if watch is None else tuple(watch)
+    calls = _record_helpers(model, batch, watch)
+    ref_counts = _single_device_counts(model, batch)
+    run, where = _runner(model, factory_ref, batch, outputs, world_size, devices)
+
+    rationale = "the model's distribution_spec" if spec is not None else "default halo spec (SPEC_MPNN_HALO)"
+    spec = spec if spec is not None else SPEC_MPNN_HALO
+    attempts: list[Attempt] = []
+    results: list[_Result] = []
+
+    def attempt(spec: MLIPSpec, rationale: str) -> Attempt:
+        res = run(spec)
+        a = _judge(spec, rationale, res, reference, atol, rtol, cfg, calls, batch)
+        attempts.append(a)
+        results.append(res)
+        say(a.line())
+        return a
+
+    first = attempt(spec, rationale)
+    fix = None
+    if not first.passed and auto_fix:
+        queue = _fixes(first, results[-1], reference, world_size)
+        tried = {spec}
+        while queue and len(attempts) - 1 < max_fix_attempts:
+            rule, candidate, why = queue.pop(0)
+            if candidate in tried:
+                continue
+            tried.add(candidate)
+            a = attempt(candidate, f"auto-fix {rule}: {why}")
+            if a.passed:
+                fix = rule
+                break
+            queue += _fixes(a, results[-1], reference, world_size)
+    passed = [a for a in attempts if a.passed]
+    best = passed[0] if passed else min(attempts, key=lambda a: (a.error is not None, a.max_rel_diff))
+    report = TraceReport(ok=bool(passed), spec=best.spec, attempts=attempts, next_action="", fix_applied=fix,
+                         devices=where, reference_counts=ref_counts)
+    report.next_action = _next_action(report, world_size)
+    return report
+
+
+# --------------------------------------------------------------------------- the reference
+
+
+def _resolve_factory(model_factory):
+    if isinstance(model_factory, str):
+        fn = resolve_reference(model_factory, "model_factory")
+        if not callable(fn):
+            raise SpecError(f"model_factory {model_factory!r} is not callable")
+        return fn, model_factory
+    if not callable(model_factory):
+        raise ValueError(f"model_factory must be a callable or a 'module:qualname' string, got {model_factory!r}")
+    return model_factory, reference_of(model_factory)
+
+
+def _with_neighbors(model, batch: Batch) -> Batch:
+    nc = _model_config(model).neighbor_config
+    nl, _ = neighbor_list(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
+                          cutoff=nc.search_cutoff, half=nc.half_list, format=nc.format)
+    return batch.replace(neighbors=nl)
+
+
+def _record_helpers(model, batch: Batch, watch) -> list:
+    """One eager forward with the watched helpers recorded (concrete inputs and outputs)."""
+    if not watch:
+        return []
+    try:
+        with HelperRecorder(watch) as recorder, jax.disable_jit():
+            model(_with_neighbors(model, batch))
+        return recorder.calls
+    except Exception:  # diagnostics are a courtesy; the comparison does not depend on them
+        return []
+
+
+def _single_device_counts(model, batch: Batch) -> dict[str, int]:
+    """The dispatch rules the model's program needs, traced on one device (nothing is run)."""
+    from jax.sharding import PartitionSpec as P
+
+    report = DispatchReport(policy=HaloStoragePolicy())
+    try:
+        b = _with_neighbors(model, batch)
+        mesh = Mesh(np.asarray(jax.devices()[:1]), ("dd",), axis_types=(AxisType.Auto,))
+
+        def one(b):
+            rt = Runtime(None, None, ("dd",), HaloStoragePolicy(), b.atom_mask, edge_owned=b.neighbors.mask)
+            return call_model(model, b, rt, report)[0]
+
+        jax.eval_shape(jax.shard_map(one, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False), b)
+    except Exception:
+        return {}
+    return dict(report.counts)
+
+
+# --------------------------------------------------------------------------- sharded runs
+
+
+def _runner(model, factory_ref, batch, outputs, world_size, devices):
+    """(spec -> _Result, a description of where the runs happen)."""
+    if devices == "auto":
+        devices = jax.devices() if len(jax.devices()) >= world_size else "subprocess"
+    if devices == "subprocess":
+        if factory_ref is None:
+            raise ValueError(
+                f"this process has {len(jax.devices())} device(s), fewer than world_size={world_size}, so the sharded "
+                "runs need a child process, which needs the factory as an importable 'module:qualname' (a module-level "
+                "function, not a lambda or a local function)"
+            )
+        return (lambda spec: _in_child(factory_ref, batch, spec, outputs, world_size),
+                f"{world_size} virtual CPU devices in a child process (this process has {len(jax.devices())})")
+    devices = list(devices)[:world_size]
+    if len(devices) < world_size:
+        raise ValueError(f"devices has {len(devices)} entries, fewer than world_size={world_size}")
+    kind = devices[0].platform
+    return (lambda spec: run_sharded(model, batch, spec, outputs, devices),
+            f"{world_size} {kind} device(s) in this process")
+
+
+def run_sharded(model, batch: Batch, spec: MLIPSpec, outputs, devices) -> _Result:
+    """One distributed run of ``model`` on ``devices`` under ``spec``, with its diagnostics."""
+    from ..distributed import DistributedModel, DomainConfig
+
+    res = _Result()
+    mesh = Mesh(np.asarray(devices), ("dd",), axis_types=(AxisType.Auto,))
+    nc = _model_config(model).neighbor_config
+    try:
+        dist = DistributedModel(model, DomainConfig(cutoff=nc.cutoff, skin=nc.skin, mesh=mesh), spec=spec)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DispatchWarning)  # reported through the attempt instead
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out = dist(batch, outputs)
+        res.outputs = {k: np.asarray(v) for k, v in out.items()}
+    except Exception as exc:
+        res.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        res.diagnosis = diagnose(exc)
+        dist = locals().get("dist")
+    if dist is None:
+        return res
+    report = dist.dispatch_report
+    if report is not None:
+        res.counts = dict(report.counts)
+        res.fallbacks = tuple(report.fallbacks)
+    res.health = None if dist.health is None else str(dist.health)
+    try:
+        res.halo = halo_completeness(dist, batch)
+        res.owner = dist.plan(batch)[0].owner
+    except Exception:
+        pass
+    return res
+
+
+def _in_child(factory_ref: str, batch: Batch, spec: MLIPSpec, outputs, world_size: int) -> _Result:
+    with tempfile.TemporaryDirectory(prefix="jaxdd-validate-") as tmp:
+        tmp = Path(tmp)
+        save_batch(batch, tmp / "batch.npz")
+        (tmp / "request.json").write_text(json.dumps({
+            "factory": factory_ref, "spec": spec.to_dict(), "outputs": list(outputs), "world_size": world_size,
+        }))
+        env = dict(os.environ)
+        env["JAX_NUM_CPU_DEVICES"] = str(world_size)
+        env["JAX_PLATFORMS"] = "cpu"
+        env["JAX_ENABLE_X64"] = "1" if np.asarray(batch.positions).dtype == np.float64 else "0"
+        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
+        proc = subprocess.run([sys.executable, "-m", "jaxdd.validate._worker", str(tmp)], env=env,
+                              capture_output=True, text=True)
+        if proc.returncode != 0 or not (tmp / "result.json").exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            return _Result(error=f"child process failed (exit {proc.returncode}): {tail[0]}",
+                           diagnosis="the factory must be importable in a fresh process with the same sys.path")
+        return read_result(tmp)
+
+
+def save_batch(batch: Batch, path: Path) -> None:
+    fields = {k: np.asarray(getattr(batch, k)) for k in ("positions", "atomic_numbers", "cell", "pbc", "batch_idx",
+                                                           "ptr", "atom_mask", "system_mask", "charges", "masses",
+                                                           "velocities") if getattr(batch, k) is not None}
+    np.savez(path, **fields)
+
+
+def load_batch(path: Path) -> Batch:
+    with np.load(path) as z:
+        fields = {k: z[k] for k in z.files}
+    return Batch.unchecked(**{k: jax.numpy.asarray(v) for k, v in fields.items()})
+
+
+def write_result(res: _Result, tmp: Path) -> None:
+    if res.outputs is not None:
+        np.savez(tmp / "outputs.npz", **res.outputs)
+    if res.owner is not None:
+        np.save(tmp / "owner.npy", res.owner)
+    (tmp / "result.json").write_text(json.dumps({
+        "error": res.error, "diagnosis": res.diagnosis, "counts": res.counts, "fallbacks": list(res.fallbacks),
+        "health": res.health, "halo": None if res.halo is None else dataclasses.asdict(res.halo),
+    }))
+
+
+def read_result(tmp: Path) -> _Result:
+    data = json.loads((tmp / "result.json").read_text())
+    outputs = None
+    if (tmp / "outputs.npz").exists():
+        with np.load(tmp / "outputs.npz") as z:
+            outputs = {k: z[k] for k in z.files}
+    halo = None
+    if data["halo"] is not None:
+        h = data["halo"]
+        halo = HaloCompleteness(h["matches"], h["checked"], tuple(h["atoms"]), tuple(map(tuple, h["missing"])),
+                                tuple(map(tuple, h["extra"])))
+    owner = np.load(tmp / "owner.npy") if (tmp / "owner.npy").exists() else None
+    return _Result(outputs, data["error"], data["diagnosis"], data["counts"], tuple(data["fallbacks"]), data["health"],
+                   halo, owner)
+
+
+# --------------------------------------------------------------------------- judging and fixing
+
+
+def _judge(spec, rationale, res: _Result, reference, atol, rtol, cfg, calls, batch) -> Attempt:
+    a = Attempt(spec, rationale, handler_counts=res.counts, fallbacks=res.fallbacks, error=res.error,
+                diagnosis=res.diagnosis, halo_completeness=res.halo, partition_health=res.health)
+    if res.outputs is None:
+        return a
+    a.diffs = compare_outputs(reference, res.outputs, atol, rtol)
+    a.passed = all(d.passed for d in a.diffs.values())
+    a.max_abs_diff = max((d.abs for d in a.diffs.values()), default=0.0)
+    a.max_rel_diff = max((d.rel for d in a.diffs.values()), default=0.0)
+    if a.passed:
+        return a
+    if any(not np.all(np.isfinite(v)) for v in res.outputs.values()) and all(
+            np.all(np.isfinite(v)) for v in reference.values()):
+        a.diagnosis = diagnose(nan=True)
+    elif "forces" in a.diffs and not a.diffs["forces"].passed and "forces" not in cfg.autograd_outputs:
+        a.diagnosis = diagnose(internal_forces=True)
+    if res.owner is not None:
+        declared = [h.target for h in spec.distribution.third_party_helpers]
+        a.helper_diagnostics = helper_diagnostics(calls, batch.n_atoms, res.owner, declared)
+    return a
+
+
+def _fixes(a: Attempt, res: _Result, reference, world_size) -> list[tuple[str, MLIPSpec, str]]:
+    """Candidate specs, in rule order, for a failed attempt."""
+    spec = a.spec
+    out = []
+    if a.error is not None and res.outputs is None:
+        return out
+    policy = spec.policy
+    fired = a.handler_counts.get("scatter_add.halo_correction", 0)
+    if isinstance(policy, HaloStoragePolicy) and policy.scatter_mode == "halo_correction" and fired:
+        layers = max(fired, 1)
+        out.append(("halo_correction_to_local",
+                    spec.with_policy(HaloStoragePolicy(scatter_mode="local", gather_mode="local", halo_layers=layers)),
+                    f"scatters stay local over a ghost shell {layers} layer(s) deep"))
+    per_graph = [k for k, d in a.diffs.items()
+                 if k not in _AUTOGRAD and k not in spec.all_reduce_outputs and d.rel >= 1e-3
+                 and spec.kind_of(k) in (OutputKind.PER_GRAPH, OutputKind.UNKNOWN)
+                 and np.ndim(reference[k]) >= 1 and np.shape(reference[k])[0] != np.shape(reference.get("forces", ()))[:1]]
+    if per_graph:
+        out.append(("add_all_reduce", spec.with_all_reduce(*per_graph),
+                    f"sum the per-rank partials of {per_graph} across ranks"))
+    blown = []
+    for k in spec.all_reduce_outputs:
+        if k in a.diffs and not a.diffs[k].passed and res.outputs is not None and k in res.outputs:
+            scale = float(np.max(np.abs(reference[k]))) or 1.0
+            ratio = float(np.max(np.abs(res.outputs[k]))) / scale
+            if a.diffs[k].rel > 0.5 and abs(ratio - world_size) <= 0.25 * world_size:
+                blown.append(k)
+    if blown:
+        out.append(("drop_extra_all_reduce", spec.without_all_reduce(*blown),
+                    f"{blown} came out ~{world_size}x the reference: they were summed twice"))
+    return out
+
+
+def _next_action(report: TraceReport, world_size: int) -> str:
+    if report.ok:
+        best = next(a for a in report.attempts if a.passed)
+        if report.fix_applied:
+            return (f"OK — passes on {world_size} ranks after auto-fix '{report.fix_applied}' (max rel diff "
+                    f"{best.max_rel_diff:.1e}); save report.spec and load it with the model")
+        return f"OK — distributed outputs equal single device on {world_size} ranks (max rel diff {best.max_rel_diff:.1e})"
+    last = report.attempts[-1]
+    first = report.attempts[0]
+    if first.error is not None and first.diffs == {}:
+        return f"FAIL — the sharded run raised {first.error}" + (f". Diagnosis: {first.diagnosis}" if first.diagnosis else "")
+    halo = first.halo_completeness
+    if halo is not None and not halo.matches:
+        return (f"FAIL — the halo misses neighbours of atoms {list(halo.atoms)[:10]}: no spec change can recover "
+                "missing edges; widen the ghost shell (DomainConfig.ghost_width >= cutoff + skin) or fix the sample")
+    undeclared = [h for a in report.attempts for h in a.helper_diagnostics if not h.declared]
+    if undeclared:
+        return (f"FAIL — undeclared per-system helper {undeclared[0].helper}: declare a PythonAdapter for it on "
+                "spec.distribution.third_party_helpers with a replacement that uses jaxdd.system_sum")
+    if first.diagnosis:
+        return f"FAIL — {first.diagnosis}"
+    worst = max(first.diffs.items(), key=lambda kv: kv[1].rel)[0] if first.diffs else "?"
+    closest = report.spec
+    tried = len(report.attempts) - 1
+    return (f"FAIL — output {worst!r} differs (max rel diff {first.max_rel_diff:.1e}); auto-fix tried {tried} "
+            f"variant(s), closest: {next(a.rationale for a in report.attempts if a.spec == closest)}"
+            + (f"; first divergent dispatch rule counts {dict(last.handler_counts)}" if last.handler_counts else ""))
