@@ -79,6 +79,7 @@ def test_correct_model_passes_without_fixes():
     assert report.reference_counts["scatter_add.halo_correction"] == 3
 
 
+@pytest.mark.slow
 def test_halo_correction_to_local_fixes_a_backbone_with_its_own_graph():
     report = trace_and_validate(OwnGraph, CLUSTER, world_size=2, atol=1e-9, rtol=1e-10)
     assert report.ok and report.fix_applied == "halo_correction_to_local"
@@ -99,6 +100,7 @@ def test_add_all_reduce_fixes_an_undeclared_per_rank_partial():
     assert report.spec.all_reduce_outputs == {"partial_z"}
 
 
+@pytest.mark.slow
 def test_drop_extra_all_reduce_fixes_a_world_size_blow_up():
     spec = SPEC_MPNN_HALO.with_output_kinds(total_z=OutputKind.PER_GRAPH, partial_z=OutputKind.PER_GRAPH)
     spec = spec.with_all_reduce("total_z", "partial_z")
@@ -135,6 +137,7 @@ def test_intact_halo_is_complete_on_an_uneven_grid():
     assert halo.matches and halo.checked == SYSTEM.n_atoms
 
 
+@pytest.mark.slow
 def test_sharded_runs_move_to_a_child_process_when_devices_are_short():
     report = trace_and_validate("test_validate:make_mpnn", SYSTEM, world_size=2, devices="subprocess",
                                 atol=1e-9, rtol=1e-10)

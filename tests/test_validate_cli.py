@@ -1,0 +1,63 @@
+"""Specification of ``python -m jaxdd.validate``: exit codes, built-in example, spec round trip."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import jaxdd
+from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.spec import MLIPSpec
+from test_dispatch import CUTOFF, SYSTEM, mesh_for
+from test_validate import make_mpnn
+
+TESTS = Path(__file__).resolve().parent
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+def cli(*args, timeout=300):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "jaxdd.validate", *args], cwd=TESTS.parent, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_no_arguments_validates_the_builtin_example():
+    proc = cli()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "built-in example" in proc.stdout and "OK —" in proc.stdout
+    assert "[pass]" in proc.stdout  # a progress line per attempt
+
+
+def test_validate_save_load_distribute_round_trip(tmp_path):
+    sample = tmp_path / "sample.extxyz"
+    SYSTEM.to_ase().write(sample)
+    spec_path = tmp_path / "spec.json"
+    proc = cli("test_validate:make_mpnn", "--sample", str(sample), "--world-size", "2", "--atol", "1e-9",
+               "--rtol", "1e-10", "--save-spec", str(spec_path), "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["ok"] is True
+    spec = MLIPSpec.load(spec_path)
+    model = make_mpnn()
+    got = DistributedModel(model, DomainConfig(CUTOFF, mesh=mesh_for((2, 1, 1))), spec=spec)(SYSTEM)
+    ref = jaxdd.compute(model, SYSTEM)
+    assert abs(float(got["energy"][0] - ref["energy"][0])) <= 1e-10 * abs(float(ref["energy"][0]))
+    assert float(np.max(np.abs(np.asarray(got["forces"] - ref["forces"])))) <= 1e-9
+
+
+@pytest.mark.slow
+def test_failing_model_exits_1():
+    proc = cli("test_validate:make_mol_sum", "--builtin", "cu-fcc", "--atol", "1e-9", "--rtol", "1e-10")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL —" in proc.stdout
+
+
+@pytest.mark.parametrize("args", [("--world-size", "0"), ("--builtin", "nonesuch"), ("no_such_module:factory",),
+                                  ("--dtype", "float16")])
+def test_usage_errors_exit_2(args):
+    proc = cli(*args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
