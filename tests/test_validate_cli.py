@@ -33,6 +33,7 @@ def test_no_arguments_validates_the_builtin_example():
     assert "[pass]" in proc.stdout  # a progress line per attempt
 
 
+@pytest.mark.slow
 def test_validate_save_load_distribute_round_trip(tmp_path):
     sample = tmp_path / "sample.extxyz"
     SYSTEM.to_ase().write(sample)
