@@ -73,6 +73,7 @@ class Layout:
     axis: int = 0
     index: Kind | None = None
     local: bool = False
+    columns: tuple | None = None  # per-column index kinds of an index array built column by column
 
     def moved(self, axis: int | None) -> "Layout":
         return Layout(self.kind, axis, self.index) if axis is not None else Layout(None, 0, self.index)
@@ -571,6 +572,15 @@ class Dispatcher:
     def _concatenate(self, eqn, ins) -> _Decision:
         dim = eqn.params["dimension"]
         first = ins[0]
+        oshape = _shape(eqn.outvars[0])
+        if dim == len(oshape) - 1 and oshape[dim] <= 8 and any(lay.index is not None or lay.columns for lay in ins):
+            # Index columns side by side (x.at[receivers, kind]): keep what each column points at.
+            columns = ()
+            for lay, v in zip(ins, eqn.invars):
+                width = _shape(v)[dim]
+                columns += lay.columns if lay.columns and len(lay.columns) == width else (lay.index,) * width
+            d = self._generic(eqn, ins)
+            return _Decision((dataclasses.replace(d.outs[0], columns=columns),), notes=d.notes)
         if first.kind is not None and first.axis == dim:
             return _Decision((first,))  # rows appended after the tagged rows keep their place
         along = [lay for lay in ins if lay.kind is not None and lay.axis == dim]
@@ -656,11 +666,32 @@ class Dispatcher:
         name = eqn.primitive.name
         op, idx, upd = ins[0], ins[1], ins[2]
         dn = eqn.params["dimension_numbers"]
-        if len(dn.scatter_dims_to_operand_dims) != 1 or len(ins) != 3:
+        if len(ins) != 3:
             return self._generic(eqn, ins)
-        a = dn.scatter_dims_to_operand_dims[0]
-        target = idx.index
         notes = []
+        sdod = dn.scatter_dims_to_operand_dims
+        known = [(c, k) for c, k in enumerate(idx.columns or ()) if k is not None]
+        if len(sdod) == 1:
+            a = sdod[0]
+            target = idx.index
+        elif idx.columns and len(idx.columns) == len(sdod) and len(known) == 1:
+            a, target = sdod[known[0][0]], known[0][1]  # the one column that points somewhere
+        else:
+            # Several index columns (x.at[receivers, kind].add(...)): which column points at
+            # atoms is not tracked per column, so the operand's axis as long as the local rows
+            # is taken as the atom axis.
+            oshape = _shape(eqn.invars[0])
+            axes = [d for d in dn.scatter_dims_to_operand_dims if self._fallback_kind(oshape[d]) is Kind.NODE]
+            if len(axes) == 1:
+                a, target = axes[0], Kind.NODE
+                notes.append(f"{name} with {len(dn.scatter_dims_to_operand_dims)} index columns in {_where(eqn)}: the "
+                             f"column into the {oshape[a]} local rows taken as the atom index (shape fallback)")
+            else:
+                a, target = dn.scatter_dims_to_operand_dims[0], None
+                if idx.kind in _ROWS or upd.kind in _ROWS:
+                    notes.append(f"{name} with several index columns in {_where(eqn)}: no column could be told to "
+                                 "point at atoms; left rank-local")
+                return _Decision((op.plain() if op.kind else REPLICATED,), notes=tuple(notes))
         # Indices that are per-row data without a known meaning are suspicious; replicated
         # ones (constants, or indices passed through to_local) are a deliberate local scatter.
         if target is None and op.kind is None and idx.kind in _ROWS:

@@ -574,3 +574,41 @@ def test_graph_parallel_transforms_gather_all_rows_and_slice_own_rows_back():
     assert y.shape == (n_ranks, n_own + 1, 2)  # own rows, then the full array's padding row
     np.testing.assert_array_equal(y[:, :n_own], 2.0 * x)
     np.testing.assert_array_equal(y[:, n_own], 0.0)
+
+
+class TwoColumnScatter(Plain):
+    """Aggregates messages into [atoms, 2, F] by (receiver, sender parity): two index columns."""
+
+    def forward(self, **inputs):
+        n = inputs["species"].shape[0]
+        v, mask, s, r = inputs["vectors"], inputs["edge_mask"], inputs["senders"], inputs["receivers"]
+        env = jnp.where(mask, jnp.exp(-jnp.where(mask, jnp.sum(v * v, axis=1), 1.0) / 4.0), 0.0)
+        h = jnp.ones((n, 3)) * jnp.asarray([0.2, 0.4, 0.6], v.dtype)
+        for _ in range(2):
+            table = jnp.zeros((n, 2, 3), v.dtype).at[r, inputs["species"][s] % 2].add(jnp.tanh(h[s]) * env[:, None])
+            h = h + jnp.sum(table, axis=1)
+        atomic = jnp.sum(jnp.sin(h), axis=1)
+        return {"energy": jax.ops.segment_sum(atomic, inputs["batch_idx"], num_segments=inputs["n_systems"])}
+
+
+def test_scatter_with_two_index_columns_into_atom_rows_equals_single_device():
+    model = TwoColumnScatter("mpnn_segment_sum")
+    dm = DistributedModel(model, DomainConfig(CUTOFF, mesh=mesh_for((2, 2, 1)), grid=(2, 2, 1)))
+    got = dm(SYSTEM, outputs=("energy", "forces"))
+    assert_same(got, jaxdd.compute(model, SYSTEM, outputs=("energy", "forces")))
+    assert dm.dispatch_report.counts["scatter_add.halo_correction"] == 2
+    assert not dm.dispatch_report.fallbacks  # the receiver column is known by provenance
+
+
+def test_index_columns_keep_their_provenance():
+    def fn(table, receivers, kind, x):
+        return table.at[receivers, kind].add(x)
+
+    n = 6
+    closed = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct((n, 2, 3), jnp.float64), jax.ShapeDtypeStruct((n,), jnp.int32),
+                                jax.ShapeDtypeStruct((n,), jnp.int32), jax.ShapeDtypeStruct((n, 3), jnp.float64))
+    d = Dispatcher(None, DispatchReport(), (n, n, 1))  # edges as many as rows: shape cannot decide
+    (out,) = d.out_layouts(closed, [REPLICATED, Layout(Kind.EDGE, 0, Kind.NODE), Layout(Kind.EDGE), Layout(Kind.EDGE)])
+    assert out.kind is Kind.NODE and out.axis == 0
+    assert not d.analyse(closed.jaxpr, (REPLICATED, Layout(Kind.EDGE, 0, Kind.NODE), Layout(Kind.EDGE),
+                                        Layout(Kind.EDGE))).notes

@@ -1,0 +1,302 @@
+"""Behler-Parrinello neural-network potential: atom-centred symmetry functions and
+one small neural network per element.
+
+Every atom ``i`` is described by element-resolved symmetry functions of its
+neighbourhood within the cutoff ``r_c`` (Å), with the cosine cutoff
+``f_c(r) = 0.5 (cos(π r / r_c) + 1)`` (zero, with zero slope, at ``r_c``):
+
+* radial, for each neighbour element ``s`` and each ``(η, R_s)``::
+
+      G2[i, s] = Σ_{j ∈ s} exp(-η (r_ij - R_s)²) f_c(r_ij)
+
+* angular, for each unordered element pair ``{s, t}`` and each ``(η, ζ, λ = ±1)``::
+
+      G4[i, st] = 2^(1-ζ) Σ_{j ∈ s, k ∈ t, j ≠ k} (1 + λ cos θ_ijk)^ζ
+                  exp(-η (r_ij² + r_ik² + r_jk²)) f_c(r_ij) f_c(r_ik) f_c(r_jk)
+
+  (ordered pairs ``(j, k)``; for ``s == t`` each pair is counted twice, as in
+  Behler's sums over all ``j ≠ k``).
+
+The descriptor vector, scaled by ``n_species / avg_num_neighbors`` (radial) and its square
+(angular) so that its entries are O(1), goes through the network of the atom's element (a
+``flax.linen`` ``Dense`` stack with tanh) to the atomic energy (eV). The energy of a system
+is the sum of its atomic energies.
+
+All terms come from the COO neighbour list, sorted by receiver: each edge gets its slot,
+its offset from the first edge of its receiver (``segment_min`` of the edge positions), so
+an atom's edges take slots 0, 1, 2 ...; the edge vectors and the one-hot species of the
+senders are scattered into a dense per-atom neighbour table ``[V, max_neighbors, ...]``,
+and triplets are the ``[V, max_neighbors, max_neighbors]`` slot pairs of that table.
+``max_neighbors`` is static: an atom with more neighbours gets a NaN atomic energy (and NaN
+forces), never a silently truncated one; raise ``max_neighbors`` then. The triplet work
+grows as ``V * max_neighbors²``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+
+import equinox as eqx
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
+from jaxdd.neighbors import edge_vectors
+
+__all__ = ["BehlerParrinello"]
+
+
+def _species_table(species):
+    """Static table atomic number -> species index (unlisted numbers map to 0)."""
+    table = np.zeros(max(species) + 1, np.int32)
+    table[list(species)] = np.arange(len(species))
+    return table
+
+
+def _check_species(species, owner):
+    species = tuple(int(z) for z in species)
+    if not species or len(set(species)) != len(species) or min(species) < 1:
+        raise ValueError(f"{owner} species must be distinct atomic numbers >= 1, got {species}")
+    return species
+
+
+def _check_cutoff(cutoff, owner):
+    if not isinstance(cutoff, numbers.Real) or isinstance(cutoff, bool) or not math.isfinite(cutoff) or cutoff <= 0:
+        raise ValueError(f"{owner} cutoff must be a positive finite number (Å), got {cutoff!r}")
+    return float(cutoff)
+
+
+def _validate_species(data, species, owner):
+    z = np.asarray(data.atomic_numbers)[np.asarray(data.atom_mask)]
+    bad = np.flatnonzero(~np.isin(z, species))
+    if bad.size:
+        rows = np.flatnonzero(np.asarray(data.atom_mask))[bad]
+        raise ValueError(
+            f"atoms {rows[:8].tolist()} have atomic numbers {sorted(set(z[bad].tolist()))} that are not in "
+            f"{owner} species {species}; build the model with those species"
+        )
+
+
+class _ElementNet(nn.Module):
+    """Descriptor [..., D] -> atomic energy [...]: Dense + tanh layers, then Dense(1)."""
+
+    hidden: tuple[int, ...]
+    dtype: object
+
+    @nn.compact
+    def __call__(self, x):
+        for i, width in enumerate(self.hidden):
+            x = jnp.tanh(nn.Dense(width, dtype=self.dtype, param_dtype=self.dtype, name=f"hidden_{i}")(x))
+        return nn.Dense(1, dtype=self.dtype, param_dtype=self.dtype, name="energy")(x)[..., 0]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_networks(net, keys, dummy):
+    """Parameters of one network per key, stacked along a leading species axis."""
+    return jax.vmap(net.init, in_axes=(0, None))(keys, dummy)
+
+
+def _cosine_cutoff(r, rc):
+    return jnp.where(r < rc, 0.5 * (jnp.cos(jnp.pi * r / rc) + 1.0), 0.0)
+
+
+class BehlerParrinello(eqx.Module, BaseModel):
+    """Behler-Parrinello potential: energy, atomic energies, forces and stress.
+
+    species: atomic numbers the model knows (one network each). cutoff: r_c (Å).
+    radial_shifts: R_s of the radial functions (Å; default 8 evenly spaced from 0.8 Å to
+    r_c - 0.5 Å). radial_eta: η (Å⁻²), one per shift or one for all (default 1 / (2 ΔR²),
+    ΔR the spacing of the shifts). angular_eta: η of the angular functions (Å⁻²).
+    zeta: integer exponents ζ >= 1 (each with λ = +1 and -1). hidden: widths of the hidden
+    layers. avg_num_neighbors: typical neighbour count, scales the descriptors.
+    max_neighbors: static width K of the per-atom neighbour table (see the module
+    docstring). seed: parameters are drawn from ``jax.random.PRNGKey(seed)``. dtype:
+    parameter dtype; the computation follows the positions' dtype.
+
+    Descriptor length per atom: ``S * n_radial + S (S + 1) / 2 * n_angular`` with S species,
+    ``n_angular = len(angular_eta) * len(zeta) * 2``.
+
+    Outputs: ``energy [S]`` (eV), ``atomic_energies [V]`` (eV, zero on padding atoms), and,
+    from the framework's autodiff, ``forces [V, 3]`` (eV/Å) and ``stress [S, 3, 3]`` (eV/Å³).
+    """
+
+    params: dict
+    species: tuple[int, ...] = eqx.field(static=True)
+    radial_shifts: tuple[float, ...] = eqx.field(static=True)
+    radial_eta: tuple[float, ...] = eqx.field(static=True)
+    angular_eta: tuple[float, ...] = eqx.field(static=True)
+    zeta: tuple[int, ...] = eqx.field(static=True)
+    hidden: tuple[int, ...] = eqx.field(static=True)
+    avg_num_neighbors: float = eqx.field(static=True)
+    max_neighbors: int = eqx.field(static=True)
+    model_config: ModelConfig = eqx.field(static=True)
+
+    def __init__(
+        self,
+        species=(1, 6, 7, 8),
+        cutoff: float = 5.0,
+        *,
+        radial_shifts=None,
+        radial_eta=None,
+        angular_eta=(0.005, 0.05),
+        zeta=(1, 4),
+        hidden=(32, 32),
+        avg_num_neighbors: float = 30.0,
+        max_neighbors: int = 64,
+        seed: int = 0,
+        dtype=jnp.float64,
+    ):
+        owner = "BehlerParrinello"
+        self.species = _check_species(species, owner)
+        cutoff = _check_cutoff(cutoff, owner)
+        if radial_shifts is None:
+            radial_shifts = np.linspace(0.8, max(cutoff - 0.5, 0.8), 8)
+        shifts = tuple(float(x) for x in np.atleast_1d(radial_shifts))
+        if radial_eta is None:
+            spacing = (shifts[-1] - shifts[0]) / (len(shifts) - 1) if len(shifts) > 1 else cutoff / 4
+            radial_eta = 1.0 / (2.0 * spacing**2)
+        eta = np.broadcast_to(np.asarray(radial_eta, np.float64), (len(shifts),))
+        self.radial_shifts = shifts
+        self.radial_eta = tuple(float(x) for x in eta)
+        self.angular_eta = tuple(float(x) for x in np.atleast_1d(angular_eta))
+        zeta = tuple(np.atleast_1d(zeta).tolist())
+        if not zeta or any(int(z) != z or z < 1 for z in zeta):
+            raise ValueError(f"{owner} zeta must be integers >= 1, got {zeta}")
+        self.zeta = tuple(int(z) for z in zeta)
+        if any(not (math.isfinite(x) and x > 0) for x in self.radial_eta + self.angular_eta):
+            raise ValueError(f"{owner} eta values must be positive and finite")
+        self.hidden = tuple(int(h) for h in hidden)
+        self.avg_num_neighbors = float(avg_num_neighbors)
+        if not (math.isfinite(self.avg_num_neighbors) and self.avg_num_neighbors > 0):
+            raise ValueError(f"{owner} avg_num_neighbors must be positive, got {avg_num_neighbors!r}")
+        if int(max_neighbors) < 2:
+            raise ValueError(f"{owner} max_neighbors must be an integer >= 2, got {max_neighbors!r}")
+        self.max_neighbors = int(max_neighbors)
+        self.model_config = ModelConfig(
+            outputs=frozenset({"energy", "atomic_energies", "forces", "stress"}),
+            autograd_outputs=frozenset({"forces", "stress"}),
+            autograd_inputs=frozenset({"positions", "cell"}),
+            neighbor_config=NeighborConfig(cutoff=cutoff),
+        )
+        net = _ElementNet(self.hidden, dtype)
+        keys = jax.random.split(jax.random.PRNGKey(seed), len(self.species))
+        dummy = jnp.zeros((1, self.n_descriptors), dtype)
+        # One network per species, stacked along a leading species axis.
+        self.params = {"networks": _init_networks(net, keys, dummy)}
+
+    @property
+    def n_descriptors(self) -> int:
+        n = len(self.species)
+        n_angular = len(self.angular_eta) * len(self.zeta) * 2
+        return n * len(self.radial_shifts) + n * (n + 1) // 2 * n_angular
+
+    @property
+    def distribution_spec(self):
+        from jaxdd.spec import SPEC_MPNN_HALO
+
+        return SPEC_MPNN_HALO
+
+    def validate_input(self, data) -> None:
+        _validate_species(data, self.species, "BehlerParrinello")
+
+    def adapt_input(self, data, **kwargs) -> dict:
+        nl = data.neighbors
+        if nl is None:
+            raise ValueError("BehlerParrinello needs data.neighbors; call it through jaxdd.compute")
+        return dict(
+            positions=data.positions,
+            cell=data.cell,
+            batch_idx=data.batch_idx,
+            atomic_numbers=data.atomic_numbers,
+            atom_mask=data.atom_mask,
+            neighbors=nl,
+            n_systems=data.n_systems,
+        )
+
+    def descriptors(self, positions, cell, batch_idx, atomic_numbers, neighbors):
+        """Symmetry functions ``[V, n_descriptors]`` (scaled), a ``[V]`` flag of the atoms with more
+        than ``max_neighbors`` neighbours, and the ``[V]`` species index of every atom."""
+        dt = positions.dtype
+        n = positions.shape[0]
+        k = self.max_neighbors
+        n_species = len(self.species)
+        rc = self.model_config.neighbor_config.cutoff
+        table = jnp.asarray(_species_table(self.species))
+        kind = table[jnp.clip(atomic_numbers, 0, table.size - 1)]  # [V]
+
+        senders, receivers, mask = neighbors.senders, neighbors.receivers, neighbors.mask
+        n_edges = receivers.shape[0]
+        vec = edge_vectors(positions, cell, batch_idx, neighbors)  # [E, 3]
+
+        # Slot of each edge: its rank among its receiver's edges (the list is sorted by
+        # receiver, so it is the distance to the receiver's first edge).
+        position = np.arange(n_edges, dtype=np.int32)
+        first = jax.ops.segment_min(jnp.where(mask, position, n_edges), receivers, num_segments=n)
+        slot = position - first[jnp.clip(receivers, 0, n - 1)]
+        fits = mask & (slot < k)
+        # Column k of the occupancy table collects the edges that do not fit.
+        column = jnp.where(fits, slot, k)
+        occupied = jnp.zeros((n, k + 1), jnp.int32).at[receivers, column].add(mask.astype(jnp.int32), mode="drop")
+        too_many = occupied[:, k] > 0
+        filled = occupied[:, :k] > 0  # [V, K]
+        column = jnp.where(fits, slot, k + 1)  # out of range: dropped below
+        onehot_edges = (kind[jnp.clip(senders, 0, n - 1)][:, None] == np.arange(n_species)).astype(dt)
+        nbr_vec = jnp.zeros((n, k, 3), dt).at[receivers, column].add(vec, mode="drop")
+        nbr_kind = jnp.zeros((n, k, n_species), dt).at[receivers, column].add(onehot_edges, mode="drop")
+
+        # Pair distances with safe norms on empty slots.
+        r2 = jnp.sum(nbr_vec * nbr_vec, axis=-1)
+        r = jnp.sqrt(jnp.where(filled, r2, 1.0))
+        fc = jnp.where(filled, _cosine_cutoff(r, rc), 0.0)  # [V, K]
+
+        # Radial G2: [V, n_radial] per neighbour species.
+        shifts = jnp.asarray(self.radial_shifts, dt)
+        eta = jnp.asarray(self.radial_eta, dt)
+        gauss = jnp.exp(-eta * (r[..., None] - shifts) ** 2) * fc[..., None]  # [V, K, n_radial]
+        g2 = jnp.einsum("vkr,vks->vsr", gauss, nbr_kind).reshape(n, -1)
+
+        # Angular G4 over the [V, K, K] neighbour pairs of every atom.
+        pair = filled[:, :, None] & filled[:, None, :] & ~np.eye(k, dtype=bool)
+        d_jk = nbr_vec[:, None, :, :] - nbr_vec[:, :, None, :]
+        r2_jk = jnp.sum(d_jk * d_jk, axis=-1)
+        r_jk = jnp.sqrt(jnp.where(pair, r2_jk, 1.0))
+        fc_jk = jnp.where(pair, _cosine_cutoff(r_jk, rc), 0.0)
+        cos = jnp.einsum("vjx,vkx->vjk", nbr_vec, nbr_vec) / (r[:, :, None] * r[:, None, :])
+        weight = fc[:, :, None] * fc[:, None, :] * fc_jk  # zero off real pairs
+        total_r2 = r2[:, :, None] + r2[:, None, :] + jnp.where(pair, r2_jk, 0.0)
+        terms = []
+        for eta_a in self.angular_eta:
+            radial = jnp.exp(-eta_a * total_r2) * weight
+            for zeta in self.zeta:
+                for lam in (1.0, -1.0):
+                    angular = (2.0 ** (1 - zeta)) * (1.0 + lam * cos) ** zeta
+                    terms.append(angular * radial)
+        t = jnp.stack(terms, axis=-1)  # [V, K, K, n_angular]
+        by_second = jnp.einsum("vjka,vkt->vjta", t, nbr_kind)
+        by_pair = jnp.einsum("vjs,vjta->vsta", nbr_kind, by_second)  # [V, S, S, n_angular]
+        upper = np.triu_indices(n_species)
+        g4 = by_pair[:, upper[0], upper[1], :].reshape(n, -1)
+
+        scale = n_species / self.avg_num_neighbors
+        return jnp.concatenate([g2 * scale, g4 * scale**2], axis=-1), too_many, kind
+
+    def forward(self, positions, cell, batch_idx, atomic_numbers, atom_mask, neighbors, n_systems):
+        dt = positions.dtype
+        g, too_many, kind = self.descriptors(positions, cell, batch_idx, atomic_numbers, neighbors)
+        params = jax.tree_util.tree_map(lambda p: p.astype(dt), self.params["networks"])
+        net = _ElementNet(self.hidden, dt)
+        per_species = jax.vmap(lambda p: net.apply(p, g))(params)  # [n_species, V]
+        chosen = kind[None, :] == np.arange(len(self.species))[:, None]
+        atomic = jnp.sum(jnp.where(chosen, per_species, 0.0), axis=0)
+        # An atom whose neighbours do not fit the table: NaN energy and forces, loudly.
+        atomic = atomic * jnp.where(too_many, jnp.nan, 1.0).astype(dt)
+        atomic = jnp.where(atom_mask, atomic, 0.0)
+        energy = jax.ops.segment_sum(atomic, batch_idx, num_segments=n_systems)
+        return {"energy": energy, "atomic_energies": atomic}
+
+    def adapt_output(self, raw, data) -> ModelOutputs:
+        return ModelOutputs(raw)
