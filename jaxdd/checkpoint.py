@@ -63,7 +63,9 @@ def load(path: str | Path, like):
     except ValueError as exc:
         raise ValueError(f"checkpoint {path} does not fit the wrapper given as like= ({exc}); build it with the "
                          "same settings as the saved one") from exc
-    new = [restored[f"{i:05d}"] for i in range(len(leaves))]
+    # Through the host: restored arrays are committed to one device, which would pin a
+    # DistributedModel's mesh program to it; fresh arrays go wherever they are used.
+    new = [jax.numpy.asarray(np.asarray(restored[f"{i:05d}"])) for i in range(len(leaves))]
     for i, (old, got) in enumerate(zip(leaves, new)):
         if np.shape(old) != np.shape(got) or np.asarray(old).dtype != np.asarray(got).dtype:
             raise ValueError(f"checkpoint leaf {i} is {np.shape(got)} {np.asarray(got).dtype} but the wrapper given as "
