@@ -31,6 +31,11 @@ from jaxdd.neighbors import edge_vectors
 
 from . import qeq_helpers
 
+def _normal(key, shape, dtype):
+    """Parameters drawn in float32 and cast: one seed gives the same model in any precision."""
+    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
 __all__ = ["ChargeEquilibration", "distributed_mol_sum", "COULOMB"]
 
 COULOMB = 14.399645  # eV Å / e²
@@ -66,11 +71,11 @@ class ChargeEquilibration(eqx.Module, BaseModel):
             raise ValueError(f"ChargeEquilibration species must be distinct atomic numbers >= 1, got {species}")
         k = jax.random.split(jax.random.PRNGKey(seed), 5)
         n_rbf = 8
-        self.embed = jax.random.normal(k[0], (len(species), features), dtype)
-        self.radial = jax.random.normal(k[1], (n_rbf, features), dtype) / np.sqrt(n_rbf)
-        self.layers = tuple(jax.random.normal(kk, (features, features), dtype) / np.sqrt(features)
+        self.embed = _normal(k[0], (len(species), features), dtype)
+        self.radial = _normal(k[1], (n_rbf, features), dtype) / np.sqrt(n_rbf)
+        self.layers = tuple(_normal(kk, (features, features), dtype) / np.sqrt(features)
                             for kk in jax.random.split(k[2], 2))
-        self.heads = jax.random.normal(k[3], (features, 3), dtype) / np.sqrt(features)  # ε, χ, J
+        self.heads = _normal(k[3], (features, 3), dtype) / np.sqrt(features)  # ε, χ, J
         self.species = species
         self.sigma = float(sigma)
         self.model_config = ModelConfig(

@@ -25,6 +25,11 @@ import numpy as np
 
 from jaxdd.model import BaseModel, ModelConfig, NeighborConfig
 
+def _normal(key, shape, dtype):
+    """Parameters drawn in float32 and cast: one seed gives the same model in any precision."""
+    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
 __all__ = ["InternalGraphBackbone"]
 
 
@@ -43,11 +48,11 @@ class InternalGraphBackbone(eqx.Module, BaseModel):
         species = tuple(int(z) for z in species)
         k = jax.random.split(jax.random.PRNGKey(seed), 4)
         n_rbf = 6
-        self.embed = jax.random.normal(k[0], (len(species), features), dtype)
-        self.radial = jax.random.normal(k[1], (n_rbf, features), dtype) / np.sqrt(n_rbf)
-        self.weights = tuple(jax.random.normal(kk, (features, features), dtype) / np.sqrt(features)
+        self.embed = _normal(k[0], (len(species), features), dtype)
+        self.radial = _normal(k[1], (n_rbf, features), dtype) / np.sqrt(n_rbf)
+        self.weights = tuple(_normal(kk, (features, features), dtype) / np.sqrt(features)
                              for kk in jax.random.split(k[2], layers))
-        self.readout = jax.random.normal(k[3], (features,), dtype) / np.sqrt(features)
+        self.readout = _normal(k[3], (features,), dtype) / np.sqrt(features)
         self.species = species
         self.model_config = ModelConfig(
             outputs=frozenset({"energy", "atomic_energies", "forces", "stress"}),

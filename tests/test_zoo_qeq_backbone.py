@@ -110,3 +110,33 @@ def test_checkpoint_never_overwrites(tmp_path):
     checkpoint.save(tmp_path / "ck", ChargeEquilibration())
     with pytest.raises(FileExistsError):
         checkpoint.save(tmp_path / "ck", ChargeEquilibration())
+
+
+ZOO = {
+    "lj": lambda seed: __import__("jaxdd.models.lj", fromlist=["LennardJones"]).LennardJones(1.0, 1.0, 2.5),
+    "qeq": lambda seed: ChargeEquilibration(seed=seed),
+    "uma_like": lambda seed: InternalGraphBackbone(seed=seed),
+}
+
+
+@pytest.mark.parametrize("name", ["bp", "schnet", "nequip", "qeq", "uma_like"])
+def test_every_zoo_model_checkpoint_round_trip_is_bit_identical(name, tmp_path):
+    from test_zoo_models import FACTORIES
+
+    make = FACTORIES[name] if name in FACTORIES else (lambda seed=0: ZOO[name](seed))
+    model = make(seed=1)
+    loaded, spec = checkpoint.load(checkpoint.save(tmp_path / name, model), like=make(seed=2))
+    assert spec == model.distribution_spec
+    a = jaxdd.compute(model, MOLECULES, outputs=("energy", "forces"))
+    b = jaxdd.compute(loaded, MOLECULES, outputs=("energy", "forces"))
+    for key in ("energy", "forces"):
+        np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]))
+
+
+@pytest.mark.parametrize("make", [ChargeEquilibration, InternalGraphBackbone], ids=["qeq", "uma_like"])
+def test_float32_model_gives_float32_outputs_close_to_float64(make):
+    single = jaxdd.Batch.from_ase(MOLECULES.to_ase(), dtype=np.float32)
+    lo = jaxdd.compute(make(dtype=jnp.float32), single, outputs=("energy", "forces"))
+    hi = jaxdd.compute(make(), MOLECULES, outputs=("energy", "forces"))
+    assert lo["energy"].dtype == jnp.float32 and lo["forces"].dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(lo["energy"]), np.asarray(hi["energy"]), rtol=1e-4, atol=1e-4)
