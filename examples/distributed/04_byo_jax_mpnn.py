@@ -40,8 +40,9 @@ def make_model():
 
 
 def sample():
-    """Rattled fcc (a = 4.1 Å) of mixed H, C, N, O: 256 atoms, periodic."""
-    atoms = fcc_lattice(4, 4.1)
+    """Rattled fcc (a = 4.1 Å) of mixed H, C, N, O: 864 atoms, periodic (large enough that no
+    rank of four holds every atom)."""
+    atoms = fcc_lattice(6, 4.1)
     atoms.numbers = np.random.default_rng(0).choice(SPECIES, len(atoms))
     atoms.rattle(0.15, seed=1)
     return jaxdd.AtomicData.from_ase(atoms)

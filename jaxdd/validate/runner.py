@@ -238,8 +238,10 @@ def run_sharded(model, batch: Batch, spec: MLIPSpec, outputs, devices) -> _Resul
         res.fallbacks = tuple(report.fallbacks)
     res.health = None if dist.health is None else str(dist.health)
     try:
-        res.halo = halo_completeness(dist, batch)
-        res.owner = dist.plan(batch)[0].owner
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the run above already planned this batch
+            res.halo = halo_completeness(dist, batch)
+            res.owner = dist.plan(batch)[0].owner
     except Exception:
         pass
     return res
