@@ -15,6 +15,7 @@ def test_lj_example_agrees_with_ase():
     assert d_energy < 1e-10 and d_forces < 1e-9 and d_stress < 1e-9
 
 
+@pytest.mark.slow
 def test_byo_jax_mpnn_example_validates_saves_loads_and_distributes():
     main = runpy.run_path(str(ROOT / "examples" / "distributed" / "04_byo_jax_mpnn.py"))["main"]
     d_energy, d_forces, d_stress = main()

@@ -87,6 +87,7 @@ def test_halo_correction_to_local_fixes_a_backbone_with_its_own_graph():
     assert not report.attempts[0].passed
 
 
+@pytest.mark.slow
 def test_add_all_reduce_fixes_an_undeclared_per_rank_partial():
     spec = SPEC_MPNN_HALO.with_output_kinds(total_z=OutputKind.PER_GRAPH, partial_z=OutputKind.PER_GRAPH)
 
