@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 
 import equinox as eqx
 import flax.linen as nn
@@ -47,38 +46,9 @@ import numpy as np
 from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import edge_vectors
 
+from .species import check_cutoff, check_species, species_table, validate_species
+
 __all__ = ["BehlerParrinello"]
-
-
-def _species_table(species):
-    """Static table atomic number -> species index (unlisted numbers map to 0)."""
-    table = np.zeros(max(species) + 1, np.int32)
-    table[list(species)] = np.arange(len(species))
-    return table
-
-
-def _check_species(species, owner):
-    species = tuple(int(z) for z in species)
-    if not species or len(set(species)) != len(species) or min(species) < 1:
-        raise ValueError(f"{owner} species must be distinct atomic numbers >= 1, got {species}")
-    return species
-
-
-def _check_cutoff(cutoff, owner):
-    if not isinstance(cutoff, numbers.Real) or isinstance(cutoff, bool) or not math.isfinite(cutoff) or cutoff <= 0:
-        raise ValueError(f"{owner} cutoff must be a positive finite number (Å), got {cutoff!r}")
-    return float(cutoff)
-
-
-def _validate_species(data, species, owner):
-    z = np.asarray(data.atomic_numbers)[np.asarray(data.atom_mask)]
-    bad = np.flatnonzero(~np.isin(z, species))
-    if bad.size:
-        rows = np.flatnonzero(np.asarray(data.atom_mask))[bad]
-        raise ValueError(
-            f"atoms {rows[:8].tolist()} have atomic numbers {sorted(set(z[bad].tolist()))} that are not in "
-            f"{owner} species {species}; build the model with those species"
-        )
 
 
 class _ElementNet(nn.Module):
@@ -151,8 +121,8 @@ class BehlerParrinello(eqx.Module, BaseModel):
         dtype=jnp.float64,
     ):
         owner = "BehlerParrinello"
-        self.species = _check_species(species, owner)
-        cutoff = _check_cutoff(cutoff, owner)
+        self.species = check_species(species, owner)
+        cutoff = check_cutoff(cutoff, owner)
         if radial_shifts is None:
             radial_shifts = np.linspace(0.8, max(cutoff - 0.5, 0.8), 8)
         shifts = tuple(float(x) for x in np.atleast_1d(radial_shifts))
@@ -201,7 +171,7 @@ class BehlerParrinello(eqx.Module, BaseModel):
         return SPEC_MPNN_HALO
 
     def validate_input(self, data) -> None:
-        _validate_species(data, self.species, "BehlerParrinello")
+        validate_species(data, self.species, "BehlerParrinello")
 
     def adapt_input(self, data, **kwargs) -> dict:
         nl = data.neighbors
@@ -225,7 +195,7 @@ class BehlerParrinello(eqx.Module, BaseModel):
         k = self.max_neighbors
         n_species = len(self.species)
         rc = self.model_config.neighbor_config.cutoff
-        table = jnp.asarray(_species_table(self.species))
+        table = jnp.asarray(species_table(self.species))
         kind = table[jnp.clip(atomic_numbers, 0, table.size - 1)]  # [V]
 
         senders, receivers, mask = neighbors.senders, neighbors.receivers, neighbors.mask

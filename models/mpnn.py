@@ -35,7 +35,7 @@ import numpy as np
 from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import edge_vectors
 
-from .bp import _check_cutoff, _check_species, _species_table, _validate_species
+from .species import check_cutoff, check_species, species_table, validate_species
 
 __all__ = ["SchNet"]
 
@@ -131,8 +131,8 @@ class SchNet(eqx.Module, BaseModel):
         dtype=jnp.float64,
     ):
         owner = "SchNet"
-        self.species = _check_species(species, owner)
-        cutoff = _check_cutoff(cutoff, owner)
+        self.species = check_species(species, owner)
+        cutoff = check_cutoff(cutoff, owner)
         self.features = int(features)
         self.n_rbf = int(n_rbf)
         self.n_interactions = int(n_interactions)
@@ -169,7 +169,7 @@ class SchNet(eqx.Module, BaseModel):
         return SPEC_MPNN_HALO
 
     def validate_input(self, data) -> None:
-        _validate_species(data, self.species, "SchNet")
+        validate_species(data, self.species, "SchNet")
 
     def adapt_input(self, data, **kwargs) -> dict:
         nl = data.neighbors
@@ -189,7 +189,7 @@ class SchNet(eqx.Module, BaseModel):
         dt = positions.dtype
         n = positions.shape[0]
         rc = self.model_config.neighbor_config.cutoff
-        table = jnp.asarray(_species_table(self.species))
+        table = jnp.asarray(species_table(self.species))
         kind = table[jnp.clip(atomic_numbers, 0, table.size - 1)]
 
         vec = edge_vectors(positions, cell, batch_idx, neighbors)

@@ -39,7 +39,7 @@ import numpy as np
 from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import edge_vectors
 
-from .bp import _check_cutoff, _check_species, _species_table, _validate_species
+from .species import check_cutoff, check_species, species_table, validate_species
 
 __all__ = ["NequIP"]
 
@@ -127,8 +127,8 @@ class NequIP(eqx.Module, BaseModel):
         dtype=jnp.float64,
     ):
         owner = "NequIP"
-        self.species = _check_species(species, owner)
-        cutoff = _check_cutoff(cutoff, owner)
+        self.species = check_species(species, owner)
+        cutoff = check_cutoff(cutoff, owner)
         hidden = e3nn.Irreps(hidden_irreps).simplify()
         if hidden.count("0e") < 1:
             raise ValueError(f"{owner} hidden_irreps must contain scalars 0e, got {hidden}")
@@ -193,7 +193,7 @@ class NequIP(eqx.Module, BaseModel):
         return SPEC_MPNN_HALO
 
     def validate_input(self, data) -> None:
-        _validate_species(data, self.species, "NequIP")
+        validate_species(data, self.species, "NequIP")
 
     def adapt_input(self, data, **kwargs) -> dict:
         nl = data.neighbors
@@ -214,7 +214,7 @@ class NequIP(eqx.Module, BaseModel):
         n = positions.shape[0]
         rc = self.model_config.neighbor_config.cutoff
         params = jax.tree_util.tree_map(lambda p: p.astype(dt), self.params)
-        table = jnp.asarray(_species_table(self.species))
+        table = jnp.asarray(species_table(self.species))
         kind = table[jnp.clip(atomic_numbers, 0, table.size - 1)]
         senders, receivers = neighbors.senders, neighbors.receivers
 

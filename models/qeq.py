@@ -30,6 +30,7 @@ from jaxdd.model import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.neighbors import edge_vectors
 
 from . import qeq_helpers
+from .species import check_cutoff, check_species, species_table, validate_species
 
 def _normal(key, shape, dtype):
     """Parameters drawn in float32 and cast: one seed gives the same model in any precision."""
@@ -66,9 +67,8 @@ class ChargeEquilibration(eqx.Module, BaseModel):
 
     def __init__(self, species=(1, 6, 7, 8), cutoff: float = 5.0, features: int = 16, sigma: float = 1.0,
                  seed: int = 0, dtype=jnp.float64):
-        species = tuple(int(z) for z in species)
-        if len(set(species)) != len(species) or min(species) < 1:
-            raise ValueError(f"ChargeEquilibration species must be distinct atomic numbers >= 1, got {species}")
+        species = check_species(species, "ChargeEquilibration")
+        cutoff = check_cutoff(cutoff, "ChargeEquilibration")
         k = jax.random.split(jax.random.PRNGKey(seed), 5)
         n_rbf = 8
         self.embed = _normal(k[0], (len(species), features), dtype)
@@ -96,12 +96,7 @@ class ChargeEquilibration(eqx.Module, BaseModel):
         ).with_output_kinds(charges=OutputKind.PER_NODE)
 
     def validate_input(self, data) -> None:
-        z = np.asarray(data.atomic_numbers)[np.asarray(data.atom_mask)]
-        bad = np.flatnonzero(~np.isin(z, self.species))
-        if bad.size:
-            rows = np.flatnonzero(np.asarray(data.atom_mask))[bad]
-            raise ValueError(f"atoms {rows[:8].tolist()} have atomic numbers {sorted(set(z[bad].tolist()))} not in "
-                             f"ChargeEquilibration species {self.species}")
+        validate_species(data, self.species, "ChargeEquilibration")
 
     def adapt_input(self, data, **kwargs) -> dict:
         nl = data.neighbors
@@ -118,9 +113,8 @@ class ChargeEquilibration(eqx.Module, BaseModel):
         dtype = vectors.dtype
         n = atomic_numbers.shape[0]
         rc = self.model_config.neighbor_config.cutoff
-        table = np.zeros(max(self.species) + 1, np.int32)
-        table[list(self.species)] = np.arange(len(self.species))
-        kind = jnp.asarray(table)[jnp.clip(atomic_numbers, 0, table.size - 1)]
+        table = jnp.asarray(species_table(self.species))
+        kind = table[jnp.clip(atomic_numbers, 0, table.size - 1)]
 
         r2 = jnp.where(edge_mask, jnp.sum(vectors * vectors, axis=1), 1.0)
         r = jnp.where(edge_mask, jnp.sqrt(r2), 1.0)

@@ -25,6 +25,8 @@ import numpy as np
 
 from jaxdd.model import BaseModel, ModelConfig, NeighborConfig
 
+from .species import check_cutoff, check_species, species_table, validate_species
+
 def _normal(key, shape, dtype):
     """Parameters drawn in float32 and cast: one seed gives the same model in any precision."""
     return jax.random.normal(key, shape, jnp.float32).astype(dtype)
@@ -45,7 +47,8 @@ class InternalGraphBackbone(eqx.Module, BaseModel):
 
     def __init__(self, species=(1, 6, 7, 8), cutoff: float = 5.0, features: int = 8, layers: int = 2,
                  seed: int = 0, dtype=jnp.float64):
-        species = tuple(int(z) for z in species)
+        species = check_species(species, "InternalGraphBackbone")
+        cutoff = check_cutoff(cutoff, "InternalGraphBackbone")
         k = jax.random.split(jax.random.PRNGKey(seed), 4)
         n_rbf = 6
         self.embed = _normal(k[0], (len(species), features), dtype)
@@ -70,10 +73,7 @@ class InternalGraphBackbone(eqx.Module, BaseModel):
             HaloStoragePolicy(scatter_mode="local", gather_mode="local", halo_layers=len(self.weights)))
 
     def validate_input(self, data) -> None:
-        z = np.asarray(data.atomic_numbers)[np.asarray(data.atom_mask)]
-        bad = np.flatnonzero(~np.isin(z, self.species))
-        if bad.size:
-            raise ValueError(f"atomic numbers {sorted(set(z[bad].tolist()))} are not in species {self.species}")
+        validate_species(data, self.species, "InternalGraphBackbone")
         rc = self.model_config.neighbor_config.cutoff
         cell = np.asarray(data.cell, np.float64)
         for s, (c, p) in enumerate(zip(cell, np.asarray(data.pbc))):
@@ -91,9 +91,8 @@ class InternalGraphBackbone(eqx.Module, BaseModel):
         dtype = positions.dtype
         n = positions.shape[0]
         rc = self.model_config.neighbor_config.cutoff
-        table = np.zeros(max(self.species) + 1, np.int32)
-        table[list(self.species)] = np.arange(len(self.species))
-        kind = jnp.asarray(table)[jnp.clip(atomic_numbers, 0, table.size - 1)]
+        table = jnp.asarray(species_table(self.species))
+        kind = table[jnp.clip(atomic_numbers, 0, table.size - 1)]
 
         # Every ordered pair, receivers i and senders j.
         i = jnp.repeat(jnp.arange(n), n)
