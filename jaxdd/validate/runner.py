@@ -349,7 +349,7 @@ def _fixes(a: Attempt, res: _Result, reference, world_size) -> list[tuple[str, M
     per_graph = [k for k, d in a.diffs.items()
                  if k not in _AUTOGRAD and k not in spec.all_reduce_outputs and d.rel >= 1e-3
                  and spec.kind_of(k) in (OutputKind.PER_GRAPH, OutputKind.UNKNOWN)
-                 and np.ndim(reference[k]) >= 1 and np.shape(reference[k])[0] != np.shape(reference.get("forces", ()))[:1]]
+                 and np.ndim(reference[k]) >= 1 and np.shape(reference[k])[:1] != np.shape(reference.get("forces", ()))[:1]]
     if per_graph:
         out.append(("add_all_reduce", spec.with_all_reduce(*per_graph),
                     f"sum the per-rank partials of {per_graph} across ranks"))
