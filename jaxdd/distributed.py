@@ -34,7 +34,7 @@ from .dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model, 
 from .driver import _check_stress_cells, _default_order, _model_config
 from .halo import HaloLayout, HaloPlan, build_halo_plan, halo_forward
 from .model import ModelOutputs
-from .neighbors import NeighborCapacity, build_neighbor_list, neighbor_capacity
+from .neighbors import NeighborCapacity, NeighborListFormat, build_neighbor_list, neighbor_capacity
 from .partition import Partition, partition
 from .segments import per_system_sum
 from .ops import HaloRefreshPolicy, HaloStoragePolicy
@@ -161,6 +161,7 @@ class _Static:
     layout: HaloLayout
     nl_capacity: NeighborCapacity
     search_cutoff: float
+    nl_format: NeighborListFormat
     outputs: tuple[str, ...]
     energy_key: str
     use_node_energy: bool
@@ -364,7 +365,7 @@ class DistributedModel:
         ]
         return NeighborCapacity(
             max_edges=max(c.max_edges for c in caps),
-            max_neighbors=max(c.max_neighbors for c in caps),
+            max_neighbors=max([c.max_neighbors for c in caps] + [nc.max_neighbors or 1]),
             max_candidates=max(c.max_candidates for c in caps),
             search_range=tuple(max(c.search_range[a] for c in caps) for a in range(3)),
         )
@@ -400,6 +401,7 @@ class DistributedModel:
             layout=plan.layout,
             nl_capacity=self._nl_capacity,
             search_cutoff=_model_config(self.model).neighbor_config.search_cutoff,
+            nl_format=_model_config(self.model).neighbor_config.format,
             outputs=outputs,
             energy_key=self.energy_key,
             use_node_energy=self.use_node_energy,
@@ -512,6 +514,7 @@ def _run(model, inputs, static: _Static):
                 local.atom_mask,
                 cutoff=static.search_cutoff,
                 capacity=static.nl_capacity,
+                format=static.nl_format,
                 n_receivers=layout.n_local if static.deep else layout.n_owned,
             )
             runtime = Runtime(layout, routing, axes, spec.policy, owned_rows,

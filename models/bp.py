@@ -22,14 +22,13 @@ The descriptor vector, scaled by ``n_species / avg_num_neighbors`` (radial) and 
 ``flax.linen`` ``Dense`` stack with tanh) to the atomic energy (eV). The energy of a system
 is the sum of its atomic energies.
 
-All terms come from the COO neighbour list, sorted by receiver: each edge gets its slot,
-its offset from the first edge of its receiver (``segment_min`` of the edge positions), so
-an atom's edges take slots 0, 1, 2 ...; the edge vectors and the one-hot species of the
-senders are scattered into a dense per-atom neighbour table ``[V, max_neighbors, ...]``,
-and triplets are the ``[V, max_neighbors, max_neighbors]`` slot pairs of that table.
-``max_neighbors`` is static: an atom with more neighbours gets a NaN atomic energy (and NaN
-forces), never a silently truncated one; raise ``max_neighbors`` then. The triplet work
-grows as ``V * max_neighbors²``.
+All terms come from the framework's per-atom neighbour MATRIX (``NeighborConfig(format=
+MATRIX)``): row ``i`` lists the senders of atom ``i``'s edges in its first slots and pads
+the rest. Edge vectors and the one-hot species of the senders form a dense table
+``[V, K, ...]``, and triplets are the ``[V, K, K]`` slot pairs of that table. ``K`` is the
+list's static width: the framework sizes it from the data and, when an atom gains more
+neighbours than fit, grows it and compiles again, so no neighbour is ever dropped. The
+triplet work grows as ``V * K²``.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
-from jaxdd.neighbors import edge_vectors
+from jaxdd.neighbors import NeighborListFormat
 
 from .species import check_cutoff, check_species, species_table, validate_species
 
@@ -83,8 +82,8 @@ class BehlerParrinello(eqx.Module, BaseModel):
     ΔR the spacing of the shifts). angular_eta: η of the angular functions (Å⁻²).
     zeta: integer exponents ζ >= 1 (each with λ = +1 and -1). hidden: widths of the hidden
     layers. avg_num_neighbors: typical neighbour count, scales the descriptors.
-    max_neighbors: static width K of the per-atom neighbour table (see the module
-    docstring). seed: parameters are drawn from ``jax.random.PRNGKey(seed)``. dtype:
+    max_neighbors: starting width K of the per-atom neighbour table (grown by the
+    framework when an atom has more neighbours; see the module docstring). seed: parameters are drawn from ``jax.random.PRNGKey(seed)``. dtype:
     parameter dtype; the computation follows the positions' dtype.
 
     Descriptor length per atom: ``S * n_radial + S (S + 1) / 2 * n_angular`` with S species,
@@ -150,7 +149,8 @@ class BehlerParrinello(eqx.Module, BaseModel):
             outputs=frozenset({"energy", "atomic_energies", "forces", "stress"}),
             autograd_outputs=frozenset({"forces", "stress"}),
             autograd_inputs=frozenset({"positions", "cell"}),
-            neighbor_config=NeighborConfig(cutoff=cutoff),
+            neighbor_config=NeighborConfig(cutoff=cutoff, format=NeighborListFormat.MATRIX,
+                                           max_neighbors=self.max_neighbors),
         )
         net = _ElementNet(self.hidden, dtype)
         keys = jax.random.split(jax.random.PRNGKey(seed), len(self.species))
@@ -188,35 +188,28 @@ class BehlerParrinello(eqx.Module, BaseModel):
         )
 
     def descriptors(self, positions, cell, batch_idx, atomic_numbers, neighbors):
-        """Symmetry functions ``[V, n_descriptors]`` (scaled), a ``[V]`` flag of the atoms with more
-        than ``max_neighbors`` neighbours, and the ``[V]`` species index of every atom."""
+        """Symmetry functions ``[V, n_descriptors]`` (scaled) and the ``[V]`` species index of
+        every atom. ``neighbors`` is a MATRIX-format list of width K."""
         dt = positions.dtype
         n = positions.shape[0]
-        k = self.max_neighbors
+        k = neighbors.matrix.shape[1]
         n_species = len(self.species)
         rc = self.model_config.neighbor_config.cutoff
         table = jnp.asarray(species_table(self.species))
         kind = table[jnp.clip(atomic_numbers, 0, table.size - 1)]  # [V]
 
-        senders, receivers, mask = neighbors.senders, neighbors.receivers, neighbors.mask
-        n_edges = receivers.shape[0]
-        vec = edge_vectors(positions, cell, batch_idx, neighbors)  # [E, 3]
-
-        # Slot of each edge: its rank among its receiver's edges (the list is sorted by
-        # receiver, so it is the distance to the receiver's first edge).
-        position = np.arange(n_edges, dtype=np.int32)
-        first = jax.ops.segment_min(jnp.where(mask, position, n_edges), receivers, num_segments=n)
-        slot = position - first[jnp.clip(receivers, 0, n - 1)]
-        fits = mask & (slot < k)
-        # Column k of the occupancy table collects the edges that do not fit.
-        column = jnp.where(fits, slot, k)
-        occupied = jnp.zeros((n, k + 1), jnp.int32).at[receivers, column].add(mask.astype(jnp.int32), mode="drop")
-        too_many = occupied[:, k] > 0
-        filled = occupied[:, :k] > 0  # [V, K]
-        column = jnp.where(fits, slot, k + 1)  # out of range: dropped below
-        onehot_edges = (kind[jnp.clip(senders, 0, n - 1)][:, None] == np.arange(n_species)).astype(dt)
-        nbr_vec = jnp.zeros((n, k, 3), dt).at[receivers, column].add(vec, mode="drop")
-        nbr_kind = jnp.zeros((n, k, n_species), dt).at[receivers, column].add(onehot_edges, mode="drop")
+        # Padding slots point one past the last atom: "fill" reads zeros there.
+        senders = neighbors.matrix  # [V, K]
+        filled = senders < n
+        shift = neighbors.matrix_shifts.astype(dt)
+        if cell.shape[0] == 1:
+            shift = shift @ cell[0]
+        else:
+            shift = jnp.einsum("vki,vij->vkj", shift, cell[jnp.clip(batch_idx, 0, cell.shape[0] - 1)])
+        nbr_pos = positions.at[senders].get(mode="fill", fill_value=0)
+        nbr_vec = jnp.where(filled[..., None], nbr_pos - positions[:, None, :] + shift, 0.0)  # [V, K, 3]
+        sender_kind = kind.at[senders].get(mode="fill", fill_value=-1)
+        nbr_kind = (sender_kind[..., None] == np.arange(n_species)).astype(dt)  # [V, K, S]
 
         # Pair distances with safe norms on empty slots.
         r2 = jnp.sum(nbr_vec * nbr_vec, axis=-1)
@@ -252,18 +245,16 @@ class BehlerParrinello(eqx.Module, BaseModel):
         g4 = by_pair[:, upper[0], upper[1], :].reshape(n, -1)
 
         scale = n_species / self.avg_num_neighbors
-        return jnp.concatenate([g2 * scale, g4 * scale**2], axis=-1), too_many, kind
+        return jnp.concatenate([g2 * scale, g4 * scale**2], axis=-1), kind
 
     def forward(self, positions, cell, batch_idx, atomic_numbers, atom_mask, neighbors, n_systems):
         dt = positions.dtype
-        g, too_many, kind = self.descriptors(positions, cell, batch_idx, atomic_numbers, neighbors)
+        g, kind = self.descriptors(positions, cell, batch_idx, atomic_numbers, neighbors)
         params = jax.tree_util.tree_map(lambda p: p.astype(dt), self.params["networks"])
         net = _ElementNet(self.hidden, dt)
         per_species = jax.vmap(lambda p: net.apply(p, g))(params)  # [n_species, V]
         chosen = kind[None, :] == np.arange(len(self.species))[:, None]
         atomic = jnp.sum(jnp.where(chosen, per_species, 0.0), axis=0)
-        # An atom whose neighbours do not fit the table: NaN energy and forces, loudly.
-        atomic = atomic * jnp.where(too_many, jnp.nan, 1.0).astype(dt)
         atomic = jnp.where(atom_mask, atomic, 0.0)
         energy = jax.ops.segment_sum(atomic, batch_idx, num_segments=n_systems)
         return {"energy": energy, "atomic_energies": atomic}

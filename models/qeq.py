@@ -136,8 +136,9 @@ class ChargeEquilibration(eqx.Module, BaseModel):
         inv_j = jnp.where(real, 1.0 / hard, 0.0)
         chi_j = jnp.where(real, chi / hard, 0.0)
         total = qeq_helpers.mol_sum(jnp.where(real, formal, 0.0), batch_idx, n_systems)
-        lam = (total + qeq_helpers.mol_sum(chi_j, batch_idx, n_systems)) / qeq_helpers.mol_sum(inv_j, batch_idx,
-                                                                                              n_systems)
+        softness = qeq_helpers.mol_sum(inv_j, batch_idx, n_systems)
+        # An empty (padding) system has no softness; a safe divisor keeps NaN out of the gradient.
+        lam = (total + qeq_helpers.mol_sum(chi_j, batch_idx, n_systems)) / jnp.where(softness > 0, softness, 1.0)
         q = jnp.where(real, (lam[jnp.minimum(batch_idx, n_systems - 1)] - chi) / hard, 0.0)
 
         erf = jax.scipy.special.erf(r / self.sigma)

@@ -17,6 +17,7 @@ with the same model and output keys run the same compiled program.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -33,6 +34,8 @@ from jaxdd.distributed import DistributedModel, DomainConfig
 from jaxdd.models.bp import BehlerParrinello
 from jaxdd.models.mpnn import SchNet
 from jaxdd.models.nequip import NequIP
+from jaxdd.models.qeq import ChargeEquilibration
+from jaxdd.models.uma_like import InternalGraphBackbone
 from jaxdd.spec import SPEC_MPNN_HALO
 from jaxdd.systems import fcc_lattice
 
@@ -50,8 +53,12 @@ FACTORIES = {
     "bp": lambda seed=0, dtype=jnp.float64: BehlerParrinello(SPECIES, CUTOFF, max_neighbors=48, seed=seed, dtype=dtype),
     "schnet": lambda seed=0, dtype=jnp.float64: SchNet(SPECIES, CUTOFF, seed=seed, dtype=dtype),
     "nequip": lambda seed=0, dtype=jnp.float64: NequIP(SPECIES, CUTOFF, seed=seed, dtype=dtype),
+    "qeq": lambda seed=0, dtype=jnp.float64: ChargeEquilibration(SPECIES, CUTOFF, seed=seed, dtype=dtype),
+    "uma_like": lambda seed=0, dtype=jnp.float64: InternalGraphBackbone(SPECIES, CUTOFF, seed=seed, dtype=dtype),
 }
-NAMES = list(FACTORIES)
+# The machine-learning potentials specified one by one here; charge equilibration and the
+# internal-graph backbone have their own module and join the distributed sweeps below.
+NAMES = ["bp", "schnet", "nequip"]
 
 
 # ----------------------------------------------------------------------------- systems
@@ -147,14 +154,16 @@ def rotation(seed):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_model_declares_energy_outputs_autograd_forces_and_a_full_coo_list(name):
+def test_model_declares_energy_outputs_autograd_forces_and_a_full_list(name):
     cfg = model(name).model_config
     assert cfg.outputs == {"energy", "atomic_energies", "forces", "stress"}
     assert cfg.autograd_outputs == {"forces", "stress"}
     assert cfg.autograd_inputs == {"positions", "cell"}
     nc = cfg.neighbor_config
     assert nc.cutoff == CUTOFF and not nc.half_list and nc.skin == 0.0
-    assert nc.format is jaxdd.NeighborListFormat.COO
+    # BP reads its dense per-atom table from the framework's MATRIX list (grown on overflow).
+    expected = jaxdd.NeighborListFormat.MATRIX if name == "bp" else jaxdd.NeighborListFormat.COO
+    assert nc.format is expected
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -313,14 +322,29 @@ def test_nequip_energy_changes_under_a_non_rigid_deformation():
     assert np.abs(got["energy"][:-1] - reference("nequip", "molecules")["energy"][:-1]).max() > 1e-6
 
 
-def test_bp_atoms_with_more_neighbours_than_its_table_get_nan_not_a_truncated_energy():
+def test_bp_table_narrower_than_the_crowdest_atom_grows_instead_of_dropping_neighbours():
     benzene, water = molecule_list()[6], molecule_list()[0]  # 11 and 2 neighbours per atom
-    small = BehlerParrinello(SPECIES, CUTOFF, max_neighbors=8)
-    out = jaxdd.compute(small, Batch.from_ase([benzene, water]), ("energy", "atomic_energies"))
-    atomic = np.asarray(out["atomic_energies"])
-    assert np.all(np.isnan(atomic[:12])) and np.all(np.isfinite(atomic[12:]))
-    energy = np.asarray(out["energy"])
-    assert np.isnan(energy[0]) and np.isfinite(energy[1])
+    data = Batch.from_ase([benzene, water])
+    narrow = BehlerParrinello(SPECIES, CUTOFF, max_neighbors=4)
+    wide = BehlerParrinello(SPECIES, CUTOFF, max_neighbors=32)
+    start = neighbor_capacity(data.positions, data.cell, data.pbc, data.batch_idx, data.atom_mask, cutoff=CUTOFF)
+    start = dataclasses.replace(start, max_neighbors=4)
+    got = as_numpy(jaxdd.compute(narrow, data, ("energy", "forces"), capacity=start))
+    want = as_numpy(jaxdd.compute(wide, data, ("energy", "forces")))
+    np.testing.assert_allclose(got["energy"], want["energy"], rtol=1e-12)
+    np.testing.assert_allclose(got["forces"], want["forces"], rtol=0, atol=1e-12)
+
+
+def test_bp_distributed_table_grows_when_atoms_gain_neighbours():
+    batch = system("bulk")
+    dm = DistributedModel(model("bp"), DomainConfig(CUTOFF, mesh=mesh_of(2)))
+    dm(batch, outputs=("energy",))
+    squeezed = batch.replace(positions=np.asarray(batch.positions) * 0.85, cell=np.asarray(batch.cell) * 0.85)
+    got = as_numpy(dm(squeezed, outputs=("energy", "forces")))
+    assert dm.health.recompiles >= 1
+    want = as_numpy(jaxdd.compute(model("bp"), squeezed, ("energy", "forces")))
+    np.testing.assert_allclose(got["energy"], want["energy"], rtol=1e-10, atol=0)
+    np.testing.assert_allclose(got["forces"], want["forces"], rtol=0, atol=1e-9)
 
 
 # ----------------------------------------------------------------------------- distributed
@@ -353,7 +377,7 @@ SLOW_GRIDS = [(2, 2, 1), (4, 1, 1), (2, 2, 2), (4, 2, 1)]
 @pytest.mark.usefixtures("release_compiled_programs")
 @pytest.mark.parametrize("grid", SLOW_GRIDS, ids=lambda g: "x".join(map(str, g)))
 @pytest.mark.parametrize("sys_name", ["bulk-large", "molecules"])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", list(FACTORIES))
 def test_distributed_equals_single_device_on_every_grid(name, sys_name, grid):
     if sys_name == "bulk-large":
         assert system(sys_name).n_atoms >= 1000

@@ -112,18 +112,11 @@ def test_checkpoint_never_overwrites(tmp_path):
         checkpoint.save(tmp_path / "ck", ChargeEquilibration())
 
 
-ZOO = {
-    "lj": lambda seed: __import__("jaxdd.models.lj", fromlist=["LennardJones"]).LennardJones(1.0, 1.0, 2.5),
-    "qeq": lambda seed: ChargeEquilibration(seed=seed),
-    "uma_like": lambda seed: InternalGraphBackbone(seed=seed),
-}
-
-
 @pytest.mark.parametrize("name", ["bp", "schnet", "nequip", "qeq", "uma_like"])
 def test_every_zoo_model_checkpoint_round_trip_is_bit_identical(name, tmp_path):
     from test_zoo_models import FACTORIES
 
-    make = FACTORIES[name] if name in FACTORIES else (lambda seed=0: ZOO[name](seed))
+    make = FACTORIES[name]
     model = make(seed=1)
     loaded, spec = checkpoint.load(checkpoint.save(tmp_path / name, model), like=make(seed=2))
     assert spec == model.distribution_spec
