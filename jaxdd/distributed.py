@@ -342,7 +342,6 @@ class DistributedModel:
             local=jax.tree_util.tree_map(jnp.asarray, local),
             own_pos=jnp.asarray(own_pos, dtype),
             own_sys=jnp.asarray(own_sys, jnp.int32),
-            strain=jnp.zeros((n_sys, 3, 3), dtype),
             owned_rows=jnp.asarray(owned_rows),
             routing=jax.tree_util.tree_map(jnp.asarray, plan.routing),
             cell=jnp.asarray(cell, dtype),
@@ -477,6 +476,93 @@ def _stats(needed):
     )
 
 
+def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, system_mask, static: _Static,
+                  report: DispatchReport, *, forces: bool = True, stress: bool = False):
+    """One rank's share of a distributed evaluation; call inside ``shard_map`` on one rank's rows.
+
+    own_pos: [n_owned, 3] Å owned positions (in the partition's wrapped frame); own_sys:
+    [n_owned] system of each; owned_rows: [n_local] real owned rows; local, routing: this
+    rank's slice of the plan's arrays; cell: [S, 3, 3]; system_mask: [S].
+    Returns ``(per_system [S] eV, out, lays, nl, g_pos [n_owned, 3] or None, g_strain [S, 3, 3]
+    or None)`` where ``out``/``lays`` are the model's outputs and their dispatch layouts and
+    the gradients are this rank's share (forces are ``-g_pos``; the virial is the psum of
+    ``g_strain``).
+    """
+    axes = tuple(static.mesh.axis_names)
+    layout = static.layout
+    spec = static.spec
+    n_sys = static.n_systems
+    ops = {str(a.op): a for a in spec.distribution.custom_ops}
+
+    def global_energy(own_pos, strain):
+        if strain is None:
+            pos, cell_s = own_pos, cell
+        else:
+            deform = jnp.eye(3, dtype=own_pos.dtype) + strain
+            pos = jnp.einsum("vi,vij->vj", own_pos, deform[own_sys])
+            cell_s = jnp.einsum("sij,sjk->sik", cell, deform)
+        # Ghost positions are made here, inside the differentiated function, so ghost
+        # forces travel home through the transpose of halo_forward.
+        positions = halo_forward(pos, layout, routing, axes, cell=cell_s)
+        nl = build_neighbor_list(
+            jax.lax.stop_gradient(positions),
+            jnp.broadcast_to(jnp.eye(3, dtype=positions.dtype), (n_sys, 3, 3)),
+            jnp.zeros((n_sys, 3), bool),
+            local.batch_idx,
+            local.atom_mask,
+            cutoff=static.search_cutoff,
+            capacity=static.nl_capacity,
+            format=static.nl_format,
+            n_receivers=layout.n_local if static.deep else layout.n_owned,
+        )
+        runtime = Runtime(layout, routing, axes, spec.policy, owned_rows,
+                          edge_owned=nl.mask & (nl.receivers < layout.n_owned), ops=ops)
+        batch = local.replace(positions=positions, cell=cell_s, neighbors=nl)
+        out, lays = _call_model(model, batch, runtime, report, static)
+        # What is differentiated is this rank's term of a sum over ranks: the program's
+        # collectives transpose exactly (psum to psum, ppermute to its inverse), so the
+        # gradient of the sum of the ranks' terms is the gradient of the energy.
+        if static.use_node_energy:
+            atomic = jnp.where(owned_rows, out[static.energy_key], 0.0)
+            own_systems = per_system_sum(atomic, local.batch_idx, n_sys)
+            per_system = jax.lax.psum(own_systems, axes)
+            term = jnp.sum(jnp.where(system_mask, own_systems, 0.0))
+        else:
+            if lays["energy"].kind in (Kind.NODE, Kind.EDGE) or lays["energy"].local:
+                raise DispatchError(
+                    "the model's 'energy' is not the same on every rank after dispatch (laid out as "
+                    f"{lays['energy']}); sum per-atom energies over atoms (segment_sum by batch_idx, jnp.sum, "
+                    "or jaxdd.system_sum) so the dispatch can reduce them across ranks"
+                )
+            per_system = out["energy"]  # complete, and computed alike on every rank
+            term = jnp.sum(jnp.where(system_mask, per_system, 0.0)) / static.mesh.size
+        return term, (per_system, out, lays, nl)
+
+    # Each rank's strain copy collects that rank's share of the virial; summed by the caller.
+    g_pos = g_strain = None
+    if stress:
+        strain = jnp.zeros((n_sys, 3, 3), own_pos.dtype)
+        (_, aux), (g_pos, g_strain) = jax.value_and_grad(global_energy, argnums=(0, 1), has_aux=True)(own_pos, strain)
+    elif forces:  # no strain in the graph: nothing is spent on the virial
+        (_, aux), g_pos = jax.value_and_grad(global_energy, has_aux=True)(own_pos, None)
+    else:  # nothing to differentiate
+        _, aux = global_energy(own_pos, None)
+    per_system, out, lays, nl = aux
+    return per_system, out, lays, nl, g_pos, g_strain
+
+
+def nl_needs(nl, axes) -> tuple[jax.Array, dict]:
+    """(overflow on any rank [] bool, the sizes the ranks' lists needed), both replicated."""
+    needed = dict(
+        edges=jax.lax.pmax(nl.n_edges, axes),
+        neighbors=jax.lax.pmax(jnp.max(nl.num_neighbors), axes),
+        candidates=jax.lax.pmax(nl.needed_candidates, axes),
+        range=jax.lax.pmax(nl.needed_range, axes),
+        bins=jax.lax.pmax(nl.needed_bins, axes),
+    )
+    return jax.lax.pmax(nl.overflow.astype(jnp.int32), axes) > 0, needed
+
+
 @eqx.filter_jit
 def _run(model, inputs, static: _Static):
     axes = tuple(static.mesh.axis_names)
@@ -486,69 +572,16 @@ def _run(model, inputs, static: _Static):
     want_stress = "stress" in static.outputs
     layout = static.layout
     spec = static.spec
-    n_sys = static.n_systems
     report = DispatchReport(policy=spec.policy)
-    ops = {str(a.op): a for a in spec.distribution.custom_ops}
 
-    def rank_fn(params, local, own_pos, own_sys, owned_rows, routing, strain, cell, system_mask):
+    def rank_fn(params, local, own_pos, own_sys, owned_rows, routing, cell, system_mask):
         model = eqx.combine(params, rest)
         local, own_pos, own_sys, owned_rows, routing = jax.tree_util.tree_map(
             lambda x: x[0], (local, own_pos, own_sys, owned_rows, routing)
         )
-
-        def global_energy(own_pos, strain):
-            if strain is None:
-                pos, cell_s = own_pos, cell
-            else:
-                deform = jnp.eye(3, dtype=own_pos.dtype) + strain
-                pos = jnp.einsum("vi,vij->vj", own_pos, deform[own_sys])
-                cell_s = jnp.einsum("sij,sjk->sik", cell, deform)
-            # Ghost positions are made here, inside the differentiated function, so ghost
-            # forces travel home through the transpose of halo_forward.
-            positions = halo_forward(pos, layout, routing, axes, cell=cell_s)
-            nl = build_neighbor_list(
-                jax.lax.stop_gradient(positions),
-                jnp.broadcast_to(jnp.eye(3, dtype=positions.dtype), (n_sys, 3, 3)),
-                jnp.zeros((n_sys, 3), bool),
-                local.batch_idx,
-                local.atom_mask,
-                cutoff=static.search_cutoff,
-                capacity=static.nl_capacity,
-                format=static.nl_format,
-                n_receivers=layout.n_local if static.deep else layout.n_owned,
-            )
-            runtime = Runtime(layout, routing, axes, spec.policy, owned_rows,
-                              edge_owned=nl.mask & (nl.receivers < layout.n_owned), ops=ops)
-            batch = local.replace(positions=positions, cell=cell_s, neighbors=nl)
-            out, lays = _call_model(model, batch, runtime, report, static)
-            # What is differentiated is this rank's term of a sum over ranks: the program's
-            # collectives transpose exactly (psum to psum, ppermute to its inverse), so the
-            # gradient of the sum of the ranks' terms is the gradient of the energy.
-            if static.use_node_energy:
-                atomic = jnp.where(owned_rows, out[static.energy_key], 0.0)
-                own_systems = per_system_sum(atomic, local.batch_idx, n_sys)
-                per_system = jax.lax.psum(own_systems, axes)
-                term = jnp.sum(jnp.where(system_mask, own_systems, 0.0))
-            else:
-                if lays["energy"].kind in (Kind.NODE, Kind.EDGE) or lays["energy"].local:
-                    raise DispatchError(
-                        "the model's 'energy' is not the same on every rank after dispatch (laid out as "
-                        f"{lays['energy']}); sum per-atom energies over atoms (segment_sum by batch_idx, jnp.sum, "
-                        "or jaxdd.system_sum) so the dispatch can reduce them across ranks"
-                    )
-                per_system = out["energy"]  # complete, and computed alike on every rank
-                term = jnp.sum(jnp.where(system_mask, per_system, 0.0)) / static.mesh.size
-            return term, (per_system, out, lays, nl)
-
-        # Each rank's strain copy collects that rank's share of the virial; summed below.
-        if want_stress:
-            (_, (per_system, out, lays, nl)), (g_pos, g_strain) = jax.value_and_grad(
-                global_energy, argnums=(0, 1), has_aux=True
-            )(own_pos, strain)
-        elif want_forces:  # no strain in the graph: nothing is spent on the virial
-            (_, (per_system, out, lays, nl)), g_pos = jax.value_and_grad(global_energy, has_aux=True)(own_pos, None)
-        else:  # nothing to differentiate
-            _, (per_system, out, lays, nl) = global_energy(own_pos, None)
+        per_system, out, lays, nl, g_pos, g_strain = rank_evaluate(
+            model, local, own_pos, own_sys, owned_rows, routing, cell, system_mask, static, report,
+            forces=want_forces, stress=want_stress)
 
         results = {}
         n_owned = layout.n_owned
@@ -578,14 +611,7 @@ def _run(model, inputs, static: _Static):
                         report.note(f"output {key!r} differs between ranks (a per-rank partial?); rank 0's value is "
                                     "returned: list it in all_reduce_outputs if the ranks' values should be summed")
                     results[key] = value  # complete on every rank: the dispatch reduced it
-        needed = dict(
-            edges=jax.lax.pmax(nl.n_edges, axes),
-            neighbors=jax.lax.pmax(jnp.max(nl.num_neighbors), axes),
-            candidates=jax.lax.pmax(nl.needed_candidates, axes),
-            range=jax.lax.pmax(nl.needed_range, axes),
-            bins=jax.lax.pmax(nl.needed_bins, axes),
-        )
-        overflow = jax.lax.pmax(nl.overflow.astype(jnp.int32), axes) > 0
+        overflow, needed = nl_needs(nl, axes)
         return results, overflow, needed
 
     per_node = {k for k in static.outputs
@@ -603,13 +629,13 @@ def _run(model, inputs, static: _Static):
     fn = jax.shard_map(
         rank_fn,
         mesh=static.mesh,
-        in_specs=(P(), ranked, ranked, ranked, ranked, ranked, P(), P(), P()),
+        in_specs=(P(), ranked, ranked, ranked, ranked, ranked, P(), P()),
         out_specs=out_specs,
         check_vma=False,
     )
     results, overflow, needed = fn(
         params, inputs["local"], inputs["own_pos"], inputs["own_sys"], inputs["owned_rows"],
-        inputs["routing"], inputs["strain"], inputs["cell"], inputs["system_mask"],
+        inputs["routing"], inputs["cell"], inputs["system_mask"],
     )
     static.sink.put(static, report)
     outputs = {}
