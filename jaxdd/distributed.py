@@ -265,11 +265,13 @@ class DistributedModel:
 
     # ------------------------------------------------------------------ host side
 
-    def plan(self, batch: Batch) -> tuple[Partition, HaloPlan]:
-        """Partition ``batch`` and plan its halo (growing the stored capacities if needed)."""
+    def plan(self, batch: Batch, grid=None) -> tuple[Partition, HaloPlan]:
+        """Partition ``batch`` and plan its halo (growing the stored capacities if needed).
+
+        grid: the rank grid (default ``DomainConfig.grid``, else the least-surface one)."""
         cfg = self.config
         part = partition(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
-                         cfg.n_ranks, grid=cfg.grid)
+                         cfg.n_ranks, grid=grid if grid is not None else cfg.grid)
         plan = build_halo_plan(part, self.ghost_width, capacity_factor=cfg.capacity_factor,
                                capacity=self._halo_capacity)
         if plan.overflow:

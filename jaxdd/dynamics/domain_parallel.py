@@ -1,0 +1,590 @@
+"""``DomainParallel``: molecular dynamics and minimisation of a ``DistributedModel``.
+
+Atoms stay on the rank that owns them between plan rebuilds. One jitted call runs many steps
+in a ``while_loop`` inside ``shard_map``: every step replays the halo plan on the new
+positions (ghosts refreshed by ``halo_forward``), evaluates the forces through the dispatch
+and advances the owned atoms. After each step the ranks agree (``pmax``) on the largest
+displacement since the plan was built; when it passes ``min(migration_hysteresis, skin/2)``
+the ghost shell may no longer hold every neighbour, so that step is discarded and the loop
+exits. The host then migrates the atoms (a new partition: each atom goes to the rank whose
+block holds it), rebuilds the plan, and the loop resumes from the discarded step. A
+neighbour list that overflows exits the same way: its capacity grows and the loop compiles
+again. No step is ever taken on an incomplete halo.
+
+The host is visited only at those events, at thermo and trajectory output, and when the
+requested number of steps is done. Wrapping into the cell happens at rebuilds (on periodic
+axes); between rebuilds positions move freely, and :meth:`DomainParallel.gather` returns
+the continuous (unwrapped) trajectory in the batch's own atom order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from ..data import AtomicData, Batch, as_batch
+from ..dispatch import DispatchReport
+from ..distributed import DistributedModel, _stats, nl_needs, rank_evaluate
+from ..neighbors import NeighborCapacity
+from .integrators import FIRE, KB_EV_PER_K, Langevin, RankState, StepContext, VelocityVerlet
+from .io import ExtXYZWriter, Progress
+
+__all__ = ["DomainParallel", "MDState", "RunStats"]
+
+_RUNNING, _REBUILD, _OVERFLOW, _CONVERGED = 0, 1, 2, 3
+_INTEGRATORS = {"VelocityVerlet": VelocityVerlet, "Langevin": Langevin, "FIRE": FIRE}
+
+
+@dataclasses.dataclass
+class MDState:
+    """A running simulation (host object holding device arrays).
+
+    step: steps taken. energy: [S] eV potential energy of the current positions.
+    converged: a minimiser reached its force threshold. The rest is the current plan and the
+    per-rank arrays ([P, n_owned, ...]: ``positions`` in the plan's wrapped frame,
+    ``velocities``, ``forces``, ``ids`` global atom index or -1, ``system``, ``inv_mass``,
+    ``reference`` the positions the plan was built from).
+    """
+
+    step: int
+    energy: jax.Array
+    extra: dict
+    arrays: dict
+    fixed: dict
+    gather_index: np.ndarray
+    images: np.ndarray
+    plan_positions: np.ndarray
+    template: Batch
+    layout: object = None
+    owner: np.ndarray | None = None
+    converged: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class RunStats:
+    """The last :meth:`DomainParallel.run`: steps, wall seconds, atom-steps per second,
+    plan rebuilds, atoms that migrated to another rank at those rebuilds, and
+    recompilations for capacity growth."""
+
+    steps: int
+    seconds: float
+    atom_steps_per_second: float
+    rebuilds: int
+    migrations: int
+    recompiles: int
+
+
+class DomainParallel:
+    """Dynamics of ``dist_model`` with ``integrator`` (VelocityVerlet, Langevin or FIRE).
+
+    dist_model: a :class:`~jaxdd.DistributedModel` whose ``DomainConfig.skin`` is > 0 (the
+    skin is what lets the halo plan be replayed for several steps). kB: Boltzmann constant
+    for the thermo temperature (energy per temperature unit): by default the integrator's
+    (``Langevin(kB=...)``), else eV/K; 1 in Lennard-Jones reduced units.
+    """
+
+    def __init__(self, dist_model: DistributedModel, integrator, *, kB: float | None = None):
+        if not isinstance(dist_model, DistributedModel):
+            raise ValueError(f"dist_model must be a jaxdd.DistributedModel, got {type(dist_model).__name__}")
+        if not isinstance(integrator, tuple(_INTEGRATORS.values())):
+            raise ValueError(f"integrator must be one of {sorted(_INTEGRATORS)}, got {integrator!r}")
+        cfg = dist_model.config
+        threshold = min(cfg.migration_hysteresis, cfg.skin / 2)
+        if not threshold > 0:
+            raise ValueError(
+                f"DomainParallel needs DomainConfig.skin > 0 and migration_hysteresis > 0 (got skin {cfg.skin}, "
+                f"hysteresis {cfg.migration_hysteresis}): atoms may move up to half the skin before the halo plan "
+                "is rebuilt; e.g. DomainConfig(cutoff, skin=0.3 * cutoff / 2.5)"
+            )
+        own = getattr(integrator, "kB", None)
+        if kB is None:
+            kB = own if own is not None else KB_EV_PER_K
+        if not (isinstance(kB, (int, float)) and math.isfinite(kB) and kB > 0):
+            raise ValueError(f"kB must be a positive number (energy per temperature unit), got {kB!r}")
+        if own is not None and own != kB:
+            raise ValueError(f"kB = {kB} differs from the integrator's kB = {own}: one temperature scale drives both "
+                             "the thermostat and the thermo; pass kB to the integrator only")
+        self.dist_model = dist_model
+        self.integrator = integrator
+        self.kB = float(kB)
+        self.threshold = float(threshold)
+        self.grid = cfg.grid
+        self.last_run: RunStats | None = None
+        self._rebuilds = 0
+        self._migrations = 0
+        self._recompiles = 0
+
+    # ------------------------------------------------------------------ set-up
+
+    def init(self, data: AtomicData | Batch) -> MDState:
+        """A state at step 0: velocities from ``data`` (else zero), masses from ``data`` (else
+        the standard atomic masses of the elements, amu), forces evaluated."""
+        batch = as_batch(data)
+        self.dist_model.model.validate_input(batch)
+        dtype = batch.positions.dtype
+        if batch.masses is None:
+            from ase.data import atomic_masses
+
+            z = np.asarray(batch.atomic_numbers)
+            masses = np.where(np.asarray(batch.atom_mask), atomic_masses[np.clip(z, 0, len(atomic_masses) - 1)], 1.0)
+            batch = batch.replace(masses=jnp.asarray(masses, dtype))
+        if batch.velocities is None:
+            batch = batch.replace(velocities=jnp.zeros_like(batch.positions))
+        positions = np.asarray(batch.positions, np.float64)
+        state = self._place(batch, positions, np.asarray(batch.velocities), None, step=0,
+                            extra=self.integrator.init(batch.n_systems, dtype), energy=None)
+        return self._with_forces(state)
+
+    def _place(self, template: Batch, positions, velocities, forces, *, step, extra, energy,
+               frame_positions=None) -> MDState:
+        """Partition ``positions`` ([N, 3] Å, unwrapped), plan the halo and lay the atoms out
+        on the ranks (velocities and forces in the batch's order; forces None: zeros)."""
+        dm = self.dist_model
+        batch = template.replace(positions=jnp.asarray(positions, template.positions.dtype))
+        part, plan = dm.plan(batch, grid=self.grid)
+        self.grid = part.grid  # fixed after the first partition, so plans keep their shapes
+        self._recompiles += dm._halo_regrowths  # a grown halo capacity is a new program shape
+        dm._halo_regrowths = 0
+        inputs = dm._inputs(batch, part, plan)
+        host_pos = inputs.pop("local_positions_host")
+        if dm._nl_capacity is None:
+            dm._nl_capacity = dm._size_neighbors({**inputs, "local_positions_host": host_pos})
+        n_owned = plan.layout.n_owned
+        ids = plan.local_ids[:, :n_owned]
+        valid = ids >= 0
+        # Every real atom is owned by exactly one rank, after every migration.
+        owned_count = np.bincount(ids[valid], minlength=batch.n_atoms)
+        real = np.asarray(batch.atom_mask)
+        if np.any(owned_count[real] != 1) or np.any(owned_count[~real] != 0):
+            bad = np.flatnonzero(np.where(real, owned_count != 1, owned_count != 0))
+            raise RuntimeError(f"atoms {bad[:8].tolist()} are owned by {owned_count[bad[:8]].tolist()} ranks after "
+                               "partitioning; every atom must have exactly one owner")
+        owner = np.full(batch.n_atoms, -1)
+        owner[ids[valid]] = np.nonzero(valid)[0]
+        safe = np.where(valid, ids, 0)
+        dtype = template.positions.dtype
+
+        def owned(x, fill=0.0):
+            x = np.asarray(x)
+            return jnp.asarray(np.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), x[safe], fill), dtype)
+
+        own_pos = inputs["own_pos"]
+        if frame_positions is not None:  # a restart: the exact frame positions of the saved run
+            own_pos = owned(frame_positions)
+        masses = np.asarray(template.masses, np.float64)
+        arrays = dict(
+            positions=own_pos,
+            velocities=owned(velocities),
+            forces=owned(np.zeros_like(positions) if forces is None else forces),
+            ids=jnp.asarray(np.where(valid, ids, -1), jnp.int32),
+            system=inputs["own_sys"],
+            inv_mass=owned(1.0 / masses),
+            reference=inputs["own_pos"],
+        )
+        fixed = {k: inputs[k] for k in ("local", "owned_rows", "routing", "cell", "system_mask")}
+        energy = jnp.zeros(template.n_systems, dtype) if energy is None else energy
+        return MDState(step=step, energy=energy, extra=extra, arrays=arrays, fixed=fixed,
+                       gather_index=np.asarray(inputs["gather"]), images=part.wraps.copy(),
+                       plan_positions=np.asarray(positions, np.float64).copy(), template=template,
+                       layout=plan.layout, owner=owner)
+
+    def _with_forces(self, state: MDState) -> MDState:
+        for _ in range(self._max_regrowths()):
+            energy, forces, _, overflow, needed = _evaluate(self.dist_model.model, state.arrays, state.fixed,
+                                                            self._static(state), False)
+            if not bool(overflow):
+                state.arrays = {**state.arrays, "forces": forces}
+                state.energy = energy
+                return state
+            self._grow(needed)
+        raise RuntimeError("neighbour lists still overflowed after repeated capacity increases")
+
+    def _static(self, state: MDState):
+        dm = self.dist_model
+        return dm._static(state.template, ("energy", "forces"), state)
+
+    def _max_regrowths(self) -> int:
+        spec = self.dist_model.spec
+        return spec.compile.max_regrowths if spec.compile is not None else 8
+
+    def _grow(self, needed) -> None:
+        dm = self.dist_model
+        dm._nl_capacity = dm._nl_capacity.grown(_stats(needed), dm.config.capacity_factor)
+        self._recompiles += 1
+
+    # ------------------------------------------------------------------ running
+
+    def run(self, state: MDState, n_steps: int, *, thermo_every: int = 0, trajectory=None,
+            trajectory_every: int = 0, progress: bool = False, log=None) -> MDState:
+        """Advance ``n_steps`` steps (fewer if a minimiser converges).
+
+        thermo_every: print (or pass to ``log``) the thermo of every system every N steps
+        (0: never). trajectory: an extxyz path or an :class:`ExtXYZWriter`; the gathered
+        system is appended every ``trajectory_every`` steps (and at the start when the
+        file is new). progress: a progress line with atom-steps per second on stderr.
+        The input state is not modified.
+        """
+        n_steps = _count("n_steps", n_steps)
+        thermo_every = _count("thermo_every", thermo_every)
+        trajectory_every = _count("trajectory_every", trajectory_every)
+        if trajectory is not None and trajectory_every == 0:
+            raise ValueError("a trajectory needs trajectory_every > 0 (steps between frames)")
+        writer = ExtXYZWriter(trajectory) if isinstance(trajectory, (str, Path)) else trajectory
+        log = log if log is not None else _print_thermo
+        state = dataclasses.replace(state)
+        marks = [m for m in (thermo_every, trajectory_every) if m]
+        bar = Progress(n_steps, int(np.asarray(state.template.atom_mask).sum())) if progress else None
+        rebuilds0, recompiles0, migrations0 = self._rebuilds, self._recompiles, self._migrations
+        start, done = time.perf_counter(), 0
+        if writer is not None and writer.frames == 0:
+            writer.write(self, state)
+        while done < n_steps and not state.converged:
+            # Run to the next output step (a multiple of thermo_every / trajectory_every).
+            targets = [state.step + m - state.step % m for m in marks] + [state.step + n_steps - done]
+            chunk = min(targets) - state.step
+            before = state.step
+            state = self._advance(state, chunk)
+            done += state.step - before
+            if thermo_every and (state.step % thermo_every == 0 or state.converged):
+                log(state.step, self.thermo(state))
+            if writer is not None and (state.step % trajectory_every == 0 or state.converged):
+                writer.write(self, state)
+            if bar is not None:
+                bar.update(done)
+        jax.block_until_ready(state.arrays["positions"])
+        seconds = time.perf_counter() - start
+        n_atoms = int(np.asarray(state.template.atom_mask).sum())
+        self.last_run = RunStats(done, seconds, done * n_atoms / seconds if seconds > 0 else 0.0,
+                                 self._rebuilds - rebuilds0, self._migrations - migrations0,
+                                 self._recompiles - recompiles0)
+        if bar is not None:
+            bar.close(self.last_run)
+        return state
+
+    def _advance(self, state: MDState, n: int) -> MDState:
+        """Take ``n`` steps, leaving the device only to rebuild plans and grow capacities."""
+        regrowths, fresh = 0, False
+        while n > 0 and not state.converged:
+            arrays, energy, extra, taken, reason, needed = _loop(
+                self.dist_model.model, state.arrays, state.energy, state.extra, state.fixed,
+                jnp.asarray(state.step, jnp.int32), jnp.asarray(n, jnp.int32), self._static(state), self.integrator,
+                self.threshold)
+            taken = int(taken)
+            reason = int(reason)
+            state.arrays, state.energy, state.extra = arrays, energy, extra
+            state.step += taken
+            n -= taken
+            if reason == _CONVERGED:
+                state.converged = True
+            elif reason == _OVERFLOW:
+                regrowths += 1
+                if regrowths > self._max_regrowths():
+                    raise RuntimeError("neighbour lists still overflowed after repeated capacity increases")
+                self._grow(needed)
+            elif reason == _REBUILD:
+                if taken == 0 and fresh:
+                    raise RuntimeError(
+                        f"an atom moved more than {self.threshold:.4g} Å (half the skin) in one step from a fresh "
+                        "plan; the time step is too large for the skin: reduce dt or raise DomainConfig.skin")
+                state = self._rebuild(state)
+                fresh = True
+                continue
+            fresh = fresh and taken == 0
+        return state
+
+    def _rebuild(self, state: MDState) -> MDState:
+        """Migrate atoms to the ranks whose blocks hold them now and rebuild the halo plan."""
+        self._rebuilds += 1
+        positions, velocities, forces = self._global(state, "positions", "velocities", "forces")
+        new = self._place(state.template, positions, velocities, forces, step=state.step, extra=state.extra,
+                          energy=state.energy)
+        new.converged = state.converged
+        self._migrations += int(np.sum(new.owner != state.owner))
+        return new
+
+    def _global(self, state: MDState, *keys):
+        """Per-rank arrays in the batch's atom order (positions unwrapped), float64 numpy."""
+        out = []
+        for key in keys:
+            x = np.asarray(state.arrays[key], np.float64)
+            flat = x.reshape((-1,) + x.shape[2:])
+            flat = np.concatenate([flat, np.zeros((1,) + flat.shape[1:])])
+            value = flat[state.gather_index]
+            if key == "positions":
+                cell = np.asarray(state.template.cell, np.float64)
+                system = np.clip(np.asarray(state.template.batch_idx), 0, cell.shape[0] - 1)
+                value = value + np.einsum("vi,vij->vj", state.images, cell[system])
+                value = np.where(np.asarray(state.template.atom_mask)[:, None], value,
+                                 np.asarray(state.template.positions, np.float64))
+            out.append(value)
+        return out
+
+    # ------------------------------------------------------------------ results
+
+    def gather(self, state: MDState) -> Batch:
+        """The system now, as a Batch in the original atom order (positions unwrapped)."""
+        positions, velocities = self._global(state, "positions", "velocities")
+        dtype = state.template.positions.dtype
+        return state.template.replace(positions=jnp.asarray(positions, dtype), velocities=jnp.asarray(velocities, dtype))
+
+    def forces(self, state: MDState) -> np.ndarray:
+        """Forces [V, 3] eV/Å on the current positions, in the original atom order."""
+        return self._global(state, "forces")[0]
+
+    def thermo(self, state: MDState) -> dict:
+        """Per-system thermodynamics, numpy [S]: ``potential_energy``, ``kinetic_energy``,
+        ``total_energy`` (eV), ``temperature`` (2 KE / (dof kB), dof = 3N - 3) and, when every
+        system has a cell of non-zero volume, ``pressure`` (eV/Å³: 2 KE / 3V - tr(σ) / 3, σ the
+        potential stress)."""
+        t = state.template
+        n_sys = t.n_systems
+        _, velocities = self._global(state, "positions", "velocities")
+        masses = np.asarray(t.masses, np.float64)
+        real = np.asarray(t.atom_mask)
+        system = np.where(real, np.asarray(t.batch_idx), n_sys)
+        ke = 0.5 * np.bincount(system, masses * np.sum(velocities**2, axis=1), minlength=n_sys + 1)[:n_sys]
+        counts = np.bincount(system, minlength=n_sys + 1)[:n_sys]
+        dof = np.maximum(3 * counts - 3, 1)
+        pe = np.asarray(state.energy, np.float64)
+        out = dict(potential_energy=pe, kinetic_energy=ke, total_energy=pe + ke, temperature=2 * ke / (dof * self.kB))
+        volume = np.abs(np.linalg.det(np.asarray(t.cell, np.float64)))
+        if np.all(volume[np.asarray(t.system_mask)] > 0):
+            _, _, stress, overflow, _ = _evaluate(self.dist_model.model, state.arrays, state.fixed,
+                                                  self._static(state), True)
+            if bool(overflow):  # positions still valid for the plan: grow and evaluate again
+                state = self._with_forces(state)
+                _, _, stress, _, _ = _evaluate(self.dist_model.model, state.arrays, state.fixed,
+                                               self._static(state), True)
+            sigma = np.asarray(stress, np.float64) / np.where(volume > 0, volume, 1.0)[:, None, None]
+            out["pressure"] = 2 * ke / (3 * np.where(volume > 0, volume, 1.0)) - np.trace(sigma, axis1=1, axis2=2) / 3
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self, path, state: MDState) -> Path:
+        """Write ``state`` to the folder ``path`` (orbax arrays + ``md.json`` + ``spec.json``).
+
+        Stored: positions (the plan's frame and images), velocities, forces, the positions the
+        plan was built from, step, the integrator and its state (random streams are keyed by
+        seed and step), capacities and the spec. Never overwrites.
+        """
+        import orbax.checkpoint as ocp
+
+        path = Path(path).absolute()
+        if path.exists() and any(path.iterdir()):
+            raise FileExistsError(f"checkpoint folder {path} is not empty; choose a new path")
+        path.mkdir(parents=True, exist_ok=True)
+        frame, velocities, forces = self._global(state, "positions", "velocities", "forces")
+        cell = np.asarray(state.template.cell, np.float64)
+        system = np.clip(np.asarray(state.template.batch_idx), 0, cell.shape[0] - 1)
+        frame = frame - np.einsum("vi,vij->vj", state.images, cell[system])  # back to the plan's frame
+        t = state.template
+        arrays = dict(
+            frame_positions=frame, images=state.images, plan_positions=state.plan_positions,
+            velocities=velocities, forces=forces, energy=np.asarray(state.energy),
+            atomic_numbers=np.asarray(t.atomic_numbers), cell=np.asarray(t.cell), pbc=np.asarray(t.pbc),
+            batch_idx=np.asarray(t.batch_idx), ptr=np.asarray(t.ptr), atom_mask=np.asarray(t.atom_mask),
+            system_mask=np.asarray(t.system_mask), masses=np.asarray(t.masses), positions=np.asarray(t.positions),
+            **({"charges": np.asarray(t.charges)} if t.charges is not None else {}),
+            **{f"extra_{k}": np.asarray(v) for k, v in state.extra.items()},
+        )
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save(path / "arrays", arrays)
+        checkpointer.wait_until_finished()
+        dm = self.dist_model
+        meta = dict(
+            step=state.step, converged=state.converged, dtype=str(np.dtype(t.positions.dtype)),
+            integrator={"kind": type(self.integrator).__name__, **dataclasses.asdict(self.integrator)},
+            n_ranks=dm.config.n_ranks, grid=list(self.grid),
+            halo_capacity=[dm._halo_capacity[0], list(dm._halo_capacity[1])],
+            nl_capacity=dataclasses.asdict(dm._nl_capacity), extra=sorted(state.extra),
+        )
+        (path / "md.json").write_text(json.dumps(meta, indent=1))
+        dm.spec.save(path / "spec.json")
+        return path
+
+    def restore(self, path) -> MDState:
+        """The state saved at ``path``. On the device count it was saved from, the plan and
+        capacities are rebuilt exactly, so the run continues bit for bit; on another, the
+        atoms are partitioned afresh (the trajectory then agrees to round-off)."""
+        import orbax.checkpoint as ocp
+
+        path = Path(path).absolute()
+        if not (path / "md.json").exists():
+            raise FileNotFoundError(f"{path} holds no dynamics checkpoint (no md.json)")
+        meta = json.loads((path / "md.json").read_text())
+        kind = meta["integrator"]["kind"]
+        saved = _INTEGRATORS[kind](**{k: v for k, v in meta["integrator"].items() if k != "kind"})
+        if saved != self.integrator:
+            raise ValueError(f"the checkpoint was written with {saved!r}, this DomainParallel runs {self.integrator!r}; "
+                             "restore it with the same integrator")
+        a = {k: np.asarray(v) for k, v in ocp.StandardCheckpointer().restore(path / "arrays").items()}
+        dtype = np.dtype(meta["dtype"])
+        template = Batch.unchecked(
+            positions=jnp.asarray(a["positions"], dtype), atomic_numbers=jnp.asarray(a["atomic_numbers"]),
+            cell=jnp.asarray(a["cell"], dtype), pbc=jnp.asarray(a["pbc"]), batch_idx=jnp.asarray(a["batch_idx"]),
+            ptr=jnp.asarray(a["ptr"]), atom_mask=jnp.asarray(a["atom_mask"]),
+            system_mask=jnp.asarray(a["system_mask"]),
+            charges=jnp.asarray(a["charges"], dtype) if "charges" in a else None,
+            masses=jnp.asarray(a["masses"], dtype), velocities=None, neighbors=None,
+        )
+        extra = {k: jnp.asarray(a[f"extra_{k}"]) for k in meta["extra"]}
+        energy = jnp.asarray(a["energy"], dtype)
+        dm = self.dist_model
+        if meta["n_ranks"] == dm.config.n_ranks and (dm.config.grid is None or list(dm.config.grid) == meta["grid"]):
+            self.grid = tuple(meta["grid"])
+            dm._halo_capacity = (meta["halo_capacity"][0], tuple(meta["halo_capacity"][1]))
+            dm._nl_capacity = NeighborCapacity(**{k: (tuple(v) if isinstance(v, list) else v)
+                                                  for k, v in meta["nl_capacity"].items()})
+            state = self._place(template, a["plan_positions"], a["velocities"], a["forces"], step=meta["step"],
+                                extra=extra, energy=energy, frame_positions=a["frame_positions"])
+            if not np.array_equal(state.images, a["images"]):
+                raise RuntimeError("the restored plan differs from the saved one; the checkpoint is inconsistent")
+        else:
+            cell = a["cell"].astype(np.float64)
+            system = np.clip(a["batch_idx"], 0, cell.shape[0] - 1)
+            positions = a["frame_positions"] + np.einsum("vi,vij->vj", a["images"], cell[system])
+            state = self._place(template, positions, a["velocities"], a["forces"], step=meta["step"], extra=extra,
+                                energy=energy)
+        state.converged = bool(meta["converged"])
+        return state
+
+
+def _count(name, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def _print_thermo(step: int, thermo: dict) -> None:
+    keys = [k for k in ("potential_energy", "kinetic_energy", "total_energy", "temperature", "pressure") if k in thermo]
+    for s in range(len(thermo["potential_energy"])):
+        values = "  ".join(f"{k} {thermo[k][s]: .10g}" for k in keys)
+        print(f"step {step:8d}  system {s}  {values}", file=sys.stdout, flush=True)
+
+
+# ---------------------------------------------------------------------- device programs
+
+
+def _rank_common(static, arrays, fixed):
+    """One rank's slices (the leading [1] axis dropped)."""
+    take = lambda x: x[0]  # noqa: E731
+    return jax.tree_util.tree_map(take, arrays), {
+        "local": jax.tree_util.tree_map(take, fixed["local"]),
+        "owned_rows": take(fixed["owned_rows"]),
+        "routing": jax.tree_util.tree_map(take, fixed["routing"]),
+        "cell": fixed["cell"],
+        "system_mask": fixed["system_mask"],
+    }
+
+
+def _specs(static, arrays, fixed):
+    axes = tuple(static.mesh.axis_names)
+    ranked = P(axes)
+    return axes, ranked, (
+        {k: ranked for k in arrays},
+        {"local": ranked, "owned_rows": ranked, "routing": ranked, "cell": P(), "system_mask": P()},
+    )
+
+
+@eqx.filter_jit
+def _evaluate(model, arrays, fixed, static, stress):
+    """(energy [S], forces [P, n_owned, 3], virial sum [S, 3, 3] or None, overflow, needed)."""
+    params, rest = eqx.partition(model, eqx.is_array)
+    axes, ranked, (a_spec, f_spec) = _specs(static, arrays, fixed)
+    report = DispatchReport(policy=static.spec.policy)
+
+    def rank_fn(params, arrays, fixed):
+        model = eqx.combine(params, rest)
+        a, f = _rank_common(static, arrays, fixed)
+        per_system, _, _, nl, g_pos, g_strain = rank_evaluate(
+            model, f["local"], a["positions"], a["system"], f["owned_rows"], f["routing"], f["cell"],
+            f["system_mask"], static, report, forces=True, stress=stress)
+        overflow, needed = nl_needs(nl, axes)
+        virial = jax.lax.psum(g_strain, axes) if stress else jnp.zeros(())
+        return per_system, -g_pos[None], virial, overflow, needed
+
+    fn = jax.shard_map(rank_fn, mesh=static.mesh, in_specs=(P(), a_spec, f_spec),
+                       out_specs=(P(), ranked, P(), P(), P()), check_vma=False)
+    return fn(params, arrays, fixed)
+
+
+@eqx.filter_jit
+def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, threshold):
+    """Up to ``n`` steps on device; stops early for a rebuild, an overflow or convergence.
+
+    Returns (arrays, energy, extra, steps taken, reason, needed sizes)."""
+    params, rest = eqx.partition(model, eqx.is_array)
+    axes, ranked, (a_spec, f_spec) = _specs(static, arrays, fixed)
+    report = DispatchReport(policy=static.spec.policy)
+
+    def rank_fn(params, arrays, energy, extra, fixed, step0, n):
+        model = eqx.combine(params, rest)
+        a, f = _rank_common(static, arrays, fixed)
+        valid = a["ids"] >= 0
+        n_sys = static.n_systems
+
+        def evaluate(x):
+            per_system, _, _, nl, g_pos, _ = rank_evaluate(
+                model, f["local"], x, a["system"], f["owned_rows"], f["routing"], f["cell"], f["system_mask"],
+                static, report, forces=True)
+            overflow, needed = nl_needs(nl, axes)
+            return -g_pos, per_system, overflow, needed
+
+        def context(step):
+            return StepContext(
+                inv_mass=a["inv_mass"][:, None], ids=a["ids"], system=a["system"], valid=valid, step=step,
+                system_sum=lambda v: jax.lax.psum(
+                    jax.ops.segment_sum(jnp.where(valid.reshape((-1,) + (1,) * (v.ndim - 1)), v, 0), a["system"],
+                                        num_segments=n_sys), axes),
+                global_max=lambda v: jax.lax.pmax(v, axes),
+            )
+
+        _, _, _, needed0 = jax.eval_shape(evaluate, a["positions"])
+        zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), needed0)
+        state0 = RankState(a["positions"], a["velocities"], a["forces"], energy, extra)
+        done0 = integrator.converged(state0, context(step0))
+        init = (jnp.int32(0), done0, jnp.where(done0, _CONVERGED, _RUNNING).astype(jnp.int32), state0, zeros)
+
+        def cond(carry):
+            k, stop = carry[0], carry[1]
+            return (k < n) & ~stop
+
+        def body(carry):
+            k, _, _, state, _ = carry
+            box = {}
+
+            def forces_fn(x):
+                forces, per_system, overflow, needed = evaluate(x)
+                box.update(overflow=overflow, needed=needed)
+                return forces, per_system
+
+            ctx = context(step0 + k)
+            new = integrator.step(state, ctx, forces_fn)
+            moved = jnp.where(valid[:, None], new.positions - a["reference"], 0.0)
+            far = jax.lax.pmax(jnp.max(jnp.sum(moved * moved, axis=1), initial=0.0), axes) > threshold**2
+            bad = far | box["overflow"]
+            kept = jax.tree_util.tree_map(lambda old, nw: jnp.where(bad, old, nw), state, new)
+            converged = ~bad & integrator.converged(kept, ctx)
+            reason = jnp.where(box["overflow"], _OVERFLOW, jnp.where(far, _REBUILD,
+                                                                     jnp.where(converged, _CONVERGED, _RUNNING)))
+            return (k + jnp.where(bad, 0, 1).astype(jnp.int32), bad | converged, reason.astype(jnp.int32), kept,
+                    box["needed"])
+
+        k, _, reason, state, needed = jax.lax.while_loop(cond, body, init)
+        out = dict(a, positions=state.positions, velocities=state.velocities, forces=state.forces)
+        return {key: v[None] for key, v in out.items()}, state.energy, state.extra, k, reason, needed
+
+    fn = jax.shard_map(rank_fn, mesh=static.mesh, in_specs=(P(), a_spec, P(), P(), f_spec, P(), P()),
+                       out_specs=(a_spec, P(), P(), P(), P(), P()), check_vma=False)
+    return fn(params, arrays, energy, extra, fixed, step0, n)

@@ -1,0 +1,197 @@
+"""Integrators: one step of a rank's owned atoms, written as pure functions.
+
+Units are ASE's: positions Å, energies eV, masses amu, time in Å·sqrt(amu/eV) (``ase.units.fs``
+is 0.0982 of it), velocities Å per time unit; in Lennard-Jones reduced units (σ = ε = m = 1,
+``kB=1``) the same code is the reduced-unit integrator. A step sees only its rank's owned
+rows; whatever must be global (per-system sums, the convergence test) goes through the
+collectives of the :class:`StepContext` it is handed.
+
+Each integrator is a frozen dataclass (static configuration, part of the jit cache key) with
+
+* ``init(n_systems, dtype)``: its own state (a dict of per-system arrays; empty for MD);
+* ``step(state, ctx, forces_fn)``: the next :class:`RankState`; ``forces_fn(positions)``
+  returns ``(forces [n, 3], energy [S])`` and is called exactly once;
+* ``converged(state, ctx)``: a replicated bool that stops the loop early (FIRE).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["RankState", "StepContext", "VelocityVerlet", "Langevin", "FIRE", "KB_EV_PER_K"]
+
+KB_EV_PER_K = 8.617333262e-5  # Boltzmann constant (eV/K), as ase.units.kB
+
+
+class RankState(NamedTuple):
+    """One rank's owned atoms. positions, velocities, forces: [n_owned, 3]; energy: [S] eV
+    (global, replicated); extra: the integrator's own state (replicated)."""
+
+    positions: jax.Array
+    velocities: jax.Array
+    forces: jax.Array
+    energy: jax.Array
+    extra: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+    """What a step may read besides the state (traced arrays; built inside the loop).
+
+    inv_mass: [n, 1] 1/amu (0 on padding rows, which therefore never move). ids: [n] global
+    atom index (-1 on padding). system: [n] system of each row. valid: [n] real rows.
+    step: [] int, the number of the step being taken (0-based). system_sum: [n, ...] →
+    [S, ...] summed over all ranks. global_max: [] → [] max over all ranks.
+    """
+
+    inv_mass: jax.Array
+    ids: jax.Array
+    system: jax.Array
+    valid: jax.Array
+    step: jax.Array
+    system_sum: Callable
+    global_max: Callable
+
+
+def _check(owner, name, value, *, positive=True, allow_zero=False):
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > 0 or (allow_zero and value == 0) or not positive)
+    if not ok:
+        raise ValueError(f"{owner}.{name} must be a finite number {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return float(value)
+
+
+class _NoConvergence:
+    def init(self, n_systems, dtype) -> dict:
+        return {}
+
+    def converged(self, state: RankState, ctx: StepContext):
+        return jnp.asarray(False)
+
+
+@dataclasses.dataclass(frozen=True)
+class VelocityVerlet(_NoConvergence):
+    """NVE velocity Verlet. dt: time step (ASE time units, or τ in reduced units)."""
+
+    dt: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "dt", _check("VelocityVerlet", "dt", self.dt))
+
+    def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
+        dt = jnp.asarray(self.dt, state.positions.dtype)
+        v = state.velocities + 0.5 * dt * state.forces * ctx.inv_mass
+        x = state.positions + dt * v
+        f, e = forces_fn(x)
+        v = v + 0.5 * dt * f * ctx.inv_mass
+        return RankState(x, v, f, e, state.extra)
+
+
+@dataclasses.dataclass(frozen=True)
+class Langevin(_NoConvergence):
+    """NVT Langevin dynamics, BAOAB splitting (Leimkuhler & Matthews).
+
+    dt: time step. temperature: target T (K with the default ``kB``; ε/k_B with ``kB=1``).
+    friction: γ (1 / time unit). seed: random stream. kB: Boltzmann constant (energy / T).
+
+    The noise of atom ``i`` at step ``n`` is drawn from ``fold_in(fold_in(key(seed), n), i)``:
+    it depends on the atom's identity and the step only, so the trajectory is the same on
+    any number of ranks and any partition.
+    """
+
+    dt: float
+    temperature: float
+    friction: float
+    seed: int = 0
+    kB: float = KB_EV_PER_K
+
+    def __post_init__(self):
+        object.__setattr__(self, "dt", _check("Langevin", "dt", self.dt))
+        object.__setattr__(self, "temperature", _check("Langevin", "temperature", self.temperature, allow_zero=True))
+        object.__setattr__(self, "friction", _check("Langevin", "friction", self.friction, allow_zero=True))
+        object.__setattr__(self, "kB", _check("Langevin", "kB", self.kB))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"Langevin.seed must be a non-negative integer, got {self.seed!r}")
+
+    def noise(self, ctx: StepContext, dtype) -> jax.Array:
+        """Standard normal [n, 3], keyed by (seed, step, atom id)."""
+        key = jax.random.fold_in(jax.random.key(self.seed), ctx.step)
+        draw = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (3,), dtype))
+        return draw(jnp.maximum(ctx.ids, 0))
+
+    def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
+        dtype = state.positions.dtype
+        dt = jnp.asarray(self.dt, dtype)
+        c1 = jnp.exp(jnp.asarray(-self.friction * self.dt, dtype))
+        sigma = jnp.sqrt((1.0 - c1 * c1) * self.kB * self.temperature * ctx.inv_mass)  # [n, 1]
+        v = state.velocities + 0.5 * dt * state.forces * ctx.inv_mass  # B
+        x = state.positions + 0.5 * dt * v  # A
+        v = c1 * v + sigma * self.noise(ctx, dtype)  # O
+        v = jnp.where(ctx.valid[:, None], v, 0.0)
+        x = x + 0.5 * dt * v  # A
+        f, e = forces_fn(x)
+        v = v + 0.5 * dt * f * ctx.inv_mass  # B
+        return RankState(x, v, f, e, state.extra)
+
+
+@dataclasses.dataclass(frozen=True)
+class FIRE:
+    """FIRE minimiser (Bitzek et al. 2006), per system, after ASE's ``FIRE``: masses are
+    ignored, each system has its own time step and mixing, and no atom of a system moves
+    further than ``max_step`` (Å) in total length per step.
+
+    fmax: stop when every atom's force is below this (eV/Å). dt, dt_max: initial and largest
+    time step. The rest are the usual FIRE constants.
+    """
+
+    fmax: float = 0.05
+    dt: float = 0.1
+    dt_max: float = 1.0
+    max_step: float = 0.2
+    n_min: int = 5
+    f_inc: float = 1.1
+    f_dec: float = 0.5
+    alpha_start: float = 0.1
+    f_alpha: float = 0.99
+
+    def __post_init__(self):
+        for name in ("fmax", "dt", "dt_max", "max_step", "f_inc", "f_dec", "alpha_start", "f_alpha"):
+            object.__setattr__(self, name, _check("FIRE", name, getattr(self, name)))
+        if isinstance(self.n_min, bool) or not isinstance(self.n_min, int) or self.n_min < 0:
+            raise ValueError(f"FIRE.n_min must be a non-negative integer, got {self.n_min!r}")
+
+    def init(self, n_systems, dtype) -> dict:
+        return dict(dt=jnp.full((n_systems,), self.dt, dtype), alpha=jnp.full((n_systems,), self.alpha_start, dtype),
+                    n_positive=jnp.zeros((n_systems,), jnp.int32))
+
+    def converged(self, state: RankState, ctx: StepContext):
+        f2 = jnp.where(ctx.valid, jnp.sum(state.forces**2, axis=1), 0.0)
+        return ctx.global_max(jnp.max(f2, initial=0.0)) < self.fmax**2
+
+    def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
+        ex = state.extra
+        f, v, sys = state.forces, state.velocities, ctx.system
+        vf = ctx.system_sum(jnp.sum(f * v, axis=1))
+        ff = ctx.system_sum(jnp.sum(f * f, axis=1))
+        vv = ctx.system_sum(jnp.sum(v * v, axis=1))
+        uphill = vf < 0  # ASE starts from v = 0, where vf = 0 neither mixes nor resets
+        a = ex["alpha"]
+        scale = jnp.sqrt(vv) / jnp.where(ff > 0, jnp.sqrt(ff), 1.0)
+        v = jnp.where(uphill[sys][:, None], 0.0, (1 - a[sys])[:, None] * v + (a * scale)[sys][:, None] * f)
+        grow = ~uphill & (ex["n_positive"] > self.n_min)
+        dt = jnp.where(uphill, ex["dt"] * self.f_dec, jnp.where(grow, jnp.minimum(ex["dt"] * self.f_inc, self.dt_max),
+                                                                 ex["dt"]))
+        alpha = jnp.where(uphill, self.alpha_start, jnp.where(grow, a * self.f_alpha, a))
+        n_positive = jnp.where(uphill, 0, ex["n_positive"] + 1)
+        v = jnp.where(ctx.valid[:, None], v + dt[sys][:, None] * f, 0.0)
+        dr = dt[sys][:, None] * v
+        norm = jnp.sqrt(ctx.system_sum(jnp.sum(dr * dr, axis=1)))
+        dr = dr * jnp.where(norm > self.max_step, self.max_step / jnp.where(norm > 0, norm, 1.0), 1.0)[sys][:, None]
+        x = state.positions + dr
+        f_new, e = forces_fn(x)
+        return RankState(x, v, f_new, e, dict(dt=dt, alpha=alpha, n_positive=n_positive))

@@ -1,0 +1,67 @@
+"""Output of a run: an extxyz trajectory writer and a progress line."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["ExtXYZWriter", "Progress"]
+
+
+class ExtXYZWriter:
+    """Appends frames to an extended-XYZ file (readable by ``ase.io.read(path, ":")``).
+
+    Each frame is one system of the gathered batch at one step, with positions (Å, unwrapped),
+    velocities, forces (eV/Å), and ``step``, ``system`` and ``energy`` (eV) in its info line.
+    """
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.frames = 0
+        if self.path.exists():
+            raise FileExistsError(f"trajectory {self.path} exists; choose a new file")
+
+    def write(self, md, state) -> None:
+        from ase.calculators.singlepoint import SinglePointCalculator
+        from ase.io import write
+
+        batch = md.gather(state)
+        forces = md.forces(state)
+        energy = np.asarray(state.energy, np.float64)
+        real = np.asarray(batch.atom_mask)
+        system = np.asarray(batch.batch_idx)
+        frames = []
+        for s, atoms in enumerate(batch.to_ase()):
+            rows = real & (system == s)
+            atoms.calc = SinglePointCalculator(atoms, energy=float(energy[s]), forces=forces[rows])
+            atoms.info.update(step=int(state.step), system=s)
+            frames.append(atoms)
+        with open(self.path, "a") as handle:
+            write(handle, frames, format="extxyz")
+        self.frames += len(frames)
+
+
+class Progress:
+    """A one-line progress report on stderr: steps done, atom-steps per second."""
+
+    def __init__(self, total: int, n_atoms: int, stream=None):
+        self.total, self.n_atoms = total, n_atoms
+        self.stream = stream if stream is not None else sys.stderr
+        self.start = time.perf_counter()
+
+    def update(self, done: int) -> None:
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        width = 30
+        filled = int(width * done / max(self.total, 1))
+        rate = done * self.n_atoms / elapsed
+        self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} steps  "
+                          f"{rate:,.0f} atom-steps/s")
+        self.stream.flush()
+
+    def close(self, stats) -> None:
+        self.stream.write(f"\n{stats.steps} steps in {stats.seconds:.2f} s: {stats.atom_steps_per_second:,.0f} "
+                          f"atom-steps/s, {stats.rebuilds} plan rebuilds, {stats.recompiles} recompilations\n")
+        self.stream.flush()
