@@ -478,8 +478,25 @@ def _stats(needed):
     )
 
 
+def rank_neighbors(positions, local, static: _Static):
+    """This rank's neighbour list over its local rows ([n_local, 3] Å, ghosts included) for the
+    model's search cutoff; only owned rows are receivers unless the halo is deep."""
+    layout, n_sys = static.layout, static.n_systems
+    return build_neighbor_list(
+        jax.lax.stop_gradient(positions),
+        jnp.broadcast_to(jnp.eye(3, dtype=positions.dtype), (n_sys, 3, 3)),
+        jnp.zeros((n_sys, 3), bool),
+        local.batch_idx,
+        local.atom_mask,
+        cutoff=static.search_cutoff,
+        capacity=static.nl_capacity,
+        format=static.nl_format,
+        n_receivers=layout.n_local if static.deep else layout.n_owned,
+    )
+
+
 def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, system_mask, static: _Static,
-                  report: DispatchReport, *, forces: bool = True, stress: bool = False):
+                  report: DispatchReport, *, forces: bool = True, stress: bool = False, neighbors=None):
     """One rank's share of a distributed evaluation; call inside ``shard_map`` on one rank's rows.
 
     own_pos: [n_owned, 3] Å owned positions (in the partition's wrapped frame); own_sys:
@@ -488,7 +505,8 @@ def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, sys
     Returns ``(per_system [S] eV, out, lays, nl, g_pos [n_owned, 3] or None, g_strain [S, 3, 3]
     or None)`` where ``out``/``lays`` are the model's outputs and their dispatch layouts and
     the gradients are this rank's share (forces are ``-g_pos``; the virial is the psum of
-    ``g_strain``).
+    ``g_strain``). neighbors: a list from :func:`rank_neighbors` to reuse (built for a model
+    that declares a neighbour skin, while no atom has moved half of it); None builds one.
     """
     axes = tuple(static.mesh.axis_names)
     layout = static.layout
@@ -506,17 +524,7 @@ def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, sys
         # Ghost positions are made here, inside the differentiated function, so ghost
         # forces travel home through the transpose of halo_forward.
         positions = halo_forward(pos, layout, routing, axes, cell=cell_s)
-        nl = build_neighbor_list(
-            jax.lax.stop_gradient(positions),
-            jnp.broadcast_to(jnp.eye(3, dtype=positions.dtype), (n_sys, 3, 3)),
-            jnp.zeros((n_sys, 3), bool),
-            local.batch_idx,
-            local.atom_mask,
-            cutoff=static.search_cutoff,
-            capacity=static.nl_capacity,
-            format=static.nl_format,
-            n_receivers=layout.n_local if static.deep else layout.n_owned,
-        )
+        nl = rank_neighbors(positions, local, static) if neighbors is None else neighbors
         runtime = Runtime(layout, routing, axes, spec.policy, owned_rows,
                           edge_owned=nl.mask & (nl.receivers < layout.n_owned), ops=ops)
         batch = local.replace(positions=positions, cell=cell_s, neighbors=nl)

@@ -39,9 +39,10 @@ def melt(n_cells=4, temperature=1.44):
     return lj_melt_data(n_cells, temperature=temperature, dtype=np.float64)
 
 
-def fresh_md(grid, integrator=VelocityVerlet(DT), shift=False):
-    """A new DomainParallel (its own compiled programs and capacities)."""
-    model = LennardJones(1.0, 1.0, CUTOFF, shift=shift)
+def fresh_md(grid, integrator=VelocityVerlet(DT), shift=False, skin=0.0):
+    """A new DomainParallel (its own compiled programs and capacities). skin: the model's
+    neighbour skin (> 0: the loop keeps its neighbour list between steps)."""
+    model = LennardJones(1.0, 1.0, CUTOFF, shift=shift, skin=skin)
     dm = DistributedModel(model, DomainConfig(CUTOFF, skin=SKIN, mesh=mesh_of(math.prod(grid)), grid=grid))
     return DomainParallel(dm, integrator, kB=None if isinstance(integrator, Langevin) else 1.0)
 
@@ -89,6 +90,16 @@ def test_nve_trajectory_equals_single_device_through_migrations(grid):
     assert md.last_run.rebuilds >= 1 and md.last_run.migrations >= 1
     got = md.gather(state)
     pos, vel = reference(200)[-1]
+    np.testing.assert_allclose(np.asarray(got.positions), pos, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(got.velocities), vel, rtol=0, atol=1e-9)
+
+
+def test_kept_neighbour_list_gives_the_single_device_trajectory():
+    md = md_on((2, 2, 1), skin=SKIN)
+    assert md.nl_skin == SKIN
+    state = md.run(md.init(melt()), 100)
+    got = md.gather(state)
+    pos, vel = reference(200)[99]
     np.testing.assert_allclose(np.asarray(got.positions), pos, rtol=0, atol=1e-9)
     np.testing.assert_allclose(np.asarray(got.velocities), vel, rtol=0, atol=1e-9)
 
@@ -242,7 +253,7 @@ def test_neighbour_list_overflow_grows_and_the_trajectory_is_unchanged():
     md.dist_model._nl_capacity = dataclasses.replace(cap, max_edges=cap.max_edges // 2)
     state = md.run(state, 20)
     assert md.last_run.recompiles >= 1
-    np.testing.assert_allclose(np.asarray(md.gather(state).positions), reference(20)[-1][0], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(md.gather(state).positions), reference(200)[19][0], rtol=0, atol=1e-9)
 
 
 def test_two_different_boltzmann_constants_are_refused():

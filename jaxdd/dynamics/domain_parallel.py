@@ -34,7 +34,8 @@ from jax.sharding import PartitionSpec as P
 
 from ..data import AtomicData, Batch, as_batch
 from ..dispatch import DispatchReport
-from ..distributed import DistributedModel, _stats, nl_needs, rank_evaluate
+from ..distributed import DistributedModel, _stats, nl_needs, rank_evaluate, rank_neighbors
+from ..halo import halo_forward
 from ..neighbors import NeighborCapacity
 from .integrators import FIRE, KB_EV_PER_K, Langevin, RankState, StepContext, VelocityVerlet
 from .io import ExtXYZWriter, Progress
@@ -118,6 +119,9 @@ class DomainParallel:
         self.integrator = integrator
         self.kB = float(kB)
         self.threshold = float(threshold)
+        # A model that declares a neighbour skin masks by its own cutoff, so its list can be
+        # kept (Verlet list) until some atom has moved half that skin.
+        self.nl_skin = float(dist_model.model.model_config.neighbor_config.skin)
         self.grid = cfg.grid
         self.last_run: RunStats | None = None
         self._rebuilds = 0
@@ -278,7 +282,7 @@ class DomainParallel:
             arrays, energy, extra, taken, reason, needed = _loop(
                 self.dist_model.model, state.arrays, state.energy, state.extra, state.fixed,
                 jnp.asarray(state.step, jnp.int32), jnp.asarray(n, jnp.int32), self._static(state), self.integrator,
-                self.threshold)
+                self.threshold, self.nl_skin)
             taken = int(taken)
             reason = int(reason)
             state.arrays, state.energy, state.extra = arrays, energy, extra
@@ -520,13 +524,16 @@ def _evaluate(model, arrays, fixed, static, stress):
 
 
 @eqx.filter_jit
-def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, threshold):
+def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, threshold, nl_skin):
     """Up to ``n`` steps on device; stops early for a rebuild, an overflow or convergence.
 
-    Returns (arrays, energy, extra, steps taken, reason, needed sizes)."""
+    With ``nl_skin`` > 0 the neighbour list is kept from step to step and rebuilt on device
+    when an atom has moved ``nl_skin / 2`` since it was built. Returns (arrays, energy,
+    extra, steps taken, reason, needed sizes)."""
     params, rest = eqx.partition(model, eqx.is_array)
     axes, ranked, (a_spec, f_spec) = _specs(static, arrays, fixed)
     report = DispatchReport(policy=static.spec.policy)
+    reuse = nl_skin > 0
 
     def rank_fn(params, arrays, energy, extra, fixed, step0, n):
         model = eqx.combine(params, rest)
@@ -534,10 +541,18 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
         valid = a["ids"] >= 0
         n_sys = static.n_systems
 
-        def evaluate(x):
+        def max_shift2(x, ref):
+            moved = jnp.where(valid[:, None], x - ref, 0.0)
+            return jax.lax.pmax(jnp.max(jnp.sum(moved * moved, axis=1), initial=0.0), axes)
+
+        def neighbors(x):
+            return rank_neighbors(halo_forward(x, static.layout, f["routing"], axes, cell=f["cell"]), f["local"],
+                                  static)
+
+        def evaluate(x, nl):
             per_system, _, _, nl, g_pos, _ = rank_evaluate(
                 model, f["local"], x, a["system"], f["owned_rows"], f["routing"], f["cell"], f["system_mask"],
-                static, report, forces=True)
+                static, report, forces=True, neighbors=nl)
             overflow, needed = nl_needs(nl, axes)
             return -g_pos, per_system, overflow, needed
 
@@ -550,38 +565,47 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
                 global_max=lambda v: jax.lax.pmax(v, axes),
             )
 
-        _, _, _, needed0 = jax.eval_shape(evaluate, a["positions"])
+        x0 = a["positions"]
+        verlet = (neighbors(x0), x0) if reuse else None
+        _, _, _, needed0 = jax.eval_shape(evaluate, x0, None if verlet is None else verlet[0])
         zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), needed0)
-        state0 = RankState(a["positions"], a["velocities"], a["forces"], energy, extra)
+        state0 = RankState(x0, a["velocities"], a["forces"], energy, extra)
         done0 = integrator.converged(state0, context(step0))
-        init = (jnp.int32(0), done0, jnp.where(done0, _CONVERGED, _RUNNING).astype(jnp.int32), state0, zeros)
+        init = (jnp.int32(0), done0, jnp.where(done0, _CONVERGED, _RUNNING).astype(jnp.int32), (state0, verlet),
+                zeros)
 
         def cond(carry):
             k, stop = carry[0], carry[1]
             return (k < n) & ~stop
 
         def body(carry):
-            k, _, _, state, _ = carry
+            k, _, _, (state, verlet), _ = carry
             box = {}
 
             def forces_fn(x):
-                forces, per_system, overflow, needed = evaluate(x)
+                nl = None
+                if reuse:
+                    nl, ref = verlet
+                    stale = max_shift2(x, ref) > (nl_skin / 2) ** 2
+                    nl = jax.lax.cond(stale, lambda: neighbors(x), lambda: nl)
+                    box["verlet"] = (nl, jnp.where(stale, x, ref))
+                forces, per_system, overflow, needed = evaluate(x, nl)
                 box.update(overflow=overflow, needed=needed)
                 return forces, per_system
 
             ctx = context(step0 + k)
             new = integrator.step(state, ctx, forces_fn)
-            moved = jnp.where(valid[:, None], new.positions - a["reference"], 0.0)
-            far = jax.lax.pmax(jnp.max(jnp.sum(moved * moved, axis=1), initial=0.0), axes) > threshold**2
+            far = max_shift2(new.positions, a["reference"]) > threshold**2
             bad = far | box["overflow"]
-            kept = jax.tree_util.tree_map(lambda old, nw: jnp.where(bad, old, nw), state, new)
-            converged = ~bad & integrator.converged(kept, ctx)
+            kept = jax.tree_util.tree_map(lambda old, nw: jnp.where(bad, old, nw), (state, verlet),
+                                          (new, box.get("verlet")))
+            converged = ~bad & integrator.converged(kept[0], ctx)
             reason = jnp.where(box["overflow"], _OVERFLOW, jnp.where(far, _REBUILD,
                                                                      jnp.where(converged, _CONVERGED, _RUNNING)))
             return (k + jnp.where(bad, 0, 1).astype(jnp.int32), bad | converged, reason.astype(jnp.int32), kept,
                     box["needed"])
 
-        k, _, reason, state, needed = jax.lax.while_loop(cond, body, init)
+        k, _, reason, (state, _), needed = jax.lax.while_loop(cond, body, init)
         out = dict(a, positions=state.positions, velocities=state.velocities, forces=state.forces)
         return {key: v[None] for key, v in out.items()}, state.energy, state.extra, k, reason, needed
 
