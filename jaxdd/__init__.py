@@ -15,6 +15,8 @@ from .model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig, Neighbo
 from .ops import SpecError, register_op
 from .spec import CompilePolicy, DistributionSpec, MLIPSpec, OpAdapter, OutputKind
 from .neighbors import NeighborCapacity, NeighborList, build_neighbor_list, edge_vectors, neighbor_capacity, neighbor_list
+from .dynamics import FIRE, DomainParallel, Langevin, VelocityVerlet
+from . import ase  # noqa: E402  (jaxdd.ase.Calculator; the module imports ase, a core dependency)
 
 __version__ = "0.1.0"
 
@@ -37,6 +39,10 @@ __all__ = [
     "DistributedModel",
     "DistributionSpec",
     "DomainConfig",
+    "DomainParallel",
+    "FIRE",
+    "Langevin",
+    "VelocityVerlet",
     "JitAdapter",
     "MLIPSpec",
     "MethodAdapter",
