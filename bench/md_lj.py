@@ -1,0 +1,359 @@
+"""Benchmark: molecular dynamics of the LAMMPS LJ melt, jaxdd against LAMMPS.
+
+    python bench/md_lj.py [--n-cells 20] [--steps 100] [--devices 1,2] [--dtypes float32,float64]
+                          [--lammps lmp | --no-lammps] [--json PATH]
+
+The problem is the LAMMPS distribution's ``bench/in.lj``: fcc lattice at density 0.8442 (20×20×20 cells,
+32,000 atoms by default), velocities at T = 1.44, ``pair_style lj/cut 2.5`` (no shift),
+neighbour skin 0.3, NVE velocity Verlet with dt = 0.005 τ, in LJ reduced units
+(σ = ε = m = 1). The initial velocities come from numpy's random stream, not LAMMPS's, so
+the trajectories differ after step 0; the step-0 potential energy (perfect lattice) is the
+same.
+
+For each device count and dtype, ``DomainParallel`` runs the melt once to compile its
+programs and settle its capacities (warm-up, same start and length), then the timed run
+from a fresh start. It reports atom-steps per second, plan rebuilds, and the potential
+energy per atom at the first and last step. On a CPU the devices are virtual
+(``jax_num_cpu_devices``, set by the script to the largest ``--devices``).
+
+The fused-kernel path (custom FFI kernels) is reported when the build has one.
+
+LAMMPS runs in the same benchmark run when ``lmp`` is on the PATH (``lmp -in in.lj`` on one core,
+``mpirun -np N lmp -in in.lj`` on N); otherwise the figures measured on this machine and
+recorded in the project's oracle notes are used, labelled as not measured in this run. Each
+jaxdd figure is divided by LAMMPS's on equal cores (N devices against N MPI ranks); the
+target is that the best jaxdd path reaches 0.5x LAMMPS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+
+# float64 runs need x64; float32 runs are made float32 by their data. Importing jaxdd does not
+# start JAX's backends, so the device count can still be set in main().
+jax.config.update("jax_enable_x64", True)
+
+import numpy as np  # noqa: E402
+
+import jaxdd  # noqa: E402
+from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh  # noqa: E402
+from jaxdd.dynamics import DomainParallel, VelocityVerlet  # noqa: E402
+from jaxdd.models.lj import LennardJones  # noqa: E402
+from jaxdd.systems import LAMMPS_MELT_ENERGY_PER_ATOM, lj_melt_data  # noqa: E402
+
+CUTOFF = 2.5
+SKIN = 0.3
+DT = 0.005
+TEMPERATURE = 1.44
+DTYPES = ("float32", "float64")
+TARGET = 0.5  # best jaxdd path / LAMMPS on equal cores
+
+#: LAMMPS (Debian package ``lammps``) on this 2-core machine, 32,000-atom melt, 100 steps:
+#: atom-steps per second by core count. Source: the speed references of the oracle notes.
+LAMMPS_REFERENCE = {1: 2.3e6, 2: 4.4e6}
+REFERENCE_LABEL = "reference (oracles.md), not measured in this run"
+
+IN_LJ = """\
+# 3d Lennard-Jones melt
+units           lj
+atom_style      atomic
+lattice         fcc 0.8442
+region          box block 0 {n} 0 {n} 0 {n}
+create_box      1 box
+create_atoms    1 box
+mass            1 1.0
+velocity        all create 1.44 87287 loop geom
+pair_style      lj/cut 2.5
+pair_coeff      1 1 1.0 1.0 2.5
+neighbor        0.3 bin
+neigh_modify    delay 0 every 20 check no
+fix             1 all nve
+thermo          50
+run             {steps}
+"""
+
+_LOOP = re.compile(r"Loop time of\s+(\S+)\s+on\s+(\d+)\s+procs\s+for\s+(\d+)\s+steps\s+with\s+(\d+)\s+atoms")
+
+
+# ---------------------------------------------------------------------------- arguments
+
+
+def _int_list(p: argparse.ArgumentParser, name: str, text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        p.error(f"--{name} must be comma-separated positive integers, got {text!r}")
+    if not values or min(values) < 1:
+        p.error(f"--{name} must be comma-separated positive integers, got {text!r}")
+    return tuple(sorted(set(values)))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Molecular dynamics of the LAMMPS LJ melt: jaxdd against LAMMPS.")
+    p.add_argument("--n-cells", type=int, default=20, help="fcc cells per axis (default 20: 32,000 atoms)")
+    p.add_argument("--steps", type=int, default=100, help="NVE steps per run (default 100)")
+    p.add_argument("--devices", default="1,2", help="comma-separated device counts (default 1,2)")
+    p.add_argument("--dtypes", default="float32,float64", help="comma-separated dtypes (default float32,float64)")
+    p.add_argument("--lammps", default="lmp", metavar="BIN", help="LAMMPS executable (default lmp, looked up on PATH)")
+    p.add_argument("--no-lammps", action="store_true", help="do not run LAMMPS; use the recorded reference figures")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures to PATH as JSON")
+    args = p.parse_args(argv)
+    for name in ("n_cells", "steps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    args.devices = _int_list(p, "devices", args.devices)
+    dtypes = tuple(dict.fromkeys(d.strip() for d in args.dtypes.split(",") if d.strip()))
+    bad = [d for d in dtypes if d not in DTYPES]
+    if not dtypes or bad:
+        p.error(f"--dtypes must list some of {','.join(DTYPES)}, got {args.dtypes!r}")
+    args.dtypes = dtypes
+    return args
+
+
+def set_device_count(n: int) -> None:
+    """Ask for ``n`` virtual CPU devices; only possible before JAX's backends start."""
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:
+        pass  # backends already running (main called in a live process): use what is there
+
+
+# ---------------------------------------------------------------------------- jaxdd
+
+
+def bench_jaxdd(n_devices: int, dtype: str, n_cells: int, steps: int) -> dict:
+    """One warm-up run and one timed run of ``steps`` NVE steps on ``n_devices`` devices."""
+    data = lj_melt_data(n_cells, temperature=TEMPERATURE, dtype=np.dtype(dtype))
+    n_atoms = int(data.positions.shape[0])
+    # The model's parameters follow the positions' dtype; its skin keeps the neighbour list
+    # between steps (a Verlet list rebuilt on device when an atom has moved skin / 2).
+    model = LennardJones(1.0, 1.0, CUTOFF, skin=SKIN)
+    dm = DistributedModel(model, DomainConfig(CUTOFF, skin=SKIN, mesh=default_mesh(jax.devices()[:n_devices])))
+    md = DomainParallel(dm, VelocityVerlet(DT), kB=1.0)
+
+    t0 = time.perf_counter()
+    md.run(md.init(data), steps)  # compiles the loop; capacities grow here if they must
+    warmup_s = time.perf_counter() - t0
+    warmup = md.last_run
+
+    state = md.init(data)
+    first = md.thermo(state)
+    state = md.run(state, steps)
+    stats = md.last_run
+    last = md.thermo(state)
+    if state.arrays["positions"].dtype != np.dtype(dtype):
+        raise RuntimeError(f"positions came out {state.arrays['positions'].dtype}, not {dtype}: the timing would be "
+                           f"of the wrong precision")
+    pe0 = float(first["potential_energy"][0]) / n_atoms
+    return dict(
+        path="jaxdd", devices=n_devices, dtype=dtype, n_atoms=n_atoms, steps=stats.steps,
+        seconds=stats.seconds, atom_steps_per_second=stats.atom_steps_per_second,
+        rebuilds=stats.rebuilds, migrations=stats.migrations, recompiles=stats.recompiles,
+        warmup_seconds=warmup_s, warmup_rebuilds=warmup.rebuilds, warmup_recompiles=warmup.recompiles,
+        pe_per_atom_first=pe0, pe_per_atom_last=float(last["potential_energy"][0]) / n_atoms,
+        pe_per_atom_first_minus_lammps=pe0 - LAMMPS_MELT_ENERGY_PER_ATOM,
+        total_energy_drift_per_atom=float(last["total_energy"][0] - first["total_energy"][0]) / n_atoms,
+        temperature_first=float(first["temperature"][0]), temperature_last=float(last["temperature"][0]),
+    )
+
+
+def fused_status() -> dict:
+    """Whether this build has a fused-kernel (FFI) path to run."""
+    if importlib.util.find_spec("jaxdd.ffi") is None:
+        return dict(available=False, reason="not available in this build (no jaxdd.ffi module)")
+    return dict(available=False, reason="jaxdd.ffi is present, but this benchmark has no fused MD path to run yet")
+
+
+# ---------------------------------------------------------------------------- LAMMPS
+
+
+def parse_lammps_log(text: str) -> dict:
+    """Loop time, procs, steps, atoms and the E_pair (per atom) of the first and last thermo rows."""
+    m = _LOOP.search(text)
+    if m is None:
+        raise ValueError("no 'Loop time of ... on ... procs for ... steps with ... atoms' line in LAMMPS's output")
+    seconds, procs, steps, atoms = float(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4))
+    out = dict(seconds=seconds, procs=procs, steps=steps, n_atoms=atoms,
+               atom_steps_per_second=steps * atoms / seconds if seconds > 0 else float("nan"))
+    lines = text[:m.start()].splitlines()
+    header = max((i for i, line in enumerate(lines) if line.split()[:1] == ["Step"]), default=None)
+    if header is not None:
+        cols = lines[header].split()
+        key = next((c for c in ("E_pair", "PotEng") if c in cols), None)
+        rows = []
+        for line in lines[header + 1:]:
+            fields = line.split()
+            if len(fields) != len(cols):
+                break
+            try:
+                rows.append([float(f) for f in fields])
+            except ValueError:
+                break
+        if key is not None and rows:
+            j = cols.index(key)
+            out.update(pe_per_atom_first=rows[0][j], pe_per_atom_last=rows[-1][j],
+                       thermo_first_step=int(rows[0][0]), thermo_last_step=int(rows[-1][0]))
+    return out
+
+
+def run_lammps(lmp: str, cores: int, n_cells: int, steps: int) -> dict:
+    """LAMMPS on the melt with ``cores`` MPI ranks (1: no mpirun); its parsed figures."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without these
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = [lmp, "-in", "in.lj"]
+    if cores > 1:
+        mpirun = shutil.which("mpirun")
+        if mpirun is None:
+            raise FileNotFoundError("mpirun is not on the PATH")
+        cmd = [mpirun, "-np", str(cores), *cmd]
+    with tempfile.TemporaryDirectory(prefix="md_lj_") as tmp:
+        Path(tmp, "in.lj").write_text(IN_LJ.format(n=n_cells, steps=steps))
+        proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {(proc.stderr or proc.stdout)[-500:]}")
+    figures = parse_lammps_log(proc.stdout)
+    if figures["procs"] != cores:
+        raise RuntimeError(f"LAMMPS ran on {figures['procs']} procs, not {cores}")
+    return dict(figures, source="measured in this run", command=" ".join(cmd))
+
+
+def lammps_figures(args) -> tuple[dict, list[str]]:
+    """{cores: figures} for the core counts of ``--devices`` (measured, else the reference) and notes."""
+    notes = []
+    lmp = None if args.no_lammps else shutil.which(args.lammps)
+    if args.no_lammps:
+        notes.append("LAMMPS not run (--no-lammps)")
+    elif lmp is None:
+        notes.append(f"LAMMPS is not installed ({args.lammps!r} is not on the PATH)")
+    out = {}
+    for cores in args.devices:
+        if lmp is not None:
+            try:
+                out[cores] = run_lammps(lmp, cores, args.n_cells, args.steps)
+                continue
+            except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as err:
+                notes.append(f"LAMMPS on {cores} core(s) failed: {err}")
+        if cores in LAMMPS_REFERENCE:
+            out[cores] = dict(source=REFERENCE_LABEL, procs=cores, n_atoms=32000, steps=100,
+                              atom_steps_per_second=LAMMPS_REFERENCE[cores])
+    if any(f["source"] == REFERENCE_LABEL for f in out.values()) and (args.n_cells != 20 or args.steps != 100):
+        notes.append("the reference figures are for 32,000 atoms and 100 steps, not this run's size")
+    return out, notes
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def target_verdict(rows: list[dict], lammps: dict) -> dict:
+    """Best jaxdd path over LAMMPS for each core count that has both, and whether all reach TARGET."""
+    per_cores = {}
+    for cores, ref in lammps.items():
+        mine = [r for r in rows if r["devices"] == cores]
+        if not mine:
+            continue
+        best = max(mine, key=lambda r: r["atom_steps_per_second"])
+        per_cores[cores] = dict(best_dtype=best["dtype"], best_path=best["path"],
+                                ratio=best["atom_steps_per_second"] / ref["atom_steps_per_second"])
+    met = bool(per_cores) and all(v["ratio"] >= TARGET for v in per_cores.values())
+    return dict(threshold=TARGET, per_cores=per_cores, met=met if per_cores else None)
+
+
+def format_table(rows, fused, lammps, notes, verdict, header, steps) -> str:
+    cols = ["path", "devices", "dtype", "atom-steps/s", "seconds", "warm-up s", "rebuilds", "PE/N step 0",
+            f"PE/N step {steps}", "dE_tot/N", "vs LAMMPS"]
+    body = []  # (cells, trailing text outside the columns)
+    for r in rows:
+        ratio = f"{r['ratio_to_lammps']:.3f}x" if r["ratio_to_lammps"] is not None else "n/a"
+        body.append((["jaxdd (jnp)", str(r["devices"]), r["dtype"], f"{r['atom_steps_per_second']:,.0f}",
+                      f"{r['seconds']:.3f}", f"{r['warmup_seconds']:.1f}", str(r["rebuilds"]),
+                      f"{r['pe_per_atom_first']:.10f}", f"{r['pe_per_atom_last']:.10f}",
+                      f"{r['total_energy_drift_per_atom']:.1e}", ratio], ""))
+    body.append((["fused kernels", "-", "-"], fused["reason"]))
+    for cores, f in sorted(lammps.items()):
+        measured = f["source"] != REFERENCE_LABEL
+        pe = [f"{f[k]:.10f}" if k in f else "-" for k in ("pe_per_atom_first", "pe_per_atom_last")]
+        body.append((["LAMMPS lj/cut", str(cores), "float64", f"{f['atom_steps_per_second']:,.0f}",
+                      f"{f['seconds']:.3f}" if measured else "-", "-", "-", *pe, "-", "1x"],
+                     f"({cores} MPI rank{'s' if cores > 1 else ''}; {f['source']})"))
+    widths = [max([len(c)] + [len(cells[i]) for cells, _ in body if i < len(cells)]) for i, c in enumerate(cols)]
+    left = {0, 2}
+
+    def line(cells, tail=""):
+        text = "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return f"{text}  {tail}".rstrip()
+
+    out = [header, line(cols)] + [line(cells, tail) for cells, tail in body]
+    out += [f"note: {n}" for n in notes]
+    out.append(f"PE/N at step 0 is the perfect lattice's: LAMMPS gives {LAMMPS_MELT_ENERGY_PER_ATOM:.12f}. Later "
+               "energies differ from LAMMPS's: its initial velocities come from its own random stream")
+    if verdict["per_cores"]:
+        parts = [f"{c} core{'s' if c > 1 else ''} {v['ratio']:.3f}x ({v['best_dtype']})"
+                 for c, v in sorted(verdict["per_cores"].items())]
+        state = "met" if verdict["met"] else "NOT met"
+        out.append(f"target (best jaxdd path >= {TARGET}x LAMMPS on equal cores): {state}: " + ", ".join(parts))
+    else:
+        out.append(f"target (best jaxdd path >= {TARGET}x LAMMPS on equal cores): no LAMMPS figure for these "
+                   "device counts")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    set_device_count(max(args.devices))
+    devices = jax.devices()
+    if max(args.devices) > len(devices):
+        sys.exit(f"--devices asks for {max(args.devices)} devices but JAX sees {len(devices)}")
+    device = f"{devices[0].platform} x{len(devices)} ({devices[0].device_kind}), {os.cpu_count()} CPU cores"
+    c = args.n_cells
+
+    rows = []
+    for n in args.devices:
+        for dtype in args.dtypes:
+            r = bench_jaxdd(n, dtype, c, args.steps)
+            print(f"jaxdd {n} device(s) {dtype}: {r['atom_steps_per_second']:,.0f} atom-steps/s "
+                  f"({r['steps']} steps in {r['seconds']:.3f} s, warm-up {r['warmup_seconds']:.1f} s, "
+                  f"{r['rebuilds']} rebuilds, {r['recompiles']} recompiles)", flush=True)
+            rows.append(r)
+    fused = fused_status()
+    lammps, notes = lammps_figures(args)
+    for r in rows:
+        ref = lammps.get(r["devices"])
+        r["ratio_to_lammps"] = r["atom_steps_per_second"] / ref["atom_steps_per_second"] if ref else None
+        if r["recompiles"]:
+            notes.append(f"the timed run on {r['devices']} device(s), {r['dtype']}, recompiled {r['recompiles']} "
+                         "time(s); its figure includes compilation")
+    verdict = target_verdict(rows, lammps)
+    n_atoms = rows[0]["n_atoms"]
+    header = (f"\nLJ melt NVE: {n_atoms:,} atoms ({c}^3 fcc cells), lj/cut {CUTOFF}, skin {SKIN}, dt {DT}, "
+              f"{args.steps} steps, T0 {TEMPERATURE}; {device}")
+    print(format_table(rows, fused, lammps, notes, verdict, header, args.steps), flush=True)
+    if args.json is not None:
+        record = dict(
+            benchmark="md_lj", n_cells=c, n_atoms=n_atoms, steps=args.steps, cutoff=CUTOFF, skin=SKIN, dt=DT,
+            temperature=TEMPERATURE, device=device, jax=jax.__version__, jaxdd=jaxdd.__version__,
+            python=platform.python_version(), lammps_energy_per_atom=LAMMPS_MELT_ENERGY_PER_ATOM,
+            results=rows, fused=fused, lammps={str(k): v for k, v in lammps.items()}, notes=notes,
+            target=dict(verdict, per_cores={str(k): v for k, v in verdict["per_cores"].items()}),
+        )
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Specification of ``bench/md_lj.py``, the molecular-dynamics benchmark on the LJ melt.
+
+The script runs in a subprocess on the CPU, as a user would start it, on a tiny melt; it
+must set its own device count (two virtual CPU devices) before JAX starts.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxdd.systems import LAMMPS_MELT_ENERGY_PER_ATOM
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "bench" / "md_lj.py"
+
+# Output in the format of `lmp -in in.lj` (shortened): the thermo table and the loop-time line.
+LAMMPS_LOG = """\
+LAMMPS (7 Feb 2024 - Update 1)
+Created 32000 atoms
+Per MPI rank memory allocation (min/avg/max) = 3.222 | 3.222 | 3.222 Mbytes
+   Step          Temp          E_pair         E_mol          TotEng         Press
+         0   1.44          -6.7733681      0             -4.6218056     -5.0244179
+        50   0.70303849    -5.6796164      0             -4.6291711      0.70751195
+       100   0.72628044    -5.7150774      0             -4.6299107      0.45695019
+Loop time of 1.39 on 1 procs for 100 steps with 32000 atoms
+
+Performance: 31079.137 tau/day, 71.942 timesteps/s, 2.302 Matom-step/s
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "md_lj.json"
+    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}  # the script sets it
+    env["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--n-cells", "4", "--steps", "5", "--devices", "1,2", "--dtypes", "float64",
+         "--no-lammps", "--json", str(path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, f"md_lj.py exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout, path
+
+
+def test_prints_a_row_per_device_count_the_fused_path_and_lammps(tiny_run):
+    out, _ = tiny_run
+    for devices in (1, 2):
+        row = re.search(rf"^jaxdd \(jnp\)\s+{devices}\s+float64\s+([\d,]+)\s", out, flags=re.MULTILINE)
+        assert row, out
+        assert float(row.group(1).replace(",", "")) > 0
+    assert re.search(r"^fused kernels\s.*not available in this build", out, flags=re.MULTILINE), out
+    for cores in (1, 2):
+        assert re.search(rf"^LAMMPS lj/cut\s+{cores}\s.*reference \(oracles\.md\), not measured in this run", out,
+                         flags=re.MULTILINE), out
+    assert re.search(r"^target \(best jaxdd path >= 0\.5x LAMMPS on equal cores\): (met|NOT met)", out,
+                     flags=re.MULTILINE), out
+
+
+def test_writes_its_figures_as_json(tiny_run):
+    _, path = tiny_run
+    record = json.loads(path.read_text())
+    assert record["n_atoms"] == 256 and record["steps"] == 5
+    rows = {(r["devices"], r["dtype"]): r for r in record["results"]}
+    assert set(rows) == {(1, "float64"), (2, "float64")}
+    for r in rows.values():
+        assert r["steps"] == 5 and r["atom_steps_per_second"] > 0 and r["recompiles"] == 0
+        # Step 0 is the perfect lattice: LAMMPS's energy per atom.
+        assert abs(r["pe_per_atom_first"] - LAMMPS_MELT_ENERGY_PER_ATOM) < 1e-9
+        assert r["ratio_to_lammps"] > 0
+    # The decomposition does not change the trajectory: same energy after 5 steps on 1 and 2 devices.
+    assert abs(rows[1, "float64"]["pe_per_atom_last"] - rows[2, "float64"]["pe_per_atom_last"]) < 1e-10
+    assert record["fused"]["available"] is False
+    assert {v["source"] for v in record["lammps"].values()} == {"reference (oracles.md), not measured in this run"}
+    assert record["target"]["met"] in (True, False)
+
+
+def test_parses_lammps_loop_time_and_thermo():
+    spec = importlib.util.spec_from_file_location("md_lj", SCRIPT)
+    md_lj = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(md_lj)
+    figures = md_lj.parse_lammps_log(LAMMPS_LOG)
+    assert (figures["procs"], figures["steps"], figures["n_atoms"]) == (1, 100, 32000)
+    assert figures["atom_steps_per_second"] == pytest.approx(100 * 32000 / 1.39)
+    assert figures["pe_per_atom_first"] == pytest.approx(-6.7733681)
+    assert figures["pe_per_atom_last"] == pytest.approx(-5.7150774)
+    assert (figures["thermo_first_step"], figures["thermo_last_step"]) == (0, 100)
+    with pytest.raises(ValueError, match="Loop time"):
+        md_lj.parse_lammps_log("ERROR: Unknown command")
