@@ -30,6 +30,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..data import AtomicData, Batch, as_batch
@@ -197,6 +198,15 @@ class DomainParallel:
         )
         fixed = {k: inputs[k] for k in ("local", "owned_rows", "routing", "cell", "system_mask")}
         energy = jnp.zeros(template.n_systems, dtype) if energy is None else energy
+        # Placed as the loop returns them (per-rank rows on their device, the rest
+        # replicated), so fresh, rebuilt and running states share one compiled program.
+        mesh = dm.config.mesh
+        ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+        replicated = NamedSharding(mesh, P())
+        arrays = jax.device_put(arrays, ranked)
+        fixed = {k: jax.device_put(v, replicated if k in ("cell", "system_mask") else ranked) for k, v in fixed.items()}
+        energy = jax.device_put(energy, replicated)
+        extra = jax.device_put(extra, replicated)
         return MDState(step=step, energy=energy, extra=extra, arrays=arrays, fixed=fixed,
                        gather_index=np.asarray(inputs["gather"]), images=part.wraps.copy(),
                        plan_positions=np.asarray(positions, np.float64).copy(), template=template,
