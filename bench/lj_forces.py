@@ -19,8 +19,6 @@ second (including its neighbour list, as ASE's call does) by ASE's.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
@@ -39,6 +37,9 @@ import jaxdd  # noqa: E402
 from jaxdd.driver import energy_and_derivatives, neighbor_list_for  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
 from jaxdd.systems import LAMMPS_MELT_ENERGY_PER_ATOM, lj_melt, lj_melt_data  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared bench/timing.py
+from timing import write_record  # noqa: E402
 
 CUTOFF = 2.5
 OUTPUTS = ("energy", "forces")
@@ -184,13 +185,10 @@ def main(argv=None) -> int:
     if args.json is not None:
         record = dict(
             benchmark="lj_forces", n_cells=c, n_atoms=n, cutoff=CUTOFF, half_list=args.half_list,
-            repeat=args.repeat, device=device, jax=jax.__version__, jaxdd=jaxdd.__version__,
-            python=platform.python_version(), lammps_energy_per_atom=LAMMPS_MELT_ENERGY_PER_ATOM,
+            repeat=args.repeat, device=device, lammps_energy_per_atom=LAMMPS_MELT_ENERGY_PER_ATOM,
             results=results, reference=ref,
         )
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_record(args.json, record)
     return 0
 
 

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -53,6 +51,9 @@ from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh  # no
 from jaxdd.dynamics import DomainParallel, VelocityVerlet  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
 from jaxdd.systems import LAMMPS_MELT_ENERGY_PER_ATOM, lj_melt_data  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared bench/timing.py
+from timing import write_record  # noqa: E402
 
 CUTOFF = 2.5
 SKIN = 0.3
@@ -344,14 +345,11 @@ def main(argv=None) -> int:
     if args.json is not None:
         record = dict(
             benchmark="md_lj", n_cells=c, n_atoms=n_atoms, steps=args.steps, cutoff=CUTOFF, skin=SKIN, dt=DT,
-            temperature=TEMPERATURE, device=device, jax=jax.__version__, jaxdd=jaxdd.__version__,
-            python=platform.python_version(), lammps_energy_per_atom=LAMMPS_MELT_ENERGY_PER_ATOM,
+            temperature=TEMPERATURE, device=device, lammps_energy_per_atom=LAMMPS_MELT_ENERGY_PER_ATOM,
             results=rows, fused=fused, lammps={str(k): v for k, v in lammps.items()}, notes=notes,
             target=dict(verdict, per_cores={str(k): v for k, v in verdict["per_cores"].items()}),
         )
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_record(args.json, record)
     return 0
 
 

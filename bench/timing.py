@@ -32,3 +32,16 @@ def cost(compiled) -> dict:
         mem = memory.argument_size_in_bytes + memory.temp_size_in_bytes + memory.output_size_in_bytes
     return {"flops": float(analysis.get("flops", np.nan)), "bytes": float(analysis.get("bytes accessed", np.nan)),
             "memory": mem}
+
+
+def write_record(path, record: dict) -> None:
+    """Write a benchmark's figures as JSON at ``path`` with the versions that produced them."""
+    import json
+    import platform
+
+    import jaxdd
+
+    record = dict(record, jax=jax.__version__, jaxdd=jaxdd.__version__, python=platform.python_version())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {path}")

@@ -283,6 +283,7 @@ def test_equal_edge_and_node_counts_classify_by_provenance():
     assert not d.report.fallbacks
 
 
+@pytest.mark.slow
 def test_distributed_model_with_equal_edge_and_node_capacities_equals_single_device():
     data = random_system(14.0, 40, seed=5, min_dist=2.2)
     dm = DistributedModel(Plain("mpnn_segment_sum"), DomainConfig(CUTOFF, mesh=mesh_for((2, 2, 2))))

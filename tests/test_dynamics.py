@@ -154,6 +154,7 @@ def test_restart_continues_bit_for_bit_on_the_same_device_count(tmp_path):
     np.testing.assert_array_equal(np.asarray(a.velocities), np.asarray(b.velocities))
 
 
+@pytest.mark.slow
 def test_restart_on_another_device_count_agrees_to_round_off(tmp_path):
     md = md_on((2, 2, 1))
     straight = md.run(md.init(melt()), 40)
@@ -227,6 +228,7 @@ def test_progress_reports_atom_steps_per_second(capsys):
 # ----------------------------------------------------------------------------- minimisation
 
 
+@pytest.mark.slow
 def test_fire_relaxes_a_rattled_crystal_to_the_lattice_energy():
     from ase.calculators.lj import LennardJones as AseLJ
 

@@ -116,6 +116,7 @@ def test_drop_extra_all_reduce_fixes_a_world_size_blow_up():
     assert report.spec.all_reduce_outputs == {"partial_z"}
 
 
+@pytest.mark.slow
 def test_undeclared_per_system_helper_is_named():
     report = trace_and_validate(make_mol_sum, SYSTEM, world_size=2, atol=1e-9, rtol=1e-10)
     assert not report.ok

@@ -335,6 +335,7 @@ def test_bp_table_narrower_than_the_crowdest_atom_grows_instead_of_dropping_neig
     np.testing.assert_allclose(got["forces"], want["forces"], rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_bp_distributed_table_grows_when_atoms_gain_neighbours():
     batch = system("bulk")
     dm = DistributedModel(model("bp"), DomainConfig(CUTOFF, mesh=mesh_of(2)))
