@@ -45,7 +45,7 @@ import numpy as np
 from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import NeighborListFormat
 
-from .species import check_cutoff, check_species, species_table, validate_species
+from .species import check_cutoff, check_species, neighbor_inputs, species_table, validate_species
 
 __all__ = ["BehlerParrinello"]
 
@@ -174,18 +174,7 @@ class BehlerParrinello(eqx.Module, BaseModel):
         validate_species(data, self.species, "BehlerParrinello")
 
     def adapt_input(self, data, **kwargs) -> dict:
-        nl = data.neighbors
-        if nl is None:
-            raise ValueError("BehlerParrinello needs data.neighbors; call it through jaxdd.compute")
-        return dict(
-            positions=data.positions,
-            cell=data.cell,
-            batch_idx=data.batch_idx,
-            atomic_numbers=data.atomic_numbers,
-            atom_mask=data.atom_mask,
-            neighbors=nl,
-            n_systems=data.n_systems,
-        )
+        return neighbor_inputs(data, "BehlerParrinello")
 
     def descriptors(self, positions, cell, batch_idx, atomic_numbers, neighbors):
         """Symmetry functions ``[V, n_descriptors]`` (scaled) and the ``[V]`` species index of

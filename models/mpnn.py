@@ -35,7 +35,7 @@ import numpy as np
 from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import edge_vectors
 
-from .species import check_cutoff, check_species, species_table, validate_species
+from .species import check_cutoff, check_species, neighbor_inputs, species_table, validate_species
 
 __all__ = ["SchNet"]
 
@@ -172,18 +172,7 @@ class SchNet(eqx.Module, BaseModel):
         validate_species(data, self.species, "SchNet")
 
     def adapt_input(self, data, **kwargs) -> dict:
-        nl = data.neighbors
-        if nl is None:
-            raise ValueError("SchNet needs data.neighbors; call it through jaxdd.compute")
-        return dict(
-            positions=data.positions,
-            cell=data.cell,
-            batch_idx=data.batch_idx,
-            atomic_numbers=data.atomic_numbers,
-            atom_mask=data.atom_mask,
-            neighbors=nl,
-            n_systems=data.n_systems,
-        )
+        return neighbor_inputs(data, "SchNet")
 
     def forward(self, positions, cell, batch_idx, atomic_numbers, atom_mask, neighbors, n_systems):
         dt = positions.dtype

@@ -39,7 +39,7 @@ import numpy as np
 from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import edge_vectors
 
-from .species import check_cutoff, check_species, species_table, validate_species
+from .species import check_cutoff, check_species, neighbor_inputs, species_table, validate_species
 
 __all__ = ["NequIP"]
 
@@ -196,18 +196,7 @@ class NequIP(eqx.Module, BaseModel):
         validate_species(data, self.species, "NequIP")
 
     def adapt_input(self, data, **kwargs) -> dict:
-        nl = data.neighbors
-        if nl is None:
-            raise ValueError("NequIP needs data.neighbors; call it through jaxdd.compute")
-        return dict(
-            positions=data.positions,
-            cell=data.cell,
-            batch_idx=data.batch_idx,
-            atomic_numbers=data.atomic_numbers,
-            atom_mask=data.atom_mask,
-            neighbors=nl,
-            n_systems=data.n_systems,
-        )
+        return neighbor_inputs(data, "NequIP")
 
     def forward(self, positions, cell, batch_idx, atomic_numbers, atom_mask, neighbors, n_systems):
         dt = positions.dtype

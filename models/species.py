@@ -1,4 +1,5 @@
-"""Atomic numbers to species rows, and the checks every element-resolved zoo model makes."""
+"""Atomic numbers to species rows, the checks every element-resolved zoo model makes, and the
+inputs the neighbour-list models among them read."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["species_table", "check_species", "check_cutoff", "validate_species"]
+__all__ = ["species_table", "check_species", "check_cutoff", "validate_species", "neighbor_inputs"]
 
 
 def species_table(species):
@@ -42,3 +43,13 @@ def validate_species(data, species, owner):
             f"atoms {rows[:8].tolist()} have atomic numbers {sorted(set(z[bad].tolist()))} that are not in "
             f"{owner} species {species}; build the model with those species"
         )
+
+
+def neighbor_inputs(data, owner) -> dict:
+    """The forward arguments of a model that reads the framework's neighbour list: positions,
+    cell, batch_idx, atomic_numbers, atom_mask, neighbors and n_systems of ``data``."""
+    if data.neighbors is None:
+        raise ValueError(f"{owner} needs data.neighbors; call it through jaxdd.compute")
+    return dict(positions=data.positions, cell=data.cell, batch_idx=data.batch_idx,
+                atomic_numbers=data.atomic_numbers, atom_mask=data.atom_mask, neighbors=data.neighbors,
+                n_systems=data.n_systems)
