@@ -326,8 +326,9 @@ class DomainParallel:
         self._migrations += int(np.sum(new.owner != state.owner))
         return new
 
-    def _global(self, state: MDState, *keys):
-        """Per-rank arrays in the batch's atom order (positions unwrapped), float64 numpy."""
+    def _global(self, state: MDState, *keys, unwrap: bool = True):
+        """Per-rank arrays in the batch's atom order, float64 numpy. Positions are unwrapped,
+        or with ``unwrap=False`` exactly the plan's frame (no lattice image added and removed)."""
         out = []
         for key in keys:
             x = np.asarray(state.arrays[key], np.float64)
@@ -335,9 +336,10 @@ class DomainParallel:
             flat = np.concatenate([flat, np.zeros((1,) + flat.shape[1:])])
             value = flat[state.gather_index]
             if key == "positions":
-                cell = np.asarray(state.template.cell, np.float64)
-                system = np.clip(np.asarray(state.template.batch_idx), 0, cell.shape[0] - 1)
-                value = value + np.einsum("vi,vij->vj", state.images, cell[system])
+                if unwrap:
+                    cell = np.asarray(state.template.cell, np.float64)
+                    system = np.clip(np.asarray(state.template.batch_idx), 0, cell.shape[0] - 1)
+                    value = value + np.einsum("vi,vij->vj", state.images, cell[system])
                 value = np.where(np.asarray(state.template.atom_mask)[:, None], value,
                                  np.asarray(state.template.positions, np.float64))
             out.append(value)
@@ -362,7 +364,7 @@ class DomainParallel:
         potential stress)."""
         t = state.template
         n_sys = t.n_systems
-        _, velocities = self._global(state, "positions", "velocities")
+        (velocities,) = self._global(state, "velocities")
         masses = np.asarray(t.masses, np.float64)
         real = np.asarray(t.atom_mask)
         system = np.where(real, np.asarray(t.batch_idx), n_sys)
@@ -398,10 +400,7 @@ class DomainParallel:
         if path.exists() and any(path.iterdir()):
             raise FileExistsError(f"checkpoint folder {path} is not empty; choose a new path")
         path.mkdir(parents=True, exist_ok=True)
-        frame, velocities, forces = self._global(state, "positions", "velocities", "forces")
-        cell = np.asarray(state.template.cell, np.float64)
-        system = np.clip(np.asarray(state.template.batch_idx), 0, cell.shape[0] - 1)
-        frame = frame - np.einsum("vi,vij->vj", state.images, cell[system])  # back to the plan's frame
+        frame, velocities, forces = self._global(state, "positions", "velocities", "forces", unwrap=False)
         t = state.template
         arrays = dict(
             frame_positions=frame, images=state.images, plan_positions=state.plan_positions,
@@ -490,7 +489,7 @@ def _print_thermo(step: int, thermo: dict) -> None:
 # ---------------------------------------------------------------------- device programs
 
 
-def _rank_common(static, arrays, fixed):
+def _rank_common(arrays, fixed):
     """One rank's slices (the leading [1] axis dropped)."""
     take = lambda x: x[0]  # noqa: E731
     return jax.tree_util.tree_map(take, arrays), {
@@ -520,7 +519,7 @@ def _evaluate(model, arrays, fixed, static, stress):
 
     def rank_fn(params, arrays, fixed):
         model = eqx.combine(params, rest)
-        a, f = _rank_common(static, arrays, fixed)
+        a, f = _rank_common(arrays, fixed)
         per_system, _, _, nl, g_pos, g_strain = rank_evaluate(
             model, f["local"], a["positions"], a["system"], f["owned_rows"], f["routing"], f["cell"],
             f["system_mask"], static, report, forces=True, stress=stress)
@@ -547,7 +546,7 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
 
     def rank_fn(params, arrays, energy, extra, fixed, step0, n):
         model = eqx.combine(params, rest)
-        a, f = _rank_common(static, arrays, fixed)
+        a, f = _rank_common(arrays, fixed)
         valid = a["ids"] >= 0
         n_sys = static.n_systems
 
