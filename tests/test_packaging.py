@@ -134,6 +134,21 @@ def test_wheel_holds_every_module_of_jaxdd_and_models_at_its_installed_path(sour
     )
 
 
+def test_wheel_holds_the_compiled_kernel_library(wheel_names):
+    # Built from csrc/ by the wheel build itself (setup.py): no hand step, no prebuilt file.
+    libs = sorted(n for n in wheel_names if n.startswith("jaxdd/ffi/_kernels") and n.endswith(".so"))
+    assert libs, "jaxdd/ffi/_kernels*.so (the CPU kernels) missing from the wheel"
+
+
+def test_no_compiled_library_is_committed():
+    try:
+        listing = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, check=True, capture_output=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    prebuilt = sorted(f for f in listing.decode().split("\0") if f.endswith((".so", ".dylib", ".pyd")))
+    assert not prebuilt, f"compiled libraries are build outputs and must not be committed: {prebuilt}"
+
+
 def test_wheel_ships_every_spec_json_as_package_data(wheel_names):
     specs = _source_spec_files()
     assert specs, "the source tree has no specs/*.json"
