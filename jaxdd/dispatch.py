@@ -40,7 +40,7 @@ from jax.extend import core as jcore
 
 from . import halo as _halo
 from .intent import VERBS
-from .ops import HaloRefreshPolicy, HaloStoragePolicy, SpecError
+from .ops import GraphParallelPolicy, HaloRefreshPolicy, HaloStoragePolicy, SpecError
 
 __all__ = ["Kind", "Layout", "REPLICATED", "DispatchError", "DispatchWarning", "DispatchReport", "Runtime",
            "Dispatcher", "batch_layouts", "call_model"]
@@ -60,6 +60,9 @@ class Kind(str, enum.Enum):
     NODE = "node"  # local padded atoms: [owned | ghosts | pad]
     EDGE = "edge"  # neighbour-list edges of this rank
     GRAPH = "graph"  # systems; the same on every rank
+    # Only as an index kind: every rank's node rows stacked in rank order (the senders of a
+    # graph-parallel neighbour list). Reading per-node values through it all-gathers them.
+    ALL_NODES = "all_nodes"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +143,7 @@ class Runtime:
     owned_rows: jax.Array
     edge_owned: jax.Array | None = None
     ops: dict = dataclasses.field(default_factory=dict)
+    n_ranks: int = 1
 
     @property
     def n_owned(self) -> int:
@@ -159,7 +163,37 @@ class Runtime:
             return "refresh"
         if isinstance(self.policy, HaloStoragePolicy):
             return self.policy.scatter_mode
-        raise SpecError(f"the dispatch runs under a halo storage policy, got {self.policy!r}")
+        if isinstance(self.policy, GraphParallelPolicy):
+            return "local"  # receivers are own rows; there are no ghost rows to correct
+        raise SpecError(f"the dispatch runs under a halo or graph-parallel storage policy, got {self.policy!r}")
+
+    @property
+    def n_all(self) -> int:
+        """Rows of every rank's node rows stacked (graph-parallel sender index space)."""
+        return self.n_padded * self.n_ranks
+
+    def all_nodes(self, x, axis: int = 0):
+        """Per-node ``x`` with every rank's node rows, stacked in rank order, in place of this
+        rank's; rows beyond the node rows (e.g. an appended padding row) follow unchanged."""
+        x = jnp.moveaxis(x, axis, 0)
+        n = self.n_padded
+        if x.shape[0] < n:
+            raise DispatchError(f"a per-node value has {x.shape[0]} rows, fewer than the {n} local rows; reading it "
+                                "through graph-parallel senders needs every local row")
+        full = jax.lax.all_gather(x[:n], self.axis_names, tiled=True)
+        if x.shape[0] > n:
+            full = jnp.concatenate([full, x[n:]])
+        return jnp.moveaxis(full, 0, axis)
+
+    def reduce_scatter(self, delta, axis: int = 0):
+        """Inverse of :meth:`all_nodes` for sums: stacked rows summed over ranks, this rank's
+        block kept; rows beyond the stacked node rows stay as they are."""
+        delta = jnp.moveaxis(delta, axis, 0)
+        n_all = self.n_all
+        own = jax.lax.psum_scatter(delta[:n_all], self.axis_names, scatter_dimension=0, tiled=True)
+        if delta.shape[0] > n_all:
+            own = jnp.concatenate([own, delta[n_all:]])
+        return jnp.moveaxis(own, 0, axis)
 
     # Masks of the rows a reduction may count, for an axis of ``length`` rows.
     def row_mask(self, kind: Kind, length: int) -> jax.Array:
@@ -396,7 +430,7 @@ class Dispatcher:
         shape = _shape(eqn.invars[0])
         notes = ()
         kind = lay.kind
-        if kind is None:
+        if kind is None and lay.local:  # rank data whose layout was lost; parameters never are
             guessed = [(a, self._fallback_kind(shape[a])) for a in axes]
             guessed = [(a, k) for a, k in guessed if k is not None]
             if len(guessed) == 1 and shape:
@@ -456,7 +490,7 @@ class Dispatcher:
         notes = []
         sides = [lhs, rhs]
         for i, (lay, shape, contract) in enumerate(((lhs, lshape, lc), (rhs, rshape, rc))):
-            if lay.kind is None and len(contract) == 1:
+            if lay.kind is None and lay.local and len(contract) == 1:
                 k = self._fallback_kind(shape[contract[0]])
                 if k is not None:
                     sides[i] = Layout(k, contract[0])
@@ -637,6 +671,17 @@ class Dispatcher:
         batch_out = [d for d in range(len(oshape)) if d not in dn.offset_dims]
         notes = []
         index = op.index
+        if idx.index is Kind.ALL_NODES and op.kind is Kind.NODE and op.axis in dn.start_index_map:
+            # Graph-parallel senders point at any rank's atoms: read from all ranks' rows.
+            rows = idx.kind is not None and idx.axis < len(ishape) - 1
+            out = Layout(idx.kind, batch_out[idx.axis], index) if rows else Layout(None, 0, index)
+            axis = op.axis
+
+            def gather_all(eqn, invals):
+                x, indices = invals
+                return _bind(eqn, [self.rt.all_nodes(x, axis), indices])
+
+            return _Decision((out,), gather_all, "gather.all_nodes")
         if idx.kind is not None and idx.axis < len(ishape) - 1:
             if op.kind in _ROWS + (Kind.GRAPH,) and op.axis in dn.start_index_map:
                 if idx.index is None:
@@ -702,6 +747,8 @@ class Dispatcher:
         out = Layout(target, a)
         kind = name.split("-", 1)[1] if "-" in name else "set"
         ishape = _shape(eqn.invars[1])
+        if target is Kind.ALL_NODES:
+            return self._scatter_all_nodes(eqn, kind, a, tuple(notes))
         if target is Kind.NODE:
             mode = self.rt.scatter_mode if self.rt is not None else "local"
             if mode == "local":
@@ -743,6 +790,52 @@ class Dispatcher:
 
             return _Decision((out,), apply, f"segment_reduce.{kind}", tuple(notes), replicates=True)
         return _Decision((out,), notes=tuple(notes))
+
+    def _scatter_all_nodes(self, eqn, kind: str, a: int, notes) -> _Decision:
+        """A scatter into per-node rows by graph-parallel sender indices: made on every
+        rank's rows stacked, combined across ranks, this rank's block kept."""
+        if kind not in ("add", "max", "min"):
+            raise DispatchError(
+                f"{eqn.primitive.name} into per-atom rows by neighbour-list senders in {_where(eqn)}: under the "
+                "graph-parallel strategy only add, max and min can be combined across ranks; scatter onto receivers "
+                "(each edge's own atom) instead, or use the halo strategy")
+
+        def apply(eqn, invals):
+            operand, indices, updates = invals
+            rt = self.rt
+            shape = list(operand.shape)
+            shape[a] += rt.n_all - rt.n_padded
+            fill = jnp.zeros((), operand.dtype) if kind == "add" else _identity_of(kind, operand.dtype)
+            (delta,) = _bind(eqn, [jnp.full(shape, fill, operand.dtype), indices, updates])
+            if kind == "add":
+                return [operand + rt.reduce_scatter(delta, a)]
+            combined = (jax.lax.pmax if kind == "max" else jax.lax.pmin)(delta, rt.axis_names)
+            start = jax.lax.axis_index(rt.axis_names) * rt.n_padded
+            own = jax.lax.dynamic_slice_in_dim(combined, start, rt.n_padded, axis=a)
+            rest = jax.lax.slice_in_dim(combined, rt.n_all, combined.shape[a], axis=a)
+            pick = jnp.maximum if kind == "max" else jnp.minimum
+            return [pick(operand, jnp.concatenate([own, rest], axis=a))]
+
+        return _Decision((Layout(Kind.NODE, a),), apply, f"scatter_{kind}.all_nodes", notes)
+
+    def _compare(self, eqn, ins) -> _Decision:
+        """Comparisons; graph-parallel senders compared with the local row count (the
+        padding index of a single-device list) are compared with their own padding index."""
+        d = self._generic(eqn, ins)
+        if not any(lay.index is Kind.ALL_NODES for lay in ins):
+            return d
+        at = [i for i, v in enumerate(eqn.invars)
+              if _is_literal(v) and np.ndim(v.val) == 0 and int(v.val) == self.n_padded]
+        if not at:
+            return d
+
+        def apply(eqn, invals):
+            invals = list(invals)
+            for i in at:
+                invals[i] = jnp.asarray(self.rt.n_all, jnp.result_type(invals[i]))
+            return _bind(eqn, invals)
+
+        return _Decision(d.outs, apply, "compare.all_nodes_padding", d.notes)
 
     @staticmethod
     def _noop(eqn, invals):
@@ -1064,6 +1157,12 @@ _RULES: dict[str, Callable] = {
     "select_n": Dispatcher._select_n,
     "iota": Dispatcher._iota,
     "sort": Dispatcher._sort,
+    "lt": Dispatcher._compare,
+    "le": Dispatcher._compare,
+    "gt": Dispatcher._compare,
+    "ge": Dispatcher._compare,
+    "eq": Dispatcher._compare,
+    "ne": Dispatcher._compare,
     "argmax": Dispatcher._arg,
     "argmin": Dispatcher._arg,
     "gather": Dispatcher._gather,
@@ -1088,9 +1187,10 @@ _RULES: dict[str, Callable] = {
 # --------------------------------------------------------------------------- input tags
 
 
-def batch_layouts(batch) -> object:
+def batch_layouts(batch, graph_parallel: bool = False) -> object:
     """A pytree like ``batch`` (a :class:`~jaxdd.Batch` with its neighbour list) holding the
-    :class:`Layout` of every array leaf."""
+    :class:`Layout` of every array leaf. graph_parallel: the list's senders index every
+    rank's rows (:data:`Kind.ALL_NODES`)."""
     node = Layout(Kind.NODE, 0)
     graph = Layout(Kind.GRAPH, 0)
     tags = dict(
@@ -1100,11 +1200,11 @@ def batch_layouts(batch) -> object:
     fields = {name: (tags[name] if getattr(batch, name) is not None else None) for name in tags}
     nl = batch.neighbors
     if nl is not None:
-        nl = _neighbor_layouts(nl)
+        nl = _neighbor_layouts(nl, Kind.ALL_NODES if graph_parallel else Kind.NODE)
     return batch.__class__.unchecked(**fields, neighbors=nl)
 
 
-def _neighbor_layouts(nl):
+def _neighbor_layouts(nl, senders: Kind = Kind.NODE):
     from .neighbors import NeighborList
 
     if not isinstance(nl, NeighborList):
@@ -1112,8 +1212,8 @@ def _neighbor_layouts(nl):
     edge = Layout(Kind.EDGE, 0)
     node = Layout(Kind.NODE, 0)
     tags = dict(
-        senders=Layout(Kind.EDGE, 0, Kind.NODE), receivers=Layout(Kind.EDGE, 0, Kind.NODE), shifts=edge, mask=edge,
-        matrix=Layout(Kind.NODE, 0, Kind.NODE), matrix_shifts=node, num_neighbors=node,
+        senders=Layout(Kind.EDGE, 0, senders), receivers=Layout(Kind.EDGE, 0, Kind.NODE), shifts=edge, mask=edge,
+        matrix=Layout(Kind.NODE, 0, senders), matrix_shifts=node, num_neighbors=node,
     )
     return jax.tree_util.tree_map_with_path(
         lambda path, _: tags.get(getattr(path[-1], "name", None), REPLICATED), nl)
@@ -1132,7 +1232,8 @@ def call_model(model, batch, runtime: Runtime | None, report: DispatchReport):
     params, rest = eqx.partition(model, eqx.is_array)
     p_leaves, p_def = jax.tree_util.tree_flatten(params)
     b_leaves, b_def = jax.tree_util.tree_flatten(batch)
-    b_layouts = jax.tree_util.tree_leaves(batch_layouts(batch), is_leaf=lambda x: isinstance(x, Layout))
+    graph_parallel = runtime is not None and isinstance(runtime.policy, GraphParallelPolicy)
+    b_layouts = jax.tree_util.tree_leaves(batch_layouts(batch, graph_parallel), is_leaf=lambda x: isinstance(x, Layout))
     if len(b_layouts) != len(b_leaves):
         raise RuntimeError("internal: the batch's layouts do not match its leaves")
     n_p = len(p_leaves)

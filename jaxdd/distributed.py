@@ -2,7 +2,8 @@
 
 ``DistributedModel(model, DomainConfig(cutoff))`` runs a single-device wrapper over a device
 mesh: the host partitions the batch into spatial blocks (:mod:`jaxdd.partition`) and plans
-the ghost shell (:mod:`jaxdd.halo`); inside ``shard_map`` every rank refreshes its ghost
+the ghost shell (:mod:`jaxdd.halo`), or, with ``strategy="graph_partition"``, into contiguous
+node blocks with no ghost shell (:mod:`jaxdd.graph_partition`); inside ``shard_map`` every rank refreshes its ghost
 positions with ``halo_forward``, builds its neighbour list with its owned atoms as the only
 receivers, calls the model, and sums its owned per-atom energies. The energy is the
 ``psum`` of those sums; forces and stress are ``jax.grad`` of it, taken with the ghost
@@ -32,12 +33,13 @@ from .context import DDContext, dd_scope
 from .data import AtomicData, Batch, as_batch
 from .dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model, warn_fallbacks
 from .driver import _check_stress_cells, _default_order, _model_config
+from .graph_partition import STRATEGIES, block_capacity, block_neighbor_list, gathered_inputs, node_blocks
 from .halo import HaloLayout, HaloPlan, build_halo_plan, halo_forward
 from .model import ModelOutputs
 from .neighbors import NeighborCapacity, NeighborListFormat, build_neighbor_list, neighbor_capacity
 from .partition import Partition, partition
 from .segments import per_system_sum
-from .ops import HaloRefreshPolicy, HaloStoragePolicy
+from .ops import GraphParallelPolicy, HaloRefreshPolicy, HaloStoragePolicy
 from .spec import SPEC_MPNN_HALO, MLIPSpec, OutputKind
 
 __all__ = ["DomainConfig", "DistributedModel", "PartitionHealth", "default_mesh"]
@@ -65,7 +67,10 @@ class DomainConfig:
     devices, 1-D); any mesh shape works, ranks are its devices in row-major order.
     skin: extra neighbour range (Å). ghost_width: ghost shell width (Å, default
     cutoff + skin; never below the cutoff). grid: rank grid (Px, Py, Pz) whose product is the
-    device count (default: the one with the least halo surface). strategy: "halo".
+    device count (default: the one with the least halo surface). strategy: ``"halo"`` (spatial
+    domains with a ghost shell) or ``"graph_partition"`` (contiguous node blocks, node
+    features all-gathered per layer; see :mod:`jaxdd.graph_partition`); None (default):
+    graph_partition when the spec's policy is :class:`~jaxdd.ops.GraphParallelPolicy`, else halo.
     capacity_factor: headroom of the static capacities (>= 1). migration_hysteresis: how far
     an atom may leave its block before it migrates (default skin / 2; used by dynamics).
     require_nondegenerate: raise instead of warning when the ghost shell covers every atom.
@@ -76,7 +81,7 @@ class DomainConfig:
     skin: float = 0.0
     ghost_width: float | None = None
     grid: tuple[int, int, int] | None = None
-    strategy: str = "halo"
+    strategy: str | None = None
     capacity_factor: float = 1.2
     migration_hysteresis: float | None = None
     require_nondegenerate: bool = False
@@ -90,8 +95,8 @@ class DomainConfig:
                 f"DomainConfig.ghost_width = {ghost} is below the cutoff {cutoff}: ghosts would miss neighbours; "
                 "use a ghost width >= cutoff + skin"
             )
-        if self.strategy != "halo":
-            raise ValueError(f"DomainConfig.strategy must be 'halo', got {self.strategy!r}")
+        if self.strategy is not None and self.strategy not in STRATEGIES:
+            raise ValueError(f"DomainConfig.strategy must be one of {list(STRATEGIES)} or None, got {self.strategy!r}")
         factor = _positive("capacity_factor", self.capacity_factor)
         if factor < 1:
             raise ValueError(f"DomainConfig.capacity_factor must be >= 1, got {factor}")
@@ -162,6 +167,8 @@ class _Static:
     nl_capacity: NeighborCapacity
     search_cutoff: float
     nl_format: NeighborListFormat
+    strategy: str
+    policy: object
     outputs: tuple[str, ...]
     energy_key: str
     use_node_energy: bool
@@ -206,12 +213,7 @@ class DistributedModel:
         if not isinstance(spec, MLIPSpec):
             raise ValueError(f"spec must be an MLIPSpec, got {spec!r}")
         name = type(model).__name__
-        policy = spec.policy
-        if not isinstance(policy, (HaloStoragePolicy, HaloRefreshPolicy)):
-            raise ValueError(
-                f"spec policy {type(policy).__name__} needs the graph-parallel strategy, which DistributedModel does "
-                "not run; use a halo policy (HaloStoragePolicy / HaloRefreshPolicy)"
-            )
+        policy, layout_strategy = _strategy(spec.policy, domain_config.strategy, name)
         nc = cfg.neighbor_config
         if nc is None:
             raise ValueError(f"{name} declares no neighbor_config; DistributedModel needs one")
@@ -222,7 +224,9 @@ class DistributedModel:
             )
         deep = isinstance(policy, HaloStoragePolicy) and policy.deep
         ghost_width = domain_config.ghost_width
-        if deep:  # every layer reads one more neighbour shell of ghosts computed on this rank
+        if layout_strategy == "graph_partition":
+            pass  # no ghost shell: every rank's list searches all atoms
+        elif deep:  # every layer reads one more neighbour shell of ghosts computed on this rank
             ghost_width = max(ghost_width, policy.halo_layers * nc.search_cutoff)
         elif nc.search_cutoff > ghost_width + 1e-12:
             raise ValueError(
@@ -247,6 +251,8 @@ class DistributedModel:
         self.model = model
         self.config = domain_config
         self.spec = spec
+        self.strategy = layout_strategy
+        self.policy = policy
         self.energy_key = node_key if use_node else "energy"
         self.use_node_energy = use_node
         self.ghost_width = ghost_width
@@ -270,6 +276,8 @@ class DistributedModel:
 
         grid: the rank grid (default ``DomainConfig.grid``, else the least-surface one)."""
         cfg = self.config
+        if self.strategy == "graph_partition":
+            return node_blocks(batch.batch_idx, batch.atom_mask, batch.pbc, cfg.n_ranks)
         part = partition(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
                          cfg.n_ranks, grid=grid if grid is not None else cfg.grid)
         plan = build_halo_plan(part, self.ghost_width, capacity_factor=cfg.capacity_factor,
@@ -285,6 +293,8 @@ class DistributedModel:
         return part, plan
 
     def _check_degenerate(self, part: Partition, plan: HaloPlan) -> None:
+        if self.strategy == "graph_partition":
+            return  # no ghost shell to degenerate
         n_real = int((part.owner >= 0).sum())
         held = _distinct_held(plan)
         if part.n_ranks > 1 and np.any(held >= n_real) and n_real > 0:
@@ -327,7 +337,9 @@ class DistributedModel:
             positions=np.zeros(ids.shape + (3,), dtype),  # filled by halo_forward on device
             atomic_numbers=rows("atomic_numbers", 0).astype(np.int32),
             cell=np.broadcast_to(cell, (len(ids),) + cell.shape),
-            pbc=np.zeros((len(ids), n_sys, 3), bool),  # ghosts are explicit images
+            # Ghosts are explicit images; node blocks search their images themselves.
+            pbc=np.broadcast_to(np.asarray(batch.pbc, bool), (len(ids), n_sys, 3)) if self.strategy == "graph_partition"
+            else np.zeros((len(ids), n_sys, 3), bool),
             batch_idx=bidx.astype(np.int32),
             ptr=ptr.astype(np.int32),
             atom_mask=valid,
@@ -357,6 +369,12 @@ class DistributedModel:
         local = inputs["local"]
         n_owned = inputs["own_pos"].shape[1]
         nc = _model_config(self.model).neighbor_config
+        if self.strategy == "graph_partition":
+            n_ranks = pos.shape[0]
+            return block_capacity(
+                pos.reshape(-1, 3), np.asarray(inputs["cell"]), np.asarray(local.pbc[0]),
+                np.asarray(local.batch_idx).reshape(-1), np.asarray(local.atom_mask).reshape(-1), n_ranks, n_owned,
+                cutoff=nc.search_cutoff, headroom=self.config.capacity_factor, max_neighbors=nc.max_neighbors or 1)
         caps = [
             neighbor_capacity(pos[r], np.eye(3)[None], np.zeros((1, 3), bool), None,
                               np.asarray(local.atom_mask[r]), cutoff=nc.search_cutoff,
@@ -403,6 +421,8 @@ class DistributedModel:
             nl_capacity=self._nl_capacity,
             search_cutoff=_model_config(self.model).neighbor_config.search_cutoff,
             nl_format=_model_config(self.model).neighbor_config.format,
+            strategy=self.strategy,
+            policy=self.policy,
             outputs=outputs,
             energy_key=self.energy_key,
             use_node_energy=self.use_node_energy,
@@ -478,10 +498,18 @@ def _stats(needed):
     )
 
 
-def rank_neighbors(positions, local, static: _Static):
+def rank_neighbors(positions, local, static: _Static, cell=None):
     """This rank's neighbour list over its local rows ([n_local, 3] Å, ghosts included) for the
-    model's search cutoff; only owned rows are receivers unless the halo is deep."""
+    model's search cutoff; only owned rows are receivers unless the halo is deep. Under the
+    graph-parallel strategy the search runs over every rank's rows (gathered here) in the
+    real ``cell`` ([S, 3, 3]) with the batch's pbc, and senders index the stacked rows."""
     layout, n_sys = static.layout, static.n_systems
+    if static.strategy == "graph_partition":
+        axes = tuple(static.mesh.axis_names)
+        all_pos, all_sys, all_mask = gathered_inputs(local, positions, axes)
+        return block_neighbor_list(
+            all_pos, jax.lax.stop_gradient(cell), local.pbc, all_sys, all_mask, jax.lax.axis_index(axes),
+            layout.n_owned, cutoff=static.search_cutoff, capacity=static.nl_capacity, format=static.nl_format)
     return build_neighbor_list(
         jax.lax.stop_gradient(positions),
         jnp.broadcast_to(jnp.eye(3, dtype=positions.dtype), (n_sys, 3, 3)),
@@ -524,9 +552,9 @@ def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, sys
         # Ghost positions are made here, inside the differentiated function, so ghost
         # forces travel home through the transpose of halo_forward.
         positions = halo_forward(pos, layout, routing, axes, cell=cell_s)
-        nl = rank_neighbors(positions, local, static) if neighbors is None else neighbors
-        runtime = Runtime(layout, routing, axes, spec.policy, owned_rows,
-                          edge_owned=nl.mask & (nl.receivers < layout.n_owned), ops=ops)
+        nl = rank_neighbors(positions, local, static, cell_s) if neighbors is None else neighbors
+        runtime = Runtime(layout, routing, axes, static.policy, owned_rows,
+                          edge_owned=nl.mask & (nl.receivers < layout.n_owned), ops=ops, n_ranks=int(static.mesh.size))
         batch = local.replace(positions=positions, cell=cell_s, neighbors=nl)
         out, lays = _call_model(model, batch, runtime, report, static)
         # What is differentiated is this rank's term of a sum over ranks: the program's
@@ -582,7 +610,7 @@ def _run(model, inputs, static: _Static):
     want_stress = "stress" in static.outputs
     layout = static.layout
     spec = static.spec
-    report = DispatchReport(policy=spec.policy)
+    report = DispatchReport(policy=static.policy)
 
     def rank_fn(params, local, own_pos, own_sys, owned_rows, routing, cell, system_mask):
         model = eqx.combine(params, rest)
@@ -661,7 +689,7 @@ def _run(model, inputs, static: _Static):
 
 def _call_model(model, batch: Batch, runtime: Runtime, report: DispatchReport, static: _Static):
     """``model(batch)`` on this rank, through the dispatch, inside the DD scope; (outputs, layouts)."""
-    policy = static.spec.policy
+    policy = static.policy
     ctx = DDContext(
         active=True, mesh=static.mesh, axis_names=tuple(static.mesh.axis_names), policy=policy,
         world_size=int(static.mesh.size), n_owned=static.layout.n_owned, n_padded=static.layout.n_local,
@@ -671,3 +699,25 @@ def _call_model(model, batch: Batch, runtime: Runtime, report: DispatchReport, s
     with dd_scope(ctx), ctx.adapters.installed(static.spec.distribution.third_party_helpers):
         model.distributed_setup(ctx)
         return call_model(model, batch, runtime, report)
+
+
+def _strategy(policy, strategy: str | None, name: str):
+    """(the storage policy the dispatch runs under, the layout strategy) for a spec's policy
+    and ``DomainConfig.strategy``."""
+    if isinstance(policy, GraphParallelPolicy):
+        if strategy == "halo":
+            raise ValueError(
+                f"the spec of {name} asks for graph parallelism (GraphParallelPolicy) but DomainConfig.strategy is "
+                "'halo'; use strategy='graph_partition' (or None), or a spec with a halo policy")
+        return policy, "graph_partition"
+    if not isinstance(policy, (HaloStoragePolicy, HaloRefreshPolicy)):
+        raise ValueError(f"spec policy {type(policy).__name__} is not one DistributedModel runs")
+    if strategy == "graph_partition":
+        if isinstance(policy, HaloRefreshPolicy) or policy.deep:
+            raise ValueError(
+                f"the spec of {name} uses {type(policy).__name__}"
+                f"{'(scatter_mode=local)' if isinstance(policy, HaloStoragePolicy) else ''}: a model that builds its own "
+                "graph from positions needs spatial domains with a ghost shell; use strategy='halo'")
+        # A halo spec's scatter and gather modes concern ghost rows, which node blocks do not have.
+        return GraphParallelPolicy(), "graph_partition"
+    return policy, "halo"

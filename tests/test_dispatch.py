@@ -305,13 +305,27 @@ def test_shape_fallback_is_recorded():
     n = 5
 
     def fn(h):
-        return jnp.sum(jnp.ones((n,)) * 2.0)
+        flat = h.reshape(-1) * 2.0  # merging the atom axis loses its layout
+        return jnp.sum(flat.reshape(n, 3)[:, 0])
 
     closed = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct((n, 3), jnp.float64))
     d = Dispatcher(None, DispatchReport(), (n, 7, 1))
     d.out_layouts(closed, [Layout(Kind.NODE)])
     plan = d.analyse(closed.jaxpr, (Layout(Kind.NODE),))
     assert any("shape fallback" in note for note in plan.notes)
+
+
+def test_parameters_as_long_as_the_atom_axis_are_not_taken_for_atoms():
+    n = 5
+
+    def fn(h, w):
+        return jnp.sum(h @ (w @ jnp.ones((n,))))  # w: [3, n] weights contracted over their n columns
+
+    closed = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct((n, 3), jnp.float64), jax.ShapeDtypeStruct((3, n), jnp.float64))
+    d = Dispatcher(None, DispatchReport(), (n, 7, 1))
+    plan = d.analyse(closed.jaxpr, (Layout(Kind.NODE), REPLICATED))
+    assert not any("shape fallback" in note for note in plan.notes)
+    assert sum(dd.rule == "reduce.sum" for dd in plan.decisions) == 1  # the sum over atoms only
 
 
 def test_cond_on_a_per_atom_value_around_halo_rules_is_refused():

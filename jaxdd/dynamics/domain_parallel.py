@@ -100,6 +100,10 @@ class DomainParallel:
             raise ValueError(f"dist_model must be a jaxdd.DistributedModel, got {type(dist_model).__name__}")
         if not isinstance(integrator, tuple(_INTEGRATORS.values())):
             raise ValueError(f"integrator must be one of {sorted(_INTEGRATORS)}, got {integrator!r}")
+        if dist_model.strategy != "halo":
+            raise ValueError(
+                f"DomainParallel runs the halo strategy (spatial domains whose atoms migrate); this DistributedModel "
+                f"uses {dist_model.strategy!r}. Build it with DomainConfig(strategy='halo') and a halo spec for dynamics")
         cfg = dist_model.config
         threshold = min(cfg.migration_hysteresis, cfg.skin / 2)
         if not threshold > 0:
