@@ -809,12 +809,14 @@ class Dispatcher:
             (delta,) = _bind(eqn, [jnp.full(shape, fill, operand.dtype), indices, updates])
             if kind == "add":
                 return [operand + rt.reduce_scatter(delta, a)]
-            combined = (jax.lax.pmax if kind == "max" else jax.lax.pmin)(delta, rt.axis_names)
-            start = jax.lax.axis_index(rt.axis_names) * rt.n_padded
-            own = jax.lax.dynamic_slice_in_dim(combined, start, rt.n_padded, axis=a)
-            rest = jax.lax.slice_in_dim(combined, rt.n_all, combined.shape[a], axis=a)
+            # Every rank's values for this rank's block (all_to_all: differentiable, unlike pmax).
+            rows = jnp.moveaxis(delta, a, 0)
+            blocks = rows[: rt.n_all].reshape((rt.n_ranks, rt.n_padded) + rows.shape[1:])
+            mine = jax.lax.all_to_all(blocks, rt.axis_names, 0, 0)
+            own = jnp.max(mine, axis=0) if kind == "max" else jnp.min(mine, axis=0)
+            own = jnp.moveaxis(jnp.concatenate([own, rows[rt.n_all:]]), 0, a)
             pick = jnp.maximum if kind == "max" else jnp.minimum
-            return [pick(operand, jnp.concatenate([own, rest], axis=a))]
+            return [pick(operand, own)]
 
         return _Decision((Layout(Kind.NODE, a),), apply, f"scatter_{kind}.all_nodes", notes)
 

@@ -30,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float, default=1e-5)
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--dtype", choices=("float32", "float64"), default="float64")
+    p.add_argument("--spec", metavar="NAME|PATH",
+                   help="spec to start from: a preset name (e.g. mpnn_gp for the graph-parallel strategy) or a spec "
+                        "JSON file (default: the model's own)")
     p.add_argument("--save-spec", metavar="PATH", help="write the working spec as JSON")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a summary")
     return p
@@ -74,8 +77,9 @@ def main(argv=None) -> int:
         print(f"error: cannot read the sample: {exc}", file=sys.stderr)
         return 2
     try:
+        start = _spec(args.spec)
         report = trace_and_validate(factory, data, world_size=args.world_size, atol=args.atol, rtol=args.rtol,
-                                    progress=lambda line: print(line, file=log, flush=True))
+                                    progress=lambda line: print(line, file=log, flush=True), spec=start)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -87,6 +91,20 @@ def main(argv=None) -> int:
     else:
         print(report.summary())
     return 0 if report.ok else 1
+
+
+def _spec(name_or_path):
+    """A preset by name, or a spec JSON file; None stays None."""
+    if name_or_path is None:
+        return None
+    from ..ops import SpecError
+    from ..spec import PRESETS, MLIPSpec
+
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    if not os.path.exists(name_or_path):
+        raise SpecError(f"--spec {name_or_path!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a file")
+    return MLIPSpec.load(name_or_path)
 
 
 if __name__ == "__main__":

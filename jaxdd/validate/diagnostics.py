@@ -17,6 +17,7 @@ import numpy as np
 from ..data import Batch
 from ..dispatch import DispatchError
 from ..driver import _model_config
+from ..graph_partition import block_neighbor_list
 from ..neighbors import NeighborCapacity, build_neighbor_list, neighbor_list
 from ..ops import SpecError
 from .report import HaloCompleteness, HelperDiagnostic
@@ -53,25 +54,8 @@ def halo_completeness(dist, batch: Batch) -> HaloCompleteness:
     real = np.nonzero(np.asarray(batch.atom_mask))[0]
     ref = _edge_sets(np.asarray(nl.receivers)[m], np.asarray(nl.senders)[m], np.asarray(nl.shifts)[m], real)
 
-    part, plan = dist.plan(batch)
-    inputs = dist._inputs(batch, part, plan)
-    cap = dist._size_neighbors(dict(inputs))
-    local_pos = inputs["local_positions_host"]
-    n_sys = batch.n_systems
     got: dict[int, Counter] = {int(a): Counter() for a in real}
-    n_owned = plan.layout.n_owned
-    for r in range(local_pos.shape[0]):
-        ids = plan.local_ids[r]
-        local = inputs["local"]
-        lnl = build_neighbor_list(
-            jnp.asarray(local_pos[r]), jnp.broadcast_to(jnp.eye(3, dtype=local_pos.dtype), (n_sys, 3, 3)),
-            jnp.zeros((n_sys, 3), bool), local.batch_idx[r], local.atom_mask[r], cutoff=cutoff,
-            capacity=NeighborCapacity(cap.max_edges, cap.max_neighbors, cap.max_candidates, cap.search_range),
-            n_receivers=n_owned)
-        lm = np.asarray(lnl.mask)
-        lr, ls = np.asarray(lnl.receivers)[lm], np.asarray(lnl.senders)[lm]
-        gr, gs = ids[lr], ids[ls]
-        shift = plan.local_shifts[r][ls] - plan.local_shifts[r][lr] - part.wraps[gs] + part.wraps[gr]
+    for gr, gs, shift in _rank_edges(dist, batch, cutoff):
         for a, b, sh in zip(gr, gs, shift):
             got[int(a)][(int(b), *map(int, sh))] += 1
     bad = [a for a in ref if ref[a] != got.get(a, Counter())]
@@ -81,6 +65,37 @@ def halo_completeness(dist, batch: Batch) -> HaloCompleteness:
         extra += [(a, k[0]) for k in (got[a] - ref[a])]
     return HaloCompleteness(matches=not bad, checked=len(ref), atoms=tuple(bad[:20]), missing=tuple(missing[:20]),
                             extra=tuple(extra[:20]))
+
+
+def _rank_edges(dist, batch: Batch, cutoff: float):
+    """Per rank: (receivers, senders, image shifts) of its list, as global atoms and shifts
+    relative to the batch's own positions."""
+    part, plan = dist.plan(batch)
+    inputs = dist._inputs(batch, part, plan)
+    cap = dist._size_neighbors(dict(inputs))
+    cap = NeighborCapacity(cap.max_edges, cap.max_neighbors, cap.max_candidates, cap.search_range)
+    local_pos = inputs["local_positions_host"]
+    local = inputs["local"]
+    n_sys = batch.n_systems
+    n_owned = plan.layout.n_owned
+    for r in range(local_pos.shape[0]):
+        ids = plan.local_ids[r]
+        if dist.strategy == "graph_partition":  # positions as given; senders index every rank's rows
+            lnl = block_neighbor_list(
+                jnp.asarray(local_pos.reshape(-1, 3)), inputs["cell"], local.pbc[0], local.batch_idx.reshape(-1),
+                local.atom_mask.reshape(-1), r, n_owned, cutoff=cutoff, capacity=cap)
+            lm = np.asarray(lnl.mask)
+            yield ids[np.asarray(lnl.receivers)[lm]], plan.local_ids.reshape(-1)[np.asarray(lnl.senders)[lm]], \
+                np.asarray(lnl.shifts)[lm]
+            continue
+        lnl = build_neighbor_list(
+            jnp.asarray(local_pos[r]), jnp.broadcast_to(jnp.eye(3, dtype=local_pos.dtype), (n_sys, 3, 3)),
+            jnp.zeros((n_sys, 3), bool), local.batch_idx[r], local.atom_mask[r], cutoff=cutoff, capacity=cap,
+            n_receivers=n_owned)
+        lm = np.asarray(lnl.mask)
+        lr, ls = np.asarray(lnl.receivers)[lm], np.asarray(lnl.senders)[lm]
+        gr, gs = ids[lr], ids[ls]
+        yield gr, gs, plan.local_shifts[r][ls] - plan.local_shifts[r][lr] - part.wraps[gs] + part.wraps[gr]
 
 
 # --------------------------------------------------------------------------- helpers

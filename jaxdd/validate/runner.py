@@ -61,6 +61,7 @@ def trace_and_validate(
     outputs=None,
     watch=None,
     progress: Callable[[str], None] | None = None,
+    spec: MLIPSpec | None = None,
 ) -> TraceReport:
     """Run the model on one device and on ``world_size`` ranks; compare; fix the spec if it can.
 
@@ -72,7 +73,9 @@ def trace_and_validate(
     outputs: keys to compare (default: the model's active outputs). watch: module names whose
     functions are watched for undeclared per-system reductions (default: the modules the
     model's code reaches, other than jaxdd and the usual frameworks). progress: called with
-    one line per attempt.
+    one line per attempt. spec: the spec to start from (default: the model's
+    ``distribution_spec``, else ``SPEC_MPNN_HALO``); ``SPEC_MPNN_GP`` validates the
+    graph-parallel strategy.
     """
     factory, factory_ref = _resolve_factory(model_factory)
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
@@ -85,7 +88,10 @@ def trace_and_validate(
     outputs = cfg.check_outputs(_default_order(cfg.active_outputs) if outputs is None else outputs)
     say = progress or (lambda line: None)
 
-    spec = model.distribution_spec
+    if spec is not None and not isinstance(spec, MLIPSpec):
+        raise ValueError(f"spec must be an MLIPSpec or None, got {spec!r}")
+    given = spec is not None
+    spec = spec if given else model.distribution_spec
     try:
         reference = {k: np.asarray(v) for k, v in compute(model, batch, outputs).items()}
     except Exception as exc:  # the model fails on one device already: nothing to compare with
@@ -100,7 +106,8 @@ def trace_and_validate(
     ref_counts = _single_device_counts(model, batch)
     run, where = _runner(model, factory_ref, batch, outputs, world_size, devices)
 
-    rationale = "the model's distribution_spec" if spec is not None else "default halo spec (SPEC_MPNN_HALO)"
+    rationale = ("the given spec" if given else "the model's distribution_spec" if spec is not None
+                 else "default halo spec (SPEC_MPNN_HALO)")
     spec = spec if spec is not None else SPEC_MPNN_HALO
     attempts: list[Attempt] = []
     results: list[_Result] = []
