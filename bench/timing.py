@@ -45,3 +45,36 @@ def write_record(path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {path}")
+
+
+_COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all")
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+          "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+
+
+def collectives(compiled) -> dict:
+    """Collectives of a compiled per-device program: kind → (count, bytes of their results).
+
+    Read from the optimised HLO, so it counts what runs (fused, combined and async forms
+    included); the result of an all-gather is what a rank ends up holding, of a
+    collective-permute what it receives.
+    """
+    import re
+
+    compiled = getattr(compiled, "compiled", compiled)
+    found = {k: [0, 0] for k in _COLLECTIVES}
+    shape = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
+    for line in compiled.as_text().splitlines():
+        m = re.search(r"=\s*(.+?)\s+(all-gather|all-reduce|reduce-scatter|collective-permute|all-to-all)(-start)?\(",
+                      line)
+        if m is None:
+            continue
+        size = 0
+        for dtype, dims in shape.findall(m.group(1)):
+            if dtype in _BYTES:
+                size += _BYTES[dtype] * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
+        if m.group(3):  # an async start's result also holds its operand: count the larger half
+            size = size // 2 if m.group(2) != "all-gather" else size
+        found[m.group(2)][0] += 1
+        found[m.group(2)][1] += size
+    return {k: tuple(v) for k, v in found.items() if v[0]}
