@@ -22,6 +22,17 @@ def test_byo_jax_mpnn_example_validates_saves_loads_and_distributes():
     assert d_energy < 1e-10 and d_forces < 1e-9 and d_stress < 1e-9
 
 
+@pytest.mark.slow
+def test_byo_graph_transformer_example_validates_energy_and_forces_through_the_kernel_vjp():
+    from jaxdd import ffi
+
+    if not ffi.available():
+        pytest.skip("compiled kernels not built (pip install -e .)")
+    main = runpy.run_path(str(ROOT / "examples" / "distributed" / "05_byo_graph_transformer.py"))["main"]
+    d_energy, d_forces = main()
+    assert d_energy < 1e-10 and d_forces < 1e-9
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
 def test_notebook_code_cells_run_in_order(path):
     namespace = {}
