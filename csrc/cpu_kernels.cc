@@ -53,15 +53,18 @@ inline bool InRange(int32_t i, int64_t n) { return i >= 0 && i < n; }
 
 // Shapes common to the forward and backward Lennard-Jones kernels.
 template <ffi::DataType DT>
-ffi::Error CheckLj(const char* name, ffi::Buffer<DT>& pos, ffi::Buffer<DT>& shifts,
-                   ffi::Buffer<ffi::S32>& senders, ffi::Buffer<ffi::S32>& receivers,
-                   ffi::Buffer<ffi::PRED>& mask, ffi::Buffer<ffi::S32>& types,
-                   ffi::Buffer<DT>& sigma, ffi::Buffer<DT>& epsilon, ffi::Buffer<DT>& v_shift) {
+ffi::Error CheckLj(const char* name, ffi::Buffer<DT>& pos, ffi::Buffer<ffi::S32>& shifts, ffi::Buffer<DT>& cells,
+                   ffi::Buffer<ffi::S32>& system, ffi::Buffer<ffi::S32>& senders, ffi::Buffer<ffi::S32>& receivers,
+                   ffi::Buffer<ffi::PRED>& mask, ffi::Buffer<ffi::S32>& types, ffi::Buffer<DT>& sigma,
+                   ffi::Buffer<DT>& epsilon, ffi::Buffer<DT>& v_shift) {
   if (pos.dimensions().size() != 2 || Dim(pos, 1) != 3) return Bad(name, "positions must be [n, 3]");
   const int64_t n = Dim(pos, 0);
   if (senders.dimensions().size() != 1) return Bad(name, "senders must be [E]");
   const int64_t e = Dim(senders, 0);
   if (!HasShape(shifts, {e, 3})) return Bad(name, "shifts must be [E, 3]");
+  if (cells.dimensions().size() != 3 || Dim(cells, 0) < 1 || Dim(cells, 1) != 3 || Dim(cells, 2) != 3)
+    return Bad(name, "cells must be [S, 3, 3]");
+  if (!HasShape(system, {n})) return Bad(name, "system must be [n]");
   if (!HasShape(receivers, {e}) || !HasShape(mask, {e})) return Bad(name, "receivers and mask must be [E]");
   if (!HasShape(types, {n})) return Bad(name, "types must be [n]");
   if (sigma.dimensions().size() != 2 || Dim(sigma, 0) != Dim(sigma, 1) || Dim(sigma, 0) < 1)
@@ -76,119 +79,164 @@ ffi::Error CheckLj(const char* name, ffi::Buffer<DT>& pos, ffi::Buffer<DT>& shif
   return ffi::Error::Success();
 }
 
+// Edge vector d = x[s] - x[r] + shift . cell (cell of the receiver's system); the cell row
+// used is returned through *cell (null when the edge has no image shift).
+template <typename T>
+inline void EdgeVector(const T* x, const int32_t* sh, const T* cells, const int32_t* system, int64_t n_cells,
+                       int64_t e, int32_t r, int32_t s, T* d, const T** cell) {
+  d[0] = x[3 * s] - x[3 * r];
+  d[1] = x[3 * s + 1] - x[3 * r + 1];
+  d[2] = x[3 * s + 2] - x[3 * r + 2];
+  const int32_t n0 = sh[3 * e], n1 = sh[3 * e + 1], n2 = sh[3 * e + 2];
+  *cell = nullptr;
+  if ((n0 | n1 | n2) == 0) return;  // most edges: no image shift, no cell read
+  int64_t c = system[r];
+  c = c < 0 ? 0 : (c >= n_cells ? n_cells - 1 : c);
+  const T* h = cells + 9 * c;
+  for (int j = 0; j < 3; ++j) d[j] += T(n0) * h[j] + T(n1) * h[3 + j] + T(n2) * h[6 + j];
+  *cell = h;
+}
+
 // Energy per atom, forces and per-atom virial of the LJ pairs of a COO list.
-//   energy [n]:     half of each pair's energy to each of its atoms (a full list holds
-//                   every pair twice, once per receiver, and credits the receiver only)
-//   forces [n, 3]:  -dE/dx with E = sum(energy)
-//   virial [n, 3, 3]: -sum d (x) dE/dd, credited like the energy
+//   energy [n]:       half of each pair's energy to each of its atoms (a full list holds
+//                     every pair twice, once per receiver, and credits the receiver only)
+//   forces [n, 3]:    half list: -dE/dx, E = sum(energy) (each pair pushes both atoms);
+//                     full list: each receiver gets the whole force of each of its pairs
+//                     (LAMMPS's "newton off"), which is -dE/dx for every atom that
+//                     receives all its pairs -- all atoms of a symmetric list, all owned
+//                     atoms under decomposition -- and zero on rows receiving no edge.
+//   virial [n, 3, 3]: -d (x) dV/dd of each pair, credited like the energy.
+// Edges are visited in order and sums for the current receiver kept in registers, so a
+// list grouped by receiver (jaxdd's lists are) writes each receiver row once.
 template <ffi::DataType DT>
-ffi::Error LjForward(ffi::Buffer<DT> pos, ffi::Buffer<DT> shifts, ffi::Buffer<ffi::S32> senders,
-                     ffi::Buffer<ffi::S32> receivers, ffi::Buffer<ffi::PRED> mask,
-                     ffi::Buffer<ffi::S32> types, ffi::Buffer<DT> sigma, ffi::Buffer<DT> epsilon,
-                     ffi::Buffer<DT> v_shift, ffi::BufferR0<DT> cutoff, ffi::BufferR0<ffi::PRED> half_list,
-                     ffi::ResultBuffer<DT> energy,
-                     ffi::ResultBuffer<DT> forces, ffi::ResultBuffer<DT> virial) {
+ffi::Error LjForward(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> shifts, ffi::Buffer<DT> cells,
+                     ffi::Buffer<ffi::S32> system, ffi::Buffer<ffi::S32> senders, ffi::Buffer<ffi::S32> receivers,
+                     ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::S32> types, ffi::Buffer<DT> sigma,
+                     ffi::Buffer<DT> epsilon, ffi::Buffer<DT> v_shift, ffi::BufferR0<DT> cutoff,
+                     ffi::BufferR0<ffi::PRED> half_list, ffi::ResultBuffer<DT> energy, ffi::ResultBuffer<DT> forces,
+                     ffi::ResultBuffer<DT> virial) {
   using T = ffi::NativeType<DT>;
   const char* name = "jaxdd lj_forward";
-  if (auto err = CheckLj<DT>(name, pos, shifts, senders, receivers, mask, types, sigma, epsilon, v_shift);
+  if (auto err = CheckLj<DT>(name, pos, shifts, cells, system, senders, receivers, mask, types, sigma, epsilon,
+                             v_shift);
       !err.success())
     return err;
-  const int64_t n = Dim(pos, 0), ne = Dim(senders, 0), k = Dim(sigma, 0);
+  const int64_t n = Dim(pos, 0), ne = Dim(senders, 0), k = Dim(sigma, 0), nc = Dim(cells, 0);
   if (!HasShape(*energy, {n}) || !HasShape(*forces, {n, 3}) || !HasShape(*virial, {n, 3, 3}))
     return Bad(name, "results must be energy [n], forces [n, 3], virial [n, 3, 3]");
   const T* x = pos.typed_data();
-  const T* sh = shifts.typed_data();
+  const int32_t* sh = shifts.typed_data();
+  const T* h = cells.typed_data();
+  const int32_t* sys = system.typed_data();
   const int32_t* snd = senders.typed_data();
   const int32_t* rcv = receivers.typed_data();
   const bool* m = mask.typed_data();
   const int32_t* ty = types.typed_data();
   const T* sig = sigma.typed_data();
   const T* eps = epsilon.typed_data();
+  const T* vs = v_shift.typed_data();
+  const T rc2 = cutoff.typed_data()[0] * cutoff.typed_data()[0];
+  const bool half = half_list.typed_data()[0];
   T* en = energy->typed_data();
   T* f = forces->typed_data();
   T* w = virial->typed_data();
   std::fill(en, en + n, T(0));
   std::fill(f, f + 3 * n, T(0));
   std::fill(w, w + 9 * n, T(0));
-  const T* vs = v_shift.typed_data();
-  const T rc2 = cutoff.typed_data()[0] * cutoff.typed_data()[0];
-  const bool half = half_list.typed_data()[0];
-  const T c = half ? T(1) : T(0.5);  // weight of one edge's pair energy in E
+  // Running sums of the current receiver: energy, force, virial (symmetric: 6 entries).
+  int64_t cur = -1;
+  T ae = 0, f0 = 0, f1 = 0, f2 = 0, w00 = 0, w01 = 0, w02 = 0, w11 = 0, w12 = 0, w22 = 0;
+  auto flush = [&]() {
+    if (cur < 0) return;
+    en[cur] += ae;
+    f[3 * cur] += f0, f[3 * cur + 1] += f1, f[3 * cur + 2] += f2;
+    T* wr = w + 9 * cur;
+    wr[0] += w00, wr[1] += w01, wr[2] += w02;
+    wr[3] += w01, wr[4] += w11, wr[5] += w12;
+    wr[6] += w02, wr[7] += w12, wr[8] += w22;
+    ae = f0 = f1 = f2 = w00 = w01 = w02 = w11 = w12 = w22 = 0;
+  };
   for (int64_t e = 0; e < ne; ++e) {
     const int32_t r = rcv[e], s = snd[e];
     if (!m[e] || !InRange(r, n) || !InRange(s, n)) continue;
-    const T d0 = x[3 * s] - x[3 * r] + sh[3 * e];
-    const T d1 = x[3 * s + 1] - x[3 * r + 1] + sh[3 * e + 1];
-    const T d2 = x[3 * s + 2] - x[3 * r + 2] + sh[3 * e + 2];
-    const T r2 = d0 * d0 + d1 * d1 + d2 * d2;
+    T d[3];
+    const T* cell;
+    EdgeVector(x, sh, h, sys, nc, e, r, s, d, &cell);
+    const T r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
     if (!(r2 < rc2)) continue;
+    if (r != cur) {
+      flush();
+      cur = r;
+    }
     const int64_t ab = int64_t(ty[r]) * k + ty[s];
     T v, dv;
     jaxdd::lj_pair<T>(r2, sig[ab], eps[ab], vs[ab], &v, &dv);
-    const T g = T(2) * c * dv;  // dE/dd = g d
-    const T g0 = g * d0, g1 = g * d1, g2 = g * d2;
-    // d = x[s] - x[r] + shift: the receiver is pushed along +dE/dd, the sender against it.
-    f[3 * r] += g0, f[3 * r + 1] += g1, f[3 * r + 2] += g2;
-    f[3 * s] -= g0, f[3 * s + 1] -= g1, f[3 * s + 2] -= g2;
-    const T dd[3] = {d0, d1, d2};
-    const T gg[3] = {g0, g1, g2};
-    if (half) {
-      en[r] += T(0.5) * v, en[s] += T(0.5) * v;
-      for (int a = 0; a < 3; ++a)
-        for (int b = 0; b < 3; ++b) {
-          const T t = T(-0.5) * dd[a] * gg[b];
-          w[9 * r + 3 * a + b] += t;
-          w[9 * s + 3 * a + b] += t;
-        }
-    } else {
-      en[r] += T(0.5) * v;
-      for (int a = 0; a < 3; ++a)
-        for (int b = 0; b < 3; ++b) w[9 * r + 3 * a + b] -= dd[a] * gg[b];
+    // The pair's force on the receiver, +dV/dd = 2 dv d, and the virial share
+    // -dv d (x) d of each atom it is credited to.
+    const T g = T(2) * dv;
+    const T g0 = g * d[0], g1 = g * d[1], g2 = g * d[2];
+    ae += T(0.5) * v;
+    f0 += g0, f1 += g1, f2 += g2;
+    const T v00 = -dv * d[0] * d[0], v01 = -dv * d[0] * d[1], v02 = -dv * d[0] * d[2];
+    const T v11 = -dv * d[1] * d[1], v12 = -dv * d[1] * d[2], v22 = -dv * d[2] * d[2];
+    w00 += v00, w01 += v01, w02 += v02, w11 += v11, w12 += v12, w22 += v22;
+    if (half) {  // the sender's half: energy, the opposite force, its virial share
+      en[s] += T(0.5) * v;
+      f[3 * s] -= g0, f[3 * s + 1] -= g1, f[3 * s + 2] -= g2;
+      T* ws = w + 9 * s;
+      ws[0] += v00, ws[1] += v01, ws[2] += v02;
+      ws[3] += v01, ws[4] += v11, ws[5] += v12;
+      ws[6] += v02, ws[7] += v12, ws[8] += v22;
     }
   }
+  flush();
   return ffi::Error::Success();
 }
 
 // Vector-Jacobian product of LjForward's energy output: given ct [n] (the cotangent of
-// the per-atom energies), dL/dx [n, 3] and dL/dshifts [E, 3].
+// the per-atom energies), dL/dx [n, 3] and dL/dcells [S, 3, 3].
 template <ffi::DataType DT>
-ffi::Error LjBackward(ffi::Buffer<DT> pos, ffi::Buffer<DT> shifts, ffi::Buffer<ffi::S32> senders,
-                      ffi::Buffer<ffi::S32> receivers, ffi::Buffer<ffi::PRED> mask,
-                      ffi::Buffer<ffi::S32> types, ffi::Buffer<DT> sigma, ffi::Buffer<DT> epsilon,
-                      ffi::Buffer<DT> v_shift, ffi::BufferR0<DT> cutoff, ffi::BufferR0<ffi::PRED> half_list,
-                      ffi::Buffer<DT> ct, ffi::ResultBuffer<DT> ct_pos, ffi::ResultBuffer<DT> ct_shifts) {
+ffi::Error LjBackward(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> shifts, ffi::Buffer<DT> cells,
+                      ffi::Buffer<ffi::S32> system, ffi::Buffer<ffi::S32> senders, ffi::Buffer<ffi::S32> receivers,
+                      ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::S32> types, ffi::Buffer<DT> sigma,
+                      ffi::Buffer<DT> epsilon, ffi::Buffer<DT> v_shift, ffi::BufferR0<DT> cutoff,
+                      ffi::BufferR0<ffi::PRED> half_list, ffi::Buffer<DT> ct, ffi::ResultBuffer<DT> ct_pos,
+                      ffi::ResultBuffer<DT> ct_cells) {
   using T = ffi::NativeType<DT>;
   const char* name = "jaxdd lj_backward";
-  if (auto err = CheckLj<DT>(name, pos, shifts, senders, receivers, mask, types, sigma, epsilon, v_shift);
+  if (auto err = CheckLj<DT>(name, pos, shifts, cells, system, senders, receivers, mask, types, sigma, epsilon,
+                             v_shift);
       !err.success())
     return err;
-  const int64_t n = Dim(pos, 0), ne = Dim(senders, 0), k = Dim(sigma, 0);
+  const int64_t n = Dim(pos, 0), ne = Dim(senders, 0), k = Dim(sigma, 0), nc = Dim(cells, 0);
   if (!HasShape(ct, {n})) return Bad(name, "the energy cotangent must be [n]");
-  if (!HasShape(*ct_pos, {n, 3}) || !HasShape(*ct_shifts, {ne, 3}))
-    return Bad(name, "results must be [n, 3] and [E, 3]");
+  if (!HasShape(*ct_pos, {n, 3}) || !HasShape(*ct_cells, {nc, 3, 3}))
+    return Bad(name, "results must be [n, 3] and [S, 3, 3]");
   const T* x = pos.typed_data();
-  const T* sh = shifts.typed_data();
+  const int32_t* sh = shifts.typed_data();
+  const T* h = cells.typed_data();
+  const int32_t* sys = system.typed_data();
   const int32_t* snd = senders.typed_data();
   const int32_t* rcv = receivers.typed_data();
   const bool* m = mask.typed_data();
   const int32_t* ty = types.typed_data();
   const T* sig = sigma.typed_data();
   const T* eps = epsilon.typed_data();
-  const T* cte = ct.typed_data();
-  T* gx = ct_pos->typed_data();
-  T* gs = ct_shifts->typed_data();
-  std::fill(gx, gx + 3 * n, T(0));
-  std::fill(gs, gs + 3 * ne, T(0));
   const T* vs = v_shift.typed_data();
   const T rc2 = cutoff.typed_data()[0] * cutoff.typed_data()[0];
   const bool half = half_list.typed_data()[0];
+  const T* cte = ct.typed_data();
+  T* gx = ct_pos->typed_data();
+  T* gh = ct_cells->typed_data();
+  std::fill(gx, gx + 3 * n, T(0));
+  std::fill(gh, gh + 9 * nc, T(0));
   for (int64_t e = 0; e < ne; ++e) {
     const int32_t r = rcv[e], s = snd[e];
     if (!m[e] || !InRange(r, n) || !InRange(s, n)) continue;
-    const T d0 = x[3 * s] - x[3 * r] + sh[3 * e];
-    const T d1 = x[3 * s + 1] - x[3 * r + 1] + sh[3 * e + 1];
-    const T d2 = x[3 * s + 2] - x[3 * r + 2] + sh[3 * e + 2];
-    const T r2 = d0 * d0 + d1 * d1 + d2 * d2;
+    T d[3];
+    const T* cell;
+    EdgeVector(x, sh, h, sys, nc, e, r, s, d, &cell);
+    const T r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
     if (!(r2 < rc2)) continue;
     const int64_t ab = int64_t(ty[r]) * k + ty[s];
     T v, dv;
@@ -196,10 +244,17 @@ ffi::Error LjBackward(ffi::Buffer<DT> pos, ffi::Buffer<DT> shifts, ffi::Buffer<f
     // This edge adds v/2 to energy[r] (and v/2 to energy[s] in a half list).
     const T wv = T(0.5) * (half ? cte[r] + cte[s] : cte[r]);
     const T g = T(2) * wv * dv;
-    const T g0 = g * d0, g1 = g * d1, g2 = g * d2;
-    gs[3 * e] = g0, gs[3 * e + 1] = g1, gs[3 * e + 2] = g2;
+    const T g0 = g * d[0], g1 = g * d[1], g2 = g * d[2];
     gx[3 * s] += g0, gx[3 * s + 1] += g1, gx[3 * s + 2] += g2;
     gx[3 * r] -= g0, gx[3 * r + 1] -= g1, gx[3 * r + 2] -= g2;
+    if (cell != nullptr) {  // d depends on the cell through the image shift
+      T* gc = gh + (cell - h);
+      const T gg[3] = {g0, g1, g2};
+      for (int a = 0; a < 3; ++a) {
+        const T na = T(sh[3 * e + a]);
+        for (int j = 0; j < 3; ++j) gc[3 * a + j] += na * gg[j];
+      }
+    }
   }
   return ffi::Error::Success();
 }
@@ -328,41 +383,34 @@ ffi::Error AttentionBackward(ffi::Buffer<DT> q, ffi::Buffer<DT> k, ffi::Buffer<D
 
 // ------------------------------------------------------------------- exported symbols
 
-#define JAXDD_LJ_FORWARD(SYM, DT)                                                            \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(SYM, LjForward<DT>,                                          \
-                                ffi::Ffi::Bind()                                             \
-                                    .Arg<ffi::Buffer<DT>>()                                  \
-                                    .Arg<ffi::Buffer<DT>>()                                  \
-                                    .Arg<ffi::Buffer<ffi::S32>>()                            \
-                                    .Arg<ffi::Buffer<ffi::S32>>()                            \
-                                    .Arg<ffi::Buffer<ffi::PRED>>()                           \
-                                    .Arg<ffi::Buffer<ffi::S32>>()                            \
-                                    .Arg<ffi::Buffer<DT>>()                                  \
-                                    .Arg<ffi::Buffer<DT>>()                                  \
-                                    .Arg<ffi::Buffer<DT>>()                                  \
-                                    .Arg<ffi::BufferR0<DT>>()                                \
-                                    .Arg<ffi::BufferR0<ffi::PRED>>()                         \
-                                    .Ret<ffi::Buffer<DT>>()                                  \
-                                    .Ret<ffi::Buffer<DT>>()                                  \
-                                    .Ret<ffi::Buffer<DT>>())
+#define JAXDD_LJ_ARGS(DT)                        \
+  .Arg<ffi::Buffer<DT>>()             /* positions */ \
+      .Arg<ffi::Buffer<ffi::S32>>()   /* shifts */    \
+      .Arg<ffi::Buffer<DT>>()         /* cells */     \
+      .Arg<ffi::Buffer<ffi::S32>>()   /* system */    \
+      .Arg<ffi::Buffer<ffi::S32>>()   /* senders */   \
+      .Arg<ffi::Buffer<ffi::S32>>()   /* receivers */ \
+      .Arg<ffi::Buffer<ffi::PRED>>()  /* mask */      \
+      .Arg<ffi::Buffer<ffi::S32>>()   /* types */     \
+      .Arg<ffi::Buffer<DT>>()         /* sigma */     \
+      .Arg<ffi::Buffer<DT>>()         /* epsilon */   \
+      .Arg<ffi::Buffer<DT>>()         /* v_shift */   \
+      .Arg<ffi::BufferR0<DT>>()       /* cutoff */    \
+      .Arg<ffi::BufferR0<ffi::PRED>>() /* half_list */
 
-#define JAXDD_LJ_BACKWARD(SYM, DT)                                                           \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(SYM, LjBackward<DT>,                                         \
-                                ffi::Ffi::Bind()                                             \
-                                    .Arg<ffi::Buffer<DT>>()                                  \
-                                    .Arg<ffi::Buffer<DT>>()                                  \
-                                    .Arg<ffi::Buffer<ffi::S32>>()                            \
-                                    .Arg<ffi::Buffer<ffi::S32>>()                            \
-                                    .Arg<ffi::Buffer<ffi::PRED>>()                           \
-                                    .Arg<ffi::Buffer<ffi::S32>>()                            \
-                                    .Arg<ffi::Buffer<DT>>()                                  \
-                                    .Arg<ffi::Buffer<DT>>()                                  \
-                                    .Arg<ffi::Buffer<DT>>()                                  \
-                                    .Arg<ffi::BufferR0<DT>>()                                \
-                                    .Arg<ffi::BufferR0<ffi::PRED>>()                         \
-                                    .Arg<ffi::Buffer<DT>>()                                  \
-                                    .Ret<ffi::Buffer<DT>>()                                  \
-                                    .Ret<ffi::Buffer<DT>>())
+#define JAXDD_LJ_FORWARD(SYM, DT)                                                      \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(SYM, LjForward<DT>,                                    \
+                                ffi::Ffi::Bind() JAXDD_LJ_ARGS(DT)                     \
+                                    .Ret<ffi::Buffer<DT>>()  /* energy */              \
+                                    .Ret<ffi::Buffer<DT>>()  /* forces */              \
+                                    .Ret<ffi::Buffer<DT>>()) /* virial */
+
+#define JAXDD_LJ_BACKWARD(SYM, DT)                                                     \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(SYM, LjBackward<DT>,                                   \
+                                ffi::Ffi::Bind() JAXDD_LJ_ARGS(DT)                     \
+                                    .Arg<ffi::Buffer<DT>>()  /* energy cotangent */    \
+                                    .Ret<ffi::Buffer<DT>>()  /* d/dpositions */        \
+                                    .Ret<ffi::Buffer<DT>>()) /* d/dcells */
 
 #define JAXDD_ATTENTION_FORWARD(SYM, DT)                                                     \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(SYM, AttentionForward<DT>,                                   \

@@ -17,11 +17,12 @@ namespace jaxdd {
 // v_shift is V(r_c) for a shifted potential and 0 otherwise.
 template <typename T>
 JAXDD_HD void lj_pair(T r2, T sig, T eps, T v_shift, T* v, T* dv_r2) {
-  const T sig2 = sig * sig;
-  const T s6 = (sig2 / r2) * (sig2 / r2) * (sig2 / r2);
+  const T inv_r2 = T(1) / r2;
+  const T q = sig * sig * inv_r2;
+  const T s6 = q * q * q;
   *v = T(4) * eps * (s6 * s6 - s6) - v_shift;
   // d s6 / d r2 = -3 s6 / r2
-  *dv_r2 = T(-12) * eps * s6 * (T(2) * s6 - T(1)) / r2;
+  *dv_r2 = T(-12) * eps * s6 * (T(2) * s6 - T(1)) * inv_r2;
 }
 
 }  // namespace jaxdd

@@ -66,15 +66,9 @@ class LennardJonesKernel(LennardJones):
     def forward(self, positions, cell, batch_idx, atomic_numbers, neighbors, n_systems):
         dtype = positions.dtype
         nc = self.model_config.neighbor_config
-        shifts = neighbors.shifts.astype(dtype)
-        if cell.shape[0] == 1:
-            shift_vectors = shifts @ cell[0]
-        else:
-            system = jnp.clip(batch_idx.at[neighbors.receivers].get(mode="fill", fill_value=0), 0, n_systems - 1)
-            shift_vectors = jnp.einsum("ei,eij->ej", shifts, cell[system])
         atomic, forces, virial = lennard_jones(
-            positions, shift_vectors, neighbors.senders, neighbors.receivers, neighbors.mask,
-            self.sigma.astype(dtype), self.epsilon.astype(dtype), cutoff=nc.cutoff,
+            positions, neighbors.shifts, cell, neighbors.senders, neighbors.receivers, neighbors.mask,
+            self.sigma.astype(dtype), self.epsilon.astype(dtype), cutoff=nc.cutoff, system=batch_idx,
             types=self._types(atomic_numbers), shift=self.shift, half_list=nc.half_list,
         )
         volume = jnp.abs(jnp.linalg.det(cell))

@@ -38,8 +38,9 @@ RTOL = {np.float64: 1e-12, np.float32: 1e-5}
 
 @functools.lru_cache(maxsize=None)
 def lj_system(half_list=False, dtype=np.float64):
-    """108 atoms of a rattled LJ fcc crystal (a = 1.68 σ), two types; its COO list (r_c = 2.5 σ,
-    from ASE) with 10 padding edges at the end (mask False, index n)."""
+    """108 atoms of a rattled LJ fcc crystal (a = 1.68 σ), two types: (positions, shifts, cells,
+    senders, receivers, mask, types), the COO list (r_c = 2.5 σ) from ASE with 10 padding edges
+    at the end (mask False, index n)."""
     atoms = fcc_lattice(3, 1.6796)
     atoms.rattle(0.05, seed=3)
     n = len(atoms)
@@ -50,11 +51,11 @@ def lj_system(half_list=False, dtype=np.float64):
     pad = 10
     receivers = np.concatenate([i, np.full(pad, n)]).astype(np.int32)
     senders = np.concatenate([j, np.full(pad, n)]).astype(np.int32)
-    shifts = np.concatenate([shift @ np.asarray(atoms.cell), np.zeros((pad, 3))])
+    shifts = np.concatenate([shift, np.zeros((pad, 3))]).astype(np.int32)
     mask = np.arange(len(senders)) < len(i)
     types = np.random.default_rng(0).integers(0, 2, n).astype(np.int32)
-    return (jnp.asarray(atoms.positions, dtype), jnp.asarray(shifts, dtype), jnp.asarray(senders),
-            jnp.asarray(receivers), jnp.asarray(mask), jnp.asarray(types))
+    return (jnp.asarray(atoms.positions, dtype), jnp.asarray(shifts), jnp.asarray(np.asarray(atoms.cell)[None], dtype),
+            jnp.asarray(senders), jnp.asarray(receivers), jnp.asarray(mask), jnp.asarray(types))
 
 
 def lj_kwargs(types, half_list=False, shift=True):
@@ -78,59 +79,59 @@ def assert_rel_close(got, want, rtol):
 @pytest.mark.parametrize("half_list", [False, True], ids=["full", "half"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
 def test_lj_kernel_equals_its_jnp_reference(half_list, dtype):
-    pos, shifts, s, r, mask, types = lj_system(half_list, dtype)
+    pos, shifts, cells, s, r, mask, types = lj_system(half_list, dtype)
     sig, eps = SIGMA.astype(dtype), EPSILON.astype(dtype)
-    got = ffi.lennard_jones(pos, shifts, s, r, mask, sig, eps, **lj_kwargs(types, half_list))
-    want = lj_reference(pos, shifts, s, r, mask, sig, eps, **lj_kwargs(types, half_list))
+    got = ffi.lennard_jones(pos, shifts, cells, s, r, mask, sig, eps, **lj_kwargs(types, half_list))
+    want = lj_reference(pos, shifts, cells, s, r, mask, sig, eps, **lj_kwargs(types, half_list))
     for g, w in zip(got, want):  # energies, forces, virial
         assert g.dtype == dtype
         assert_rel_close(g, w, RTOL[dtype])
 
 
 def test_lj_kernel_full_and_half_lists_give_the_same_totals():
-    full = ffi.lennard_jones(*lj_system(False)[:5], SIGMA, EPSILON, **lj_kwargs(lj_system(False)[5]))
-    half = ffi.lennard_jones(*lj_system(True)[:5], SIGMA, EPSILON, **lj_kwargs(lj_system(True)[5], True))
+    full = ffi.lennard_jones(*lj_system(False)[:6], SIGMA, EPSILON, **lj_kwargs(lj_system(False)[6]))
+    half = ffi.lennard_jones(*lj_system(True)[:6], SIGMA, EPSILON, **lj_kwargs(lj_system(True)[6], True))
     assert_rel_close(jnp.sum(half[0]), jnp.sum(full[0]), 1e-12)
     assert_rel_close(half[1], full[1], 1e-12)
     assert_rel_close(jnp.sum(half[2], axis=0), jnp.sum(full[2], axis=0), 1e-12)
 
 
 def test_lj_kernel_forces_are_minus_the_energy_gradient_of_the_reference():
-    pos, shifts, s, r, mask, types = lj_system()
-    _, forces, _ = ffi.lennard_jones(pos, shifts, s, r, mask, SIGMA, EPSILON, **lj_kwargs(types))
-    grad = jax.grad(lambda p: jnp.sum(lj_reference(p, shifts, s, r, mask, SIGMA, EPSILON,
+    pos, shifts, cells, s, r, mask, types = lj_system()
+    _, forces, _ = ffi.lennard_jones(pos, shifts, cells, s, r, mask, SIGMA, EPSILON, **lj_kwargs(types))
+    grad = jax.grad(lambda p: jnp.sum(lj_reference(p, shifts, cells, s, r, mask, SIGMA, EPSILON,
                                                                   **lj_kwargs(types))[0]))(pos)
     assert_rel_close(forces, -grad, 1e-12)
 
 
 def test_lj_op_gradients_pass_check_grads():
-    pos, shifts, s, r, mask, types = lj_system()
+    pos, shifts, cells, s, r, mask, types = lj_system()
     pos = pos[:40]  # fewer atoms, fewer finite differences: edges past row 40 are padding
     keep = (s < 40) & (r < 40) & mask
 
-    def energies(p, sh, sig, eps):
-        return ffi.lennard_jones(p, sh, s, r, keep, sig, eps, **lj_kwargs(types[:40]))[0]
+    def energies(p, h, sig, eps):
+        return ffi.lennard_jones(p, shifts, h, s, r, keep, sig, eps, **lj_kwargs(types[:40]))[0]
 
-    check_grads(energies, (pos, shifts, jnp.asarray(SIGMA), jnp.asarray(EPSILON)), order=1, modes=("rev",))
+    check_grads(energies, (pos, cells, jnp.asarray(SIGMA), jnp.asarray(EPSILON)), order=1, modes=("rev",))
 
 
 def test_lj_op_forces_and_virial_are_differentiable():
-    pos, shifts, s, r, mask, types = lj_system()
+    pos, shifts, cells, s, r, mask, types = lj_system()
     pos = pos[:40]
     keep = (s < 40) & (r < 40) & mask
 
-    def forces_and_virial(p, sh):
-        _, f, w = ffi.lennard_jones(p, sh, s, r, keep, SIGMA, EPSILON, **lj_kwargs(types[:40]))
+    def forces_and_virial(p, h):
+        _, f, w = ffi.lennard_jones(p, shifts, h, s, r, keep, SIGMA, EPSILON, **lj_kwargs(types[:40]))
         return f, w
 
-    check_grads(forces_and_virial, (pos, shifts), order=1, modes=("rev",))
+    check_grads(forces_and_virial, (pos, cells), order=1, modes=("rev",))
 
 
 # ---------------------------------------------------------------------- kernel 2: attention
 
 
 def attention_inputs(dtype=np.float64, features=5):
-    pos, shifts, s, r, mask, _ = lj_system(False, dtype)
+    pos, _, _, s, r, mask, _ = lj_system(False, dtype)
     n = pos.shape[0]
     rng = np.random.default_rng(1)
     q, k, v = (jnp.asarray(rng.standard_normal((n, features)), dtype) for _ in range(3))
@@ -175,15 +176,17 @@ def test_attention_op_gradients_pass_check_grads():
         (lambda a: {**a, "senders": a["senders"].astype(jnp.int64)}, "senders must be int32"),
         (lambda a: {**a, "receivers": a["receivers"][:-1]}, "receivers must have shape"),
         (lambda a: {**a, "mask": a["mask"].astype(jnp.int32)}, "mask must be bool"),
-        (lambda a: {**a, "shifts": a["shifts"].astype(jnp.float32)}, "shifts must be float64"),
+        (lambda a: {**a, "shifts": a["shifts"].astype(jnp.float64)}, "shifts must be int32"),
+        (lambda a: {**a, "cells": a["cells"][:, :2]}, "cells must have shape [?, 3, 3]"),
         (lambda a: {**a, "sigma": np.ones((3, 2))}, "sigma must have shape [3, 3]"),
     ],
     ids=["positions-dtype", "positions-shape", "senders-dtype", "receivers-shape", "mask-dtype", "shifts-dtype",
-         "sigma-shape"],
+         "cells-shape", "sigma-shape"],
 )
 def test_lj_kernel_refuses_wrong_inputs_naming_the_argument(change, message):
-    pos, shifts, s, r, mask, types = lj_system()
-    args = dict(positions=pos, shifts=shifts, senders=s, receivers=r, mask=mask, sigma=SIGMA, epsilon=EPSILON)
+    pos, shifts, cells, s, r, mask, types = lj_system()
+    args = dict(positions=pos, shifts=shifts, cells=cells, senders=s, receivers=r, mask=mask, sigma=SIGMA,
+                epsilon=EPSILON)
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("?", r"\?")):
         ffi.lennard_jones(**change(args), **lj_kwargs(types))
 
@@ -214,8 +217,8 @@ energy = jaxdd.compute(LennardJones(), jaxdd.AtomicData.from_ase(fcc_lattice(2, 
 print(json.dumps({"ops": [a.op.name for a in spec.distribution.custom_ops], "energy": float(energy["energy"][0]),
                   "available": jaxdd.ffi.available()}))
 try:
-    jaxdd.ffi.lennard_jones(jnp.zeros((2, 3)), jnp.zeros((1, 3)), jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32),
-                            jnp.ones(1, bool), 1.0, 1.0, cutoff=2.5)
+    jaxdd.ffi.lennard_jones(jnp.zeros((2, 3)), jnp.zeros((1, 3), jnp.int32), jnp.eye(3), jnp.zeros(1, jnp.int32),
+                            jnp.zeros(1, jnp.int32), jnp.ones(1, bool), 1.0, 1.0, cutoff=2.5)
 except jaxdd.ffi.KernelLibraryError as exc:
     print("ERROR", exc)
 """
@@ -241,8 +244,8 @@ def test_a_fresh_process_without_the_library_loads_specs_and_runs_the_jnp_path(t
 def test_lj_op_is_named_and_resolves_by_name():
     assert get_op("jaxdd_ffi::lj_pair") is ffi.LJ_OP and ffi.LJ_OP.differentiable
     assert get_op("jaxdd_ffi::attention_message") is ffi.ATTENTION_OP
-    pos, shifts, s, r, mask, types = lj_system()
-    jaxpr = jax.make_jaxpr(lambda p: ffi.lennard_jones(p, shifts, s, r, mask, SIGMA, EPSILON,
+    pos, shifts, cells, s, r, mask, types = lj_system()
+    jaxpr = jax.make_jaxpr(lambda p: ffi.lennard_jones(p, shifts, cells, s, r, mask, SIGMA, EPSILON,
                                                        **lj_kwargs(types)))(pos)
     names = [e.params.get("name") for e in jaxpr.jaxpr.eqns]
     assert "jaxdd_ffi::lj_pair" in names
@@ -279,10 +282,10 @@ def test_register_op_refuses_fwd_without_bwd():
 def test_kernel_gradient_inside_shard_map_with_vma_checks(kernel):
     mesh = Mesh(np.asarray(jax.devices()[:4]), ("dd",), axis_types=(AxisType.Auto,))
     if kernel == "lj":
-        pos, shifts, s, r, mask, types = lj_system()
+        pos, shifts, cells, s, r, mask, types = lj_system()
 
         def energy(x):
-            return jnp.sum(ffi.lennard_jones(x, shifts, s, r, mask, SIGMA, EPSILON, **lj_kwargs(types))[0])
+            return jnp.sum(ffi.lennard_jones(x, shifts, cells, s, r, mask, SIGMA, EPSILON, **lj_kwargs(types))[0])
     else:
         pos, k, v, w, s, r = attention_inputs()
 
