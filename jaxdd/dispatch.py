@@ -917,6 +917,8 @@ class Dispatcher:
             if pos >= len(ins):
                 raise DispatchError(f"OpAdapter for {adapter.op}: argument position {pos} but the op takes {len(ins)}")
         rt = self.rt
+        if isinstance(getattr(rt, "policy", None), GraphParallelPolicy):
+            return self._custom_op_graph_parallel(adapter, eqn, ins, tuple(outs))
 
         def arg(x, tr):
             if isinstance(tr, GatherInputs):
@@ -953,6 +955,64 @@ class Dispatcher:
 
         reduced = any(isinstance(tr, AllReduceSum) for tr in adapter.output_transforms.values())
         return _Decision(tuple(outs), apply, f"custom_op.{adapter.op}", replicates=reduced)
+
+    def _custom_op_graph_parallel(self, adapter, eqn, ins, outs) -> _Decision:
+        """A kernel under graph parallelism sees every rank's rows: per-atom arguments
+        (untransformed or ``GatherInputs``, whose halo meaning is "the rows the local edges
+        read") arrive stacked in rank order and atom indices in that numbering, so senders
+        and receivers agree. Per-atom results in that frame come back as this rank's block:
+        ``ScatterOutputs`` sums every rank's partials (reduce-scatter), an untransformed one
+        is sliced. ``SliceOwned``, ``GatherInputsFull``, ``SliceOutputsOwned`` and
+        ``AllReduceSum`` keep their meaning."""
+        from .ops import AllReduceSum, GatherInputs, GatherInputsFull, ScatterOutputs, SliceOutputsOwned, SliceOwned
+
+        rt = self.rt
+        shapes = [_shape(v) for v in eqn.invars]
+        out_rows = [_shape(v)[:1] for v in eqn.outvars]
+
+        def arg(i, x):
+            tr = adapter.arg_transforms.get(i)
+            lay = ins[i]
+            if isinstance(tr, SliceOwned):
+                return x[: rt.n_owned]
+            if isinstance(tr, GatherInputsFull):
+                full = jax.lax.all_gather(x[: rt.n_owned], rt.axis_names, tiled=True)
+                return jnp.concatenate([full, jnp.zeros((1,) + full.shape[1:], full.dtype)])
+            if tr is not None and not isinstance(tr, GatherInputs):
+                raise DispatchError(f"{type(tr).__name__} is an output transform; OpAdapter for {adapter.op} lists "
+                                    "it under arg_transforms")
+            if lay.index is Kind.NODE:  # this rank's row numbers → stacked numbering (padding: one past)
+                offset = jax.lax.axis_index(rt.axis_names) * rt.n_padded
+                x = jnp.where(x < rt.n_padded, x + offset.astype(x.dtype), rt.n_all).astype(x.dtype)
+            if lay.kind is Kind.NODE:
+                x = rt.all_nodes(x, lay.axis)
+            return x
+
+        def out(i, y):
+            tr = adapter.output_transforms.get(i)
+            if isinstance(tr, AllReduceSum):
+                return jax.lax.psum(y, rt.axis_names)
+            if isinstance(tr, (GatherInputs, GatherInputsFull, SliceOwned)):
+                raise DispatchError(f"{type(tr).__name__} is an input transform; OpAdapter for {adapter.op} lists it "
+                                    "under output_transforms")
+            stacked = y.ndim > 0 and out_rows[i] and y.shape[0] != out_rows[i][0] and y.shape[0] >= rt.n_all
+            if isinstance(tr, ScatterOutputs) and stacked:
+                return rt.reduce_scatter(y)
+            if isinstance(tr, SliceOutputsOwned) or stacked:  # this rank's block, then any rows after the stack
+                start = jax.lax.axis_index(rt.axis_names) * rt.n_padded
+                return jnp.concatenate([jax.lax.dynamic_slice_in_dim(y, start, rt.n_padded, axis=0), y[rt.n_all:]])
+            return y
+
+        def apply(eqn, invals):
+            invals = [arg(i, x) for i, x in enumerate(invals)]
+            if any(getattr(x, "shape", None) != shape for x, shape in zip(invals, shapes)):
+                outvals = jax.tree_util.tree_leaves(adapter.op(*invals))  # traced again on the stacked rows
+            else:
+                outvals = _bind(eqn, invals)
+            return [out(i, y) for i, y in enumerate(outvals)]
+
+        reduced = any(isinstance(tr, AllReduceSum) for tr in adapter.output_transforms.values())
+        return _Decision(outs, apply, f"custom_op.{adapter.op}", replicates=reduced)
 
     # higher-order ---------------------------------------------------------
 

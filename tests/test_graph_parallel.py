@@ -22,7 +22,7 @@ from test_zoo_models import as_numpy, assert_distributed_matches, mesh_of, model
 from test_zoo_models import reference as zoo_reference
 
 import jaxdd
-from jaxdd import DistributedModel, DomainConfig
+from jaxdd import DistributedModel, DomainConfig, ffi
 from jaxdd.data import Batch
 from jaxdd.graph_partition import block_neighbor_list, node_blocks
 from jaxdd.models.lj import LennardJones
@@ -225,3 +225,27 @@ def test_validator_passes_the_graph_parallel_spec():
     assert report.ok, report.summary()
     assert report.attempts[0].handler_counts.get("gather.all_nodes", 0) > 0
     assert report.attempts[0].halo_completeness.matches
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+def kernel_case(name):
+    from test_ffi_models import gt_crystal, lj_alloy, lj_models, make_gt
+
+    from jaxdd.models.graph_transformer import SPEC_GRAPH_TRANSFORMER_HALO
+    from jaxdd.models.lj_kernel import SPEC_LJ_KERNEL_HALO
+
+    if name == "graph_transformer":
+        return make_gt(), gt_crystal(3), SPEC_GRAPH_TRANSFORMER_HALO, 4.0
+    return lj_models()[0], lj_alloy(3), SPEC_LJ_KERNEL_HALO, 2.5
+
+
+@pytest.mark.skipif(not ffi.available(), reason="compiled kernels not built (pip install -e .)")
+@pytest.mark.parametrize("name", ["graph_transformer", "lj_kernel"])
+def test_fused_kernel_with_its_adapter_sees_every_ranks_rows(name):
+    model, data, spec, cutoff = kernel_case(name)
+    want = jaxdd.compute(model, data, ("energy", "forces"))
+    dm = DistributedModel(model, DomainConfig(cutoff, mesh=mesh_for((4, 1, 1)), strategy=GP), spec=spec)
+    assert_same(dm(data, outputs=("energy", "forces")), want)
+    assert any(k.startswith("custom_op.") for k in dm.dispatch_report.counts)
