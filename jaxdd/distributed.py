@@ -375,9 +375,12 @@ class DistributedModel:
                 pos.reshape(-1, 3), np.asarray(inputs["cell"]), np.asarray(local.pbc[0]),
                 np.asarray(local.batch_idx).reshape(-1), np.asarray(local.atom_mask).reshape(-1), n_ranks, n_owned,
                 cutoff=nc.search_cutoff, headroom=self.config.capacity_factor, max_neighbors=nc.max_neighbors or 1)
+        # Systems sized apart, as the ranks search them: a batch of molecules that overlap in
+        # space (each in its own box) would otherwise count each other as neighbours.
+        n_sys = int(local.cell.shape[1])
         caps = [
-            neighbor_capacity(pos[r], np.eye(3)[None], np.zeros((1, 3), bool), None,
-                              np.asarray(local.atom_mask[r]), cutoff=nc.search_cutoff,
+            neighbor_capacity(pos[r], np.broadcast_to(np.eye(3), (n_sys, 3, 3)), np.zeros((n_sys, 3), bool),
+                              np.asarray(local.batch_idx[r]), np.asarray(local.atom_mask[r]), cutoff=nc.search_cutoff,
                               headroom=self.config.capacity_factor,
                               n_receivers=pos.shape[1] if self.deep_halo else n_owned)
             for r in range(pos.shape[0])

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AxisType, Mesh
 from plain_models import MODELS
 from test_dispatch import SYSTEM, Plain, assert_same, mesh_for, reference
 from test_zoo_models import CUTOFF as ZOO_CUTOFF
@@ -137,6 +138,12 @@ def test_message_passing_model_equals_single_device(n_ranks):
     assert counts["gather.all_nodes"] >= 3  # the sender features of every layer
     assert not [k for k in counts if "halo" in k]
     assert not dm.dispatch_report.fallbacks
+
+
+def test_a_two_dimensional_mesh_stacks_ranks_in_row_major_order():
+    mesh = Mesh(np.array(jax.devices()[:6]).reshape(3, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+    dm = DistributedModel(Plain("mpnn_segment_sum"), DomainConfig(CUTOFF, mesh=mesh, strategy=GP))
+    assert_same(dm(SYSTEM, outputs=("energy", "forces")), reference("mpnn_segment_sum"))
 
 
 def test_halo_spec_runs_under_the_graph_parallel_strategy():
