@@ -57,8 +57,17 @@ def test_failing_model_exits_1():
     assert "FAIL —" in proc.stdout
 
 
+@pytest.mark.slow
+def test_spec_option_validates_the_graph_parallel_preset():
+    proc = cli("test_validate:make_mpnn", "--builtin", "cu-fcc", "--world-size", "2", "--spec", "mpnn_gp", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True
+    assert report["spec"]["core"]["policy"]["kind"] == "graph_parallel"
+
+
 @pytest.mark.parametrize("args", [("--world-size", "0"), ("--builtin", "nonesuch"), ("no_such_module:factory",),
-                                  ("--dtype", "float16")])
+                                  ("--dtype", "float16"), ("--spec", "no_such_preset")])
 def test_usage_errors_exit_2(args):
     proc = cli(*args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
