@@ -17,10 +17,12 @@ from .spec import CompilePolicy, DistributionSpec, MLIPSpec, OpAdapter, OutputKi
 from .neighbors import NeighborCapacity, NeighborList, build_neighbor_list, edge_vectors, neighbor_capacity, neighbor_list
 from .dynamics import FIRE, DomainParallel, Langevin, VelocityVerlet
 from . import ase  # noqa: E402  (jaxdd.ase.Calculator; the module imports ase, a core dependency)
+from . import ffi  # noqa: E402  (custom FFI kernels as named ops; the compiled library loads on first use)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ffi",
     "AdapterRegistry",
     "DDContext",
     "DispatchError",
