@@ -213,7 +213,7 @@ class DistributedModel:
         if not isinstance(spec, MLIPSpec):
             raise ValueError(f"spec must be an MLIPSpec, got {spec!r}")
         name = type(model).__name__
-        policy, layout_strategy = _strategy(spec.policy, domain_config.strategy, name)
+        policy, layout = _strategy(spec.policy, domain_config.strategy, name)
         nc = cfg.neighbor_config
         if nc is None:
             raise ValueError(f"{name} declares no neighbor_config; DistributedModel needs one")
@@ -224,11 +224,10 @@ class DistributedModel:
             )
         deep = isinstance(policy, HaloStoragePolicy) and policy.deep
         ghost_width = domain_config.ghost_width
-        if layout_strategy == "graph_partition":
-            pass  # no ghost shell: every rank's list searches all atoms
-        elif deep:  # every layer reads one more neighbour shell of ghosts computed on this rank
+        # Node blocks have no ghost shell (every rank's list searches all atoms): no width to check.
+        if deep:  # every layer reads one more neighbour shell of ghosts computed on this rank
             ghost_width = max(ghost_width, policy.halo_layers * nc.search_cutoff)
-        elif nc.search_cutoff > ghost_width + 1e-12:
+        elif layout == "halo" and nc.search_cutoff > ghost_width + 1e-12:
             raise ValueError(
                 f"the model's neighbour range {nc.search_cutoff} (cutoff + skin) exceeds the ghost width "
                 f"{ghost_width}; raise DomainConfig.cutoff/skin/ghost_width"
@@ -251,7 +250,7 @@ class DistributedModel:
         self.model = model
         self.config = domain_config
         self.spec = spec
-        self.strategy = layout_strategy
+        self.strategy = layout  # "halo" or "graph_partition"
         self.policy = policy
         self.energy_key = node_key if use_node else "energy"
         self.use_node_energy = use_node

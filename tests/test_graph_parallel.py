@@ -65,7 +65,8 @@ def edge_set(receivers, senders, shifts):
     return Counter((int(r), int(s), *map(int, sh)) for r, s, sh in zip(receivers, senders, shifts))
 
 
-@pytest.mark.parametrize("pbc", [(True, True, True), (True, False, True)], ids=["periodic", "partial-pbc"])
+@pytest.mark.parametrize("pbc", [(True, True, True), pytest.param((True, False, True), marks=pytest.mark.slow)],
+                         ids=["periodic", "partial-pbc"])
 def test_block_lists_together_are_the_single_device_list(pbc):
     rng = np.random.default_rng(0)
     cell = np.array([[9.0, 0.0, 0.0], [2.0, 8.5, 0.0], [-1.0, 1.5, 9.5]])  # triclinic
@@ -130,7 +131,7 @@ def test_dynamics_refuse_the_graph_parallel_strategy():
 # ----------------------------------------------------------------------------- results
 
 
-@pytest.mark.parametrize("n_ranks", [3, 8])
+@pytest.mark.parametrize("n_ranks", [3, pytest.param(8, marks=pytest.mark.slow)])
 def test_message_passing_model_equals_single_device(n_ranks):
     dm = gp_model(Plain("mpnn_segment_sum"), n_ranks)
     assert_same(dm(SYSTEM, outputs=("energy", "forces")), reference("mpnn_segment_sum"))
@@ -138,6 +139,7 @@ def test_message_passing_model_equals_single_device(n_ranks):
     assert counts["gather.all_nodes"] >= 3  # the sender features of every layer
     assert not [k for k in counts if "halo" in k]
     assert not dm.dispatch_report.fallbacks
+    assert dm.health.owned.tolist() == [20, 20, 20] and dm.health.ghost.tolist() == [0, 0, 0]
 
 
 def test_a_two_dimensional_mesh_stacks_ranks_in_row_major_order():
@@ -146,16 +148,10 @@ def test_a_two_dimensional_mesh_stacks_ranks_in_row_major_order():
     assert_same(dm(SYSTEM, outputs=("energy", "forces")), reference("mpnn_segment_sum"))
 
 
+@pytest.mark.slow
 def test_halo_spec_runs_under_the_graph_parallel_strategy():
     dm = gp_model(Plain("mpnn_jraph"), 4, spec=SPEC_MPNN_HALO)
     assert_same(dm(SYSTEM, outputs=("energy", "forces")), reference("mpnn_jraph"))
-
-
-def test_every_rank_holds_only_its_own_atoms():
-    dm = gp_model(Plain("mpnn_segment_sum"), 4)
-    dm(SYSTEM, outputs=("energy",))
-    assert dm.health.owned.tolist() == [15, 15, 15, 15]
-    assert dm.health.ghost.tolist() == [0, 0, 0, 0]
 
 
 def test_stress_equals_single_device():
@@ -187,6 +183,7 @@ def test_scatter_onto_senders_is_summed_across_ranks():
     assert dm.dispatch_report.counts["scatter_max.all_nodes"] == 1
 
 
+@pytest.mark.slow
 def test_neighbour_list_overflow_grows_and_recompiles():
     dm = gp_model(Plain("mpnn_segment_sum"), 4)
     dm(SYSTEM, outputs=("energy",))
@@ -205,6 +202,7 @@ def gp_zoo(name, sys_name, n_ranks):
     return as_numpy(dm(system(sys_name), outputs=("energy", "forces", "stress")))
 
 
+@pytest.mark.slow
 def test_behler_parrinello_matrix_list_equals_single_device():
     # BP reads a MATRIX list and tells padding slots by ``senders < n_atoms``.
     assert_distributed_matches(gp_zoo("bp", "molecules", 4), zoo_reference("bp", "molecules"))
@@ -248,6 +246,7 @@ def kernel_case(name):
     return lj_models()[0], lj_alloy(3), SPEC_LJ_KERNEL_HALO, 2.5
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not ffi.available(), reason="compiled kernels not built (pip install -e .)")
 @pytest.mark.parametrize("name", ["graph_transformer", "lj_kernel"])
 def test_fused_kernel_with_its_adapter_sees_every_ranks_rows(name):
