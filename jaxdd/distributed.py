@@ -169,6 +169,7 @@ class _Static:
     nl_format: NeighborListFormat
     strategy: str
     policy: object
+    autograd: frozenset  # outputs the framework derives (ModelConfig.autograd_outputs)
     outputs: tuple[str, ...]
     energy_key: str
     use_node_energy: bool
@@ -425,6 +426,7 @@ class DistributedModel:
             nl_format=_model_config(self.model).neighbor_config.format,
             strategy=self.strategy,
             policy=self.policy,
+            autograd=frozenset(_model_config(self.model).autograd_outputs),
             outputs=outputs,
             energy_key=self.energy_key,
             use_node_energy=self.use_node_energy,
@@ -608,8 +610,10 @@ def _run(model, inputs, static: _Static):
     axes = tuple(static.mesh.axis_names)
     ranked = P(axes)
     params, rest = eqx.partition(model, eqx.is_array)
-    want_forces = "forces" in static.outputs
-    want_stress = "stress" in static.outputs
+    # Forces and stress the model computes itself (a kernel's direct forces) are its outputs,
+    # laid out like any other; only autograd outputs are derived here.
+    want_forces = "forces" in static.outputs and "forces" in static.autograd
+    want_stress = "stress" in static.outputs and "stress" in static.autograd
     layout = static.layout
     spec = static.spec
     report = DispatchReport(policy=static.policy)

@@ -19,9 +19,8 @@ from jaxdd.distributed import DistributedModel, DomainConfig
 from jaxdd.models.graph_transformer import SPEC_GRAPH_TRANSFORMER_HALO, GraphTransformer
 from jaxdd.models.lj import LennardJones
 from jaxdd.models.lj_kernel import SPEC_LJ_KERNEL_HALO, LennardJonesKernel
-from jaxdd.model import ModelConfig
 from jaxdd.ops import ScatterOutputs
-from jaxdd.spec import SPEC_MPNN_HALO, MLIPSpec, OutputKind
+from jaxdd.spec import SPEC_MPNN_HALO, MLIPSpec
 from jaxdd.systems import fcc_lattice
 from jaxdd.validate import trace_and_validate
 
@@ -112,33 +111,17 @@ def test_kernel_lj_spec_survives_a_json_round_trip():
     assert MLIPSpec.from_json(SPEC_LJ_KERNEL_HALO.to_json()) == SPEC_LJ_KERNEL_HALO
 
 
-class KernelForcesAsOutput(LennardJonesKernel):
-    """The kernel LJ, its kernel-direct forces also returned as ``kernel_forces``: DistributedModel
-    derives ``forces`` from the energy, so this is how the kernel's own forces come out sharded."""
-
-    def __init__(self, **params):
-        super().__init__(**params)
-        self.model_config = ModelConfig(outputs=self.model_config.outputs | {"kernel_forces"},
-                                        neighbor_config=self.model_config.neighbor_config)
-
-    @property
-    def distribution_spec(self):
-        return SPEC_LJ_KERNEL_HALO.with_output_kinds(kernel_forces=OutputKind.PER_NODE)
-
-    def forward(self, *args, **kwargs):
-        out = super().forward(*args, **kwargs)
-        return {**out, "kernel_forces": out["forces"]}
-
-
 @pytest.mark.slow
 def test_kernel_direct_forces_under_decomposition_equal_one_device():
-    params = dict(sigma=[[1.0, 1.1], [1.1, 1.2]], epsilon=[[1.0, 0.8], [0.8, 0.6]], cutoff=2.5, shift=True,
-                  species=(18, 36))
-    model = KernelForcesAsOutput(**params)
+    # forces and stress are model outputs here (not autograd): DistributedModel returns the
+    # kernel's own, and its program never runs the backward kernel.
+    kernel, plain = lj_models()
     data = lj_alloy(7)
-    got = DistributedModel(model, DomainConfig(2.5, mesh=mesh8(), grid=(2, 2, 2)))(data, outputs=("kernel_forces",))
-    ref = jaxdd.compute(LennardJones(**params), data, outputs=("forces",))
-    assert np.max(np.abs(np.asarray(got["kernel_forces"] - ref["forces"]))) <= 1e-9
+    dm = DistributedModel(kernel, DomainConfig(2.5, mesh=mesh8(), grid=(2, 2, 2)))
+    got = dm(data, outputs=("energy", "forces", "stress"))
+    assert_same(got, jaxdd.compute(plain, data, outputs=("energy", "forces", "stress")))
+    hlo = dm.lower(data, ("energy", "forces", "stress")).compile().compiled.as_text()  # equinox wraps jax's Compiled
+    assert "lj_forward" in hlo and "lj_backward" not in hlo
 
 
 @pytest.mark.slow
