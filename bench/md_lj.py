@@ -16,7 +16,9 @@ from a fresh start. It reports atom-steps per second, plan rebuilds, and the pot
 energy per atom at the first and last step. On a CPU the devices are virtual
 (``jax_num_cpu_devices``, set by the script to the largest ``--devices``).
 
-The fused-kernel path (custom FFI kernels) is reported when the build has one.
+Two force paths: ``jnp`` (``jaxdd.models.lj.LennardJones``, plain jax.numpy) and ``fused``
+(``jaxdd.models.lj_kernel.LennardJonesKernel``: the fused C++ FFI kernel, forces through its
+backward kernel), the latter when the build has the compiled library (``--paths``).
 
 LAMMPS runs in the same benchmark run when ``lmp`` is on the PATH (``lmp -in in.lj`` on one core,
 ``mpirun -np N lmp -in in.lj`` on N); otherwise the figures measured on this machine and
@@ -60,6 +62,7 @@ SKIN = 0.3
 DT = 0.005
 TEMPERATURE = 1.44
 DTYPES = ("float32", "float64")
+PATHS = ("jnp", "fused")
 TARGET = 0.5  # best jaxdd path / LAMMPS on equal cores
 
 #: LAMMPS (Debian package ``lammps``) on this 2-core machine, 32,000-atom melt, 100 steps:
@@ -108,6 +111,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=100, help="NVE steps per run (default 100)")
     p.add_argument("--devices", default="1,2", help="comma-separated device counts (default 1,2)")
     p.add_argument("--dtypes", default="float32,float64", help="comma-separated dtypes (default float32,float64)")
+    p.add_argument("--paths", default="jnp,fused", help="comma-separated force paths: jnp, fused (default both; "
+                                                         "fused is skipped when the kernels are not built)")
     p.add_argument("--lammps", default="lmp", metavar="BIN", help="LAMMPS executable (default lmp, looked up on PATH)")
     p.add_argument("--no-lammps", action="store_true", help="do not run LAMMPS; use the recorded reference figures")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures to PATH as JSON")
@@ -121,6 +126,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not dtypes or bad:
         p.error(f"--dtypes must list some of {','.join(DTYPES)}, got {args.dtypes!r}")
     args.dtypes = dtypes
+    paths = tuple(dict.fromkeys(x.strip() for x in args.paths.split(",") if x.strip()))
+    if not paths or [x for x in paths if x not in PATHS]:
+        p.error(f"--paths must list some of {','.join(PATHS)}, got {args.paths!r}")
+    args.paths = paths
     return args
 
 
@@ -135,13 +144,18 @@ def set_device_count(n: int) -> None:
 # ---------------------------------------------------------------------------- jaxdd
 
 
-def bench_jaxdd(n_devices: int, dtype: str, n_cells: int, steps: int) -> dict:
+def bench_jaxdd(n_devices: int, dtype: str, n_cells: int, steps: int, path: str = "jnp") -> dict:
     """One warm-up run and one timed run of ``steps`` NVE steps on ``n_devices`` devices."""
     data = lj_melt_data(n_cells, temperature=TEMPERATURE, dtype=np.dtype(dtype))
     n_atoms = int(data.positions.shape[0])
     # The model's parameters follow the positions' dtype; its skin keeps the neighbour list
     # between steps (a Verlet list rebuilt on device when an atom has moved skin / 2).
-    model = LennardJones(1.0, 1.0, CUTOFF, skin=SKIN)
+    if path == "fused":
+        from jaxdd.models.lj_kernel import LennardJonesKernel
+
+        model = LennardJonesKernel(1.0, 1.0, CUTOFF, skin=SKIN)
+    else:
+        model = LennardJones(1.0, 1.0, CUTOFF, skin=SKIN)
     dm = DistributedModel(model, DomainConfig(CUTOFF, skin=SKIN, mesh=default_mesh(jax.devices()[:n_devices])))
     md = DomainParallel(dm, VelocityVerlet(DT), kB=1.0)
 
@@ -160,7 +174,7 @@ def bench_jaxdd(n_devices: int, dtype: str, n_cells: int, steps: int) -> dict:
                            f"of the wrong precision")
     pe0 = float(first["potential_energy"][0]) / n_atoms
     return dict(
-        path="jaxdd", devices=n_devices, dtype=dtype, n_atoms=n_atoms, steps=stats.steps,
+        path=path, devices=n_devices, dtype=dtype, n_atoms=n_atoms, steps=stats.steps,
         seconds=stats.seconds, atom_steps_per_second=stats.atom_steps_per_second,
         rebuilds=stats.rebuilds, migrations=stats.migrations, recompiles=stats.recompiles,
         warmup_seconds=warmup_s, warmup_rebuilds=warmup.rebuilds, warmup_recompiles=warmup.recompiles,
@@ -172,10 +186,15 @@ def bench_jaxdd(n_devices: int, dtype: str, n_cells: int, steps: int) -> dict:
 
 
 def fused_status() -> dict:
-    """Whether this build has a fused-kernel (FFI) path to run."""
+    """Whether this build has the fused-kernel (FFI) path to run."""
     if importlib.util.find_spec("jaxdd.ffi") is None:
         return dict(available=False, reason="not available in this build (no jaxdd.ffi module)")
-    return dict(available=False, reason="jaxdd.ffi is present, but this benchmark has no fused MD path to run yet")
+    from jaxdd import ffi
+
+    if not ffi.available():
+        return dict(available=False, reason="not available in this build (the compiled kernel library is missing: "
+                                            "pip install -e . builds it)")
+    return dict(available=True, reason="")
 
 
 # ---------------------------------------------------------------------------- LAMMPS
@@ -279,11 +298,12 @@ def format_table(rows, fused, lammps, notes, verdict, header, steps) -> str:
     body = []  # (cells, trailing text outside the columns)
     for r in rows:
         ratio = f"{r['ratio_to_lammps']:.3f}x" if r["ratio_to_lammps"] is not None else "n/a"
-        body.append((["jaxdd (jnp)", str(r["devices"]), r["dtype"], f"{r['atom_steps_per_second']:,.0f}",
+        body.append(([f"jaxdd ({r['path']})", str(r["devices"]), r["dtype"], f"{r['atom_steps_per_second']:,.0f}",
                       f"{r['seconds']:.3f}", f"{r['warmup_seconds']:.1f}", str(r["rebuilds"]),
                       f"{r['pe_per_atom_first']:.10f}", f"{r['pe_per_atom_last']:.10f}",
                       f"{r['total_energy_drift_per_atom']:.1e}", ratio], ""))
-    body.append((["fused kernels", "-", "-"], fused["reason"]))
+    if not fused["available"]:
+        body.append((["fused kernels", "-", "-"], fused["reason"]))
     for cores, f in sorted(lammps.items()):
         measured = f["source"] != REFERENCE_LABEL
         pe = [f"{f[k]:.10f}" if k in f else "-" for k in ("pe_per_atom_first", "pe_per_atom_last")]
@@ -302,7 +322,7 @@ def format_table(rows, fused, lammps, notes, verdict, header, steps) -> str:
     out.append(f"PE/N at step 0 is the perfect lattice's: LAMMPS gives {LAMMPS_MELT_ENERGY_PER_ATOM:.12f}. Later "
                "energies differ from LAMMPS's: its initial velocities come from its own random stream")
     if verdict["per_cores"]:
-        parts = [f"{c} core{'s' if c > 1 else ''} {v['ratio']:.3f}x ({v['best_dtype']})"
+        parts = [f"{c} core{'s' if c > 1 else ''} {v['ratio']:.3f}x ({v['best_path']}, {v['best_dtype']})"
                  for c, v in sorted(verdict["per_cores"].items())]
         state = "met" if verdict["met"] else "NOT met"
         out.append(f"target (best jaxdd path >= {TARGET}x LAMMPS on equal cores): {state}: " + ", ".join(parts))
@@ -321,21 +341,23 @@ def main(argv=None) -> int:
     device = f"{devices[0].platform} x{len(devices)} ({devices[0].device_kind}), {os.cpu_count()} CPU cores"
     c = args.n_cells
 
-    rows = []
-    for n in args.devices:
-        for dtype in args.dtypes:
-            r = bench_jaxdd(n, dtype, c, args.steps)
-            print(f"jaxdd {n} device(s) {dtype}: {r['atom_steps_per_second']:,.0f} atom-steps/s "
-                  f"({r['steps']} steps in {r['seconds']:.3f} s, warm-up {r['warmup_seconds']:.1f} s, "
-                  f"{r['rebuilds']} rebuilds, {r['recompiles']} recompiles)", flush=True)
-            rows.append(r)
     fused = fused_status()
+    paths = [x for x in args.paths if x != "fused" or fused["available"]]
+    rows = []
+    for path in paths:
+        for n in args.devices:
+            for dtype in args.dtypes:
+                rows.append(bench_jaxdd(n, dtype, c, args.steps, path))
+                r = rows[-1]
+                print(f"jaxdd ({path}) {n} device(s) {dtype}: {r['atom_steps_per_second']:,.0f} atom-steps/s "
+                      f"({r['steps']} steps in {r['seconds']:.3f} s, warm-up {r['warmup_seconds']:.1f} s, "
+                      f"{r['rebuilds']} rebuilds, {r['recompiles']} recompiles)", flush=True)
     lammps, notes = lammps_figures(args)
     for r in rows:
         ref = lammps.get(r["devices"])
         r["ratio_to_lammps"] = r["atom_steps_per_second"] / ref["atom_steps_per_second"] if ref else None
         if r["recompiles"]:
-            notes.append(f"the timed run on {r['devices']} device(s), {r['dtype']}, recompiled {r['recompiles']} "
+            notes.append(f"the timed {r['path']} run on {r['devices']} device(s), {r['dtype']}, recompiled {r['recompiles']} "
                          "time(s); its figure includes compilation")
     verdict = target_verdict(rows, lammps)
     n_atoms = rows[0]["n_atoms"]

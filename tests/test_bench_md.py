@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from jaxdd import ffi
 from jaxdd.systems import LAMMPS_MELT_ENERGY_PER_ATOM
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +55,11 @@ def test_prints_a_row_per_device_count_the_fused_path_and_lammps(tiny_run):
         row = re.search(rf"^jaxdd \(jnp\)\s+{devices}\s+float64\s+([\d,]+)\s", out, flags=re.MULTILINE)
         assert row, out
         assert float(row.group(1).replace(",", "")) > 0
-    assert re.search(r"^fused kernels\s.*not available in this build", out, flags=re.MULTILINE), out
+    if ffi.available():
+        for devices in (1, 2):
+            assert re.search(rf"^jaxdd \(fused\)\s+{devices}\s+float64\s+[\d,]+\s", out, flags=re.MULTILINE), out
+    else:
+        assert re.search(r"^fused kernels\s.*not available in this build", out, flags=re.MULTILINE), out
     for cores in (1, 2):
         assert re.search(rf"^LAMMPS lj/cut\s+{cores}\s.*reference \(oracles\.md\), not measured in this run", out,
                          flags=re.MULTILINE), out
@@ -66,7 +71,7 @@ def test_writes_its_figures_as_json(tiny_run):
     _, path = tiny_run
     record = json.loads(path.read_text())
     assert record["n_atoms"] == 256 and record["steps"] == 5
-    rows = {(r["devices"], r["dtype"]): r for r in record["results"]}
+    rows = {(r["devices"], r["dtype"]): r for r in record["results"] if r["path"] == "jnp"}
     assert set(rows) == {(1, "float64"), (2, "float64")}
     for r in rows.values():
         assert r["steps"] == 5 and r["atom_steps_per_second"] > 0 and r["recompiles"] == 0
@@ -75,7 +80,11 @@ def test_writes_its_figures_as_json(tiny_run):
         assert r["ratio_to_lammps"] > 0
     # The decomposition does not change the trajectory: same energy after 5 steps on 1 and 2 devices.
     assert abs(rows[1, "float64"]["pe_per_atom_last"] - rows[2, "float64"]["pe_per_atom_last"]) < 1e-10
-    assert record["fused"]["available"] is False
+    assert record["fused"]["available"] is ffi.available()
+    fused = [r for r in record["results"] if r["path"] == "fused"]
+    assert len(fused) == (2 if ffi.available() else 0)
+    for r in fused:  # the fused kernel follows the same trajectory as the jnp path
+        assert abs(r["pe_per_atom_last"] - rows[r["devices"], r["dtype"]]["pe_per_atom_last"]) < 1e-10
     assert {v["source"] for v in record["lammps"].values()} == {"reference (oracles.md), not measured in this run"}
     assert record["target"]["met"] in (True, False)
 
