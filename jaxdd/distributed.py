@@ -25,7 +25,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, Mesh
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .adapters import AdapterRegistry
@@ -352,15 +352,16 @@ class DistributedModel:
         gather = np.full(batch.n_atoms, len(ids) * n_owned)  # padding atoms → a zero row
         r, k = np.nonzero(own_valid)
         gather[own_ids[r, k]] = r * n_owned + k
+        # Host arrays: placed by place_inputs, each process sending only its devices' rows.
         return dict(
-            local=jax.tree_util.tree_map(jnp.asarray, local),
-            own_pos=jnp.asarray(own_pos, dtype),
-            own_sys=jnp.asarray(own_sys, jnp.int32),
-            owned_rows=jnp.asarray(owned_rows),
-            routing=jax.tree_util.tree_map(jnp.asarray, plan.routing),
-            cell=jnp.asarray(cell, dtype),
-            system_mask=jnp.asarray(batch.system_mask),
-            gather=jnp.asarray(gather, jnp.int32),
+            local=jax.tree_util.tree_map(np.asarray, local),
+            own_pos=np.asarray(own_pos, dtype),
+            own_sys=np.asarray(own_sys, np.int32),
+            owned_rows=np.asarray(owned_rows),
+            routing=jax.tree_util.tree_map(np.asarray, plan.routing),
+            cell=np.asarray(cell, dtype),
+            system_mask=np.asarray(batch.system_mask),
+            gather=np.asarray(gather, np.int32),
             local_positions_host=(wrapped[safe] + np.einsum("pli,plij->plj", plan.local_shifts, cell[part.system[safe]])),
         )
 
@@ -416,7 +417,7 @@ class DistributedModel:
         host_pos = inputs.pop("local_positions_host")
         if self._nl_capacity is None:
             self._nl_capacity = self._size_neighbors({**inputs, "local_positions_host": host_pos})
-        return batch, outputs, part, plan, inputs
+        return batch, outputs, part, plan, place_inputs(inputs, self.config.mesh)
 
     def _static(self, batch, outputs, plan) -> _Static:
         static = _Static(
@@ -479,6 +480,19 @@ class DistributedModel:
             recompiles=recompiles + self._halo_regrowths,
         )
         self._halo_regrowths = 0
+
+
+#: Inputs with one row block per rank (leading [P] axis); the rest are the same on every rank.
+RANKED_INPUTS = ("local", "own_pos", "own_sys", "owned_rows", "routing")
+
+
+def place_inputs(inputs: dict, mesh: Mesh) -> dict:
+    """Host arrays of :meth:`DistributedModel._inputs` on the mesh: rank blocks on their
+    devices, the rest replicated. Each process transfers only its own devices' shards, so
+    with several processes no device receives another process's rows."""
+    ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+    replicated = NamedSharding(mesh, P())
+    return {k: jax.device_put(v, ranked if k in RANKED_INPUTS else replicated) for k, v in inputs.items()}
 
 
 def _distinct_held(plan: HaloPlan) -> np.ndarray:
@@ -689,7 +703,8 @@ def _run(model, inputs, static: _Static):
             flat = value.reshape((-1,) + value.shape[2:])
             flat = jnp.concatenate([flat, jnp.zeros((1,) + flat.shape[1:], flat.dtype)])
             value = flat[inputs["gather"]]
-        outputs[key] = value
+        # Replicated: every process holds whole outputs (in the batch's order) it can read.
+        outputs[key] = jax.lax.with_sharding_constraint(value, NamedSharding(static.mesh, P()))
     return ModelOutputs(outputs), overflow, needed
 
 

@@ -20,6 +20,7 @@ the continuous (unwrapped) trajectory in the batch's own atom order.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -183,9 +184,9 @@ class DomainParallel:
         safe = np.where(valid, ids, 0)
         dtype = template.positions.dtype
 
-        def owned(x, fill=0.0):
+        def owned(x, fill=0.0):  # host rows; placed below, each process sending only its own
             x = np.asarray(x)
-            return jnp.asarray(np.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), x[safe], fill), dtype)
+            return np.asarray(np.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), x[safe], fill), dtype)
 
         own_pos = inputs["own_pos"]
         if frame_positions is not None:  # a restart: the exact frame positions of the saved run
@@ -195,7 +196,7 @@ class DomainParallel:
             positions=own_pos,
             velocities=owned(velocities),
             forces=owned(np.zeros_like(positions) if forces is None else forces),
-            ids=jnp.asarray(np.where(valid, ids, -1), jnp.int32),
+            ids=np.asarray(np.where(valid, ids, -1), np.int32),
             system=inputs["own_sys"],
             inv_mass=owned(1.0 / masses),
             reference=inputs["own_pos"],
@@ -261,7 +262,8 @@ class DomainParallel:
         log = log if log is not None else _print_thermo
         state = dataclasses.replace(state)
         marks = [m for m in (thermo_every, trajectory_every) if m]
-        bar = Progress(n_steps, int(np.asarray(state.template.atom_mask).sum())) if progress else None
+        show = progress and jax.process_index() == 0
+        bar = Progress(n_steps, int(np.asarray(state.template.atom_mask).sum())) if show else None
         rebuilds0, recompiles0, migrations0 = self._rebuilds, self._recompiles, self._migrations
         start, done = time.perf_counter(), 0
         if writer is not None and writer.frames == 0:
@@ -335,7 +337,7 @@ class DomainParallel:
         or with ``unwrap=False`` exactly the plan's frame (no lattice image added and removed)."""
         out = []
         for key in keys:
-            x = np.asarray(state.arrays[key], np.float64)
+            x = _host(state.arrays[key]).astype(np.float64)
             flat = x.reshape((-1,) + x.shape[2:])
             flat = np.concatenate([flat, np.zeros((1,) + flat.shape[1:])])
             value = flat[state.gather_index]
@@ -368,12 +370,9 @@ class DomainParallel:
         potential stress)."""
         t = state.template
         n_sys = t.n_systems
-        (velocities,) = self._global(state, "velocities")
-        masses = np.asarray(t.masses, np.float64)
-        real = np.asarray(t.atom_mask)
-        system = np.where(real, np.asarray(t.batch_idx), n_sys)
-        ke = 0.5 * np.bincount(system, masses * np.sum(velocities**2, axis=1), minlength=n_sys + 1)[:n_sys]
-        counts = np.bincount(system, minlength=n_sys + 1)[:n_sys]
+        # Reduced on the devices: no process gathers the velocities.
+        ke, counts = (_host(x) for x in _kinetic(state.arrays, n_sys))
+        ke = ke.astype(np.float64)
         dof = np.maximum(3 * counts - 3, 1)
         pe = np.asarray(state.energy, np.float64)
         out = dict(potential_energy=pe, kinetic_energy=ke, total_energy=pe + ke, temperature=2 * ke / (dof * self.kB))
@@ -403,6 +402,7 @@ class DomainParallel:
         path = Path(path).absolute()
         if path.exists() and any(path.iterdir()):
             raise FileExistsError(f"checkpoint folder {path} is not empty; choose a new path")
+        _barrier("jaxdd.save.checked")  # every process has looked before any writes
         path.mkdir(parents=True, exist_ok=True)
         frame, velocities, forces = self._global(state, "positions", "velocities", "forces", unwrap=False)
         t = state.template
@@ -426,8 +426,10 @@ class DomainParallel:
             halo_capacity=[dm._halo_capacity[0], list(dm._halo_capacity[1])],
             nl_capacity=dataclasses.asdict(dm._nl_capacity), extra=sorted(state.extra),
         )
-        (path / "md.json").write_text(json.dumps(meta, indent=1))
-        dm.spec.save(path / "spec.json")
+        if jax.process_index() == 0:  # orbax coordinates the arrays; the small files need one writer
+            (path / "md.json").write_text(json.dumps(meta, indent=1))
+            dm.spec.save(path / "spec.json")
+        _barrier("jaxdd.save.done")
         return path
 
     def restore(self, path) -> MDState:
@@ -477,6 +479,38 @@ class DomainParallel:
         return state
 
 
+def _barrier(name: str) -> None:
+    """Wait for every process (nothing with one)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def _host(x) -> np.ndarray:
+    """``x`` whole on the host; with several processes each contributes its devices' rows
+    (a collective: every process must call it)."""
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _kinetic(arrays, n_sys: int):
+    """(kinetic energy [S] in the widest float enabled, real atoms [S]) of the owned rows."""
+    valid = arrays["ids"] >= 0
+    wide = jnp.promote_types(arrays["velocities"].dtype, jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
+    v = arrays["velocities"].astype(wide)
+    inv = arrays["inv_mass"].astype(wide)
+    mv2 = jnp.where(valid, jnp.sum(v * v, axis=-1) / jnp.where(valid, inv, 1.0), 0.0)
+    system = jnp.where(valid, arrays["system"], n_sys).reshape(-1)
+    ke = 0.5 * jnp.zeros(n_sys + 1, wide).at[system].add(mv2.reshape(-1))[:n_sys]
+    counts = jnp.zeros(n_sys + 1, jnp.int32).at[system].add(valid.reshape(-1).astype(jnp.int32))[:n_sys]
+    return ke, counts
+
+
 def _count(name, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
@@ -484,6 +518,8 @@ def _count(name, value) -> int:
 
 
 def _print_thermo(step: int, thermo: dict) -> None:
+    if jax.process_index() != 0:  # with several processes, one prints
+        return
     keys = [k for k in ("potential_energy", "kinetic_energy", "total_energy", "temperature", "pressure") if k in thermo]
     for s in range(len(thermo["potential_energy"])):
         values = "  ".join(f"{k} {thermo[k][s]: .10g}" for k in keys)

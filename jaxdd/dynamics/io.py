@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
 __all__ = ["ExtXYZWriter", "Progress"]
@@ -39,8 +40,9 @@ class ExtXYZWriter:
             atoms.calc = SinglePointCalculator(atoms, energy=float(energy[s]), forces=forces[rows])
             atoms.info.update(step=int(state.step), system=s)
             frames.append(atoms)
-        with open(self.path, "a") as handle:
-            write(handle, frames, format="extxyz")
+        if jax.process_index() == 0:  # every process gathered the frame; one writes it
+            with open(self.path, "a") as handle:
+                write(handle, frames, format="extxyz")
         self.frames += len(frames)
 
 

@@ -26,7 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--sample", help="structure file ASE can read (all frames are used as one batch)")
     src.add_argument("--builtin", help="built-in sample: lj-fcc, cu-fcc or molecules")
-    p.add_argument("--world-size", type=int, default=2, help="ranks to distribute over (default 2)")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="ranks to distribute over (default 2; with several processes, every device of the run)")
     p.add_argument("--atol", type=float, default=1e-5)
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--dtype", choices=("float32", "float64"), default="float64")
@@ -40,9 +41,17 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    if args.world_size < 1:
+    if args.world_size is not None and args.world_size < 1:
         _parser().error("--world-size must be >= 1")
     import jax
+
+    from ..launch import initialize
+
+    # Under a multi-process launcher (python -m jaxdd.launch, srun, a pod) every process runs
+    # this command; the mesh spans all their devices and one process prints.
+    several = initialize()
+    if args.world_size is None:
+        args.world_size = jax.device_count() if several else 2
 
     # Virtual CPU devices must be requested before JAX starts a backend; accelerators, when
     # present, are used instead and this setting is then moot.
@@ -62,7 +71,8 @@ def main(argv=None) -> int:
 
     factory = args.factory or DEFAULT_FACTORY
     dtype = np.float64 if args.dtype == "float64" else np.float32
-    log = sys.stderr if args.json else sys.stdout
+    primary = jax.process_index() == 0  # every process validates; the first one reports
+    log = open(os.devnull, "w") if not primary else sys.stderr if args.json else sys.stdout
     if args.factory is None:
         print(f"no model given: validating the built-in example {DEFAULT_FACTORY} on sample "
               f"'{args.builtin or DEFAULT_SAMPLE}'", file=log)
@@ -83,13 +93,11 @@ def main(argv=None) -> int:
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.save_spec:
+    if args.save_spec and primary:
         report.spec.save(args.save_spec)
         print(f"spec written to {args.save_spec}", file=log)
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
-        print(report.summary())
+    if primary:
+        print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
     return 0 if report.ok else 1
 
 

@@ -200,6 +200,10 @@ def _single_device_counts(model, batch: Batch) -> dict[str, int]:
 
 def _runner(model, factory_ref, batch, outputs, world_size, devices):
     """(spec -> _Result, a description of where the runs happen)."""
+    if jax.process_count() > 1 and (devices != "auto" or world_size != jax.device_count()):
+        raise ValueError(
+            f"with {jax.process_count()} processes the sharded runs use every device of the run: world_size must be "
+            f"{jax.device_count()} (got {world_size}) and devices 'auto' (got {devices!r})")
     if devices == "auto":
         devices = jax.devices() if len(jax.devices()) >= world_size else "subprocess"
     if devices == "subprocess":
@@ -215,8 +219,8 @@ def _runner(model, factory_ref, batch, outputs, world_size, devices):
     if len(devices) < world_size:
         raise ValueError(f"devices has {len(devices)} entries, fewer than world_size={world_size}")
     kind = devices[0].platform
-    return (lambda spec: run_sharded(model, batch, spec, outputs, devices),
-            f"{world_size} {kind} device(s) in this process")
+    where = f"across {jax.process_count()} processes" if jax.process_count() > 1 else "in this process"
+    return (lambda spec: run_sharded(model, batch, spec, outputs, devices), f"{world_size} {kind} device(s) {where}")
 
 
 def run_sharded(model, batch: Batch, spec: MLIPSpec, outputs, devices) -> _Result:
