@@ -35,31 +35,30 @@ Performance: 31079.137 tau/day, 71.942 timesteps/s, 2.302 Matom-step/s
 """
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    path = tmp_path_factory.mktemp("bench") / "md_lj.json"
+def run_script(directory, *extra):
+    path = directory / "md_lj.json"
     env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}  # the script sets it
     env["JAX_PLATFORMS"] = "cpu"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--n-cells", "4", "--steps", "5", "--devices", "1,2", "--dtypes", "float64",
-         "--no-lammps", "--json", str(path)],
+         "--no-lammps", "--json", str(path), *extra],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, f"md_lj.py exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout, path
 
 
-def test_prints_a_row_per_device_count_the_fused_path_and_lammps(tiny_run):
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    return run_script(tmp_path_factory.mktemp("bench"), "--paths", "jnp")
+
+
+def test_prints_a_row_per_device_count_and_lammps(tiny_run):
     out, _ = tiny_run
     for devices in (1, 2):
         row = re.search(rf"^jaxdd \(jnp\)\s+{devices}\s+float64\s+([\d,]+)\s", out, flags=re.MULTILINE)
         assert row, out
         assert float(row.group(1).replace(",", "")) > 0
-    if ffi.available():
-        for devices in (1, 2):
-            assert re.search(rf"^jaxdd \(fused\)\s+{devices}\s+float64\s+[\d,]+\s", out, flags=re.MULTILINE), out
-    else:
-        assert re.search(r"^fused kernels\s.*not available in this build", out, flags=re.MULTILINE), out
     for cores in (1, 2):
         assert re.search(rf"^LAMMPS lj/cut\s+{cores}\s.*reference \(oracles\.md\), not measured in this run", out,
                          flags=re.MULTILINE), out
@@ -81,12 +80,21 @@ def test_writes_its_figures_as_json(tiny_run):
     # The decomposition does not change the trajectory: same energy after 5 steps on 1 and 2 devices.
     assert abs(rows[1, "float64"]["pe_per_atom_last"] - rows[2, "float64"]["pe_per_atom_last"]) < 1e-10
     assert record["fused"]["available"] is ffi.available()
-    fused = [r for r in record["results"] if r["path"] == "fused"]
-    assert len(fused) == (2 if ffi.available() else 0)
-    for r in fused:  # the fused kernel follows the same trajectory as the jnp path
-        assert abs(r["pe_per_atom_last"] - rows[r["devices"], r["dtype"]]["pe_per_atom_last"]) < 1e-10
     assert {v["source"] for v in record["lammps"].values()} == {"reference (oracles.md), not measured in this run"}
     assert record["target"]["met"] in (True, False)
+
+
+@pytest.mark.slow
+def test_fused_path_runs_beside_the_jnp_path_on_the_same_trajectory(tmp_path):
+    out, path = run_script(tmp_path, "--paths", "jnp,fused")
+    if not ffi.available():
+        assert re.search(r"^fused kernels\s.*not available in this build", out, flags=re.MULTILINE), out
+        return
+    rows = {(r["path"], r["devices"]): r for r in json.loads(path.read_text())["results"]}
+    for devices in (1, 2):
+        assert re.search(rf"^jaxdd \(fused\)\s+{devices}\s+float64\s+[\d,]+\s", out, flags=re.MULTILINE), out
+        fused, jnp_ = rows["fused", devices], rows["jnp", devices]
+        assert abs(fused["pe_per_atom_last"] - jnp_["pe_per_atom_last"]) < 1e-10
 
 
 def test_parses_lammps_loop_time_and_thermo():

@@ -142,6 +142,7 @@ def test_message_passing_model_equals_single_device(n_ranks):
     assert dm.health.owned.tolist() == [20, 20, 20] and dm.health.ghost.tolist() == [0, 0, 0]
 
 
+@pytest.mark.slow
 def test_a_two_dimensional_mesh_stacks_ranks_in_row_major_order():
     mesh = Mesh(np.array(jax.devices()[:6]).reshape(3, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
     dm = DistributedModel(Plain("mpnn_segment_sum"), DomainConfig(CUTOFF, mesh=mesh, strategy=GP))
@@ -154,6 +155,7 @@ def test_halo_spec_runs_under_the_graph_parallel_strategy():
     assert_same(dm(SYSTEM, outputs=("energy", "forces")), reference("mpnn_jraph"))
 
 
+@pytest.mark.slow
 def test_stress_equals_single_device():
     want = as_numpy(jaxdd.compute(Plain("mpnn_segment_sum"), SYSTEM, outputs=("energy", "stress")))
     got = as_numpy(gp_model(Plain("mpnn_segment_sum"), 4)(SYSTEM, outputs=("energy", "stress")))

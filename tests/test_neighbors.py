@@ -70,7 +70,7 @@ def systems(draw):
     return atoms_list, cutoff
 
 
-@settings(max_examples=60)
+@settings(max_examples=35)
 @given(systems())
 def test_pairs_equal_ase_neighbor_list(case):
     atoms_list, cutoff = case
