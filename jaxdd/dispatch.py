@@ -820,24 +820,30 @@ class Dispatcher:
 
         return _Decision((Layout(Kind.NODE, a),), apply, f"scatter_{kind}.all_nodes", notes)
 
-    def _compare(self, eqn, ins) -> _Decision:
-        """Comparisons; graph-parallel senders compared with the local row count (the
-        padding index of a single-device list) are compared with their own padding index."""
+    def _index_bound(self, eqn, ins) -> _Decision:
+        """Comparisons and clamps of graph-parallel senders against the local row count.
+
+        A single-device model tells padding edges by ``senders < n`` and keeps indices in
+        range by ``jnp.minimum(senders, n - 1)`` or a clip, with ``n`` its atom count. Senders
+        index every rank's rows, so ``n`` (this rank's rows) becomes the stacked count there.
+        """
         d = self._generic(eqn, ins)
         if not any(lay.index is Kind.ALL_NODES for lay in ins):
             return d
-        at = [i for i, v in enumerate(eqn.invars)
-              if _is_literal(v) and np.ndim(v.val) == 0 and int(v.val) == self.n_padded]
+        last = eqn.primitive.name in ("min", "clamp")  # bounds are the last valid index, n - 1
+        local = self.n_padded - 1 if last else self.n_padded
+        at = [i for i, v in enumerate(eqn.invars) if _is_literal(v) and np.ndim(v.val) == 0 and v.val == local
+              and np.issubdtype(np.asarray(v.val).dtype, np.integer)]
         if not at:
             return d
 
         def apply(eqn, invals):
             invals = list(invals)
             for i in at:
-                invals[i] = jnp.asarray(self.rt.n_all, jnp.result_type(invals[i]))
+                invals[i] = jnp.asarray(self.rt.n_all - 1 if last else self.rt.n_all, jnp.result_type(invals[i]))
             return _bind(eqn, invals)
 
-        return _Decision(d.outs, apply, "compare.all_nodes_padding", d.notes)
+        return _Decision(d.outs, apply, "bound.all_nodes", d.notes)
 
     @staticmethod
     def _noop(eqn, invals):
@@ -1219,12 +1225,14 @@ _RULES: dict[str, Callable] = {
     "select_n": Dispatcher._select_n,
     "iota": Dispatcher._iota,
     "sort": Dispatcher._sort,
-    "lt": Dispatcher._compare,
-    "le": Dispatcher._compare,
-    "gt": Dispatcher._compare,
-    "ge": Dispatcher._compare,
-    "eq": Dispatcher._compare,
-    "ne": Dispatcher._compare,
+    "lt": Dispatcher._index_bound,
+    "le": Dispatcher._index_bound,
+    "gt": Dispatcher._index_bound,
+    "ge": Dispatcher._index_bound,
+    "eq": Dispatcher._index_bound,
+    "ne": Dispatcher._index_bound,
+    "min": Dispatcher._index_bound,
+    "clamp": Dispatcher._index_bound,
     "argmax": Dispatcher._arg,
     "argmin": Dispatcher._arg,
     "gather": Dispatcher._gather,
