@@ -295,10 +295,10 @@ def distinct_atoms_held(model, name, size):
 
 
 def test_edge_capacity_of_a_batch_of_overlapping_molecules_counts_each_alone():
-    # Forty copies of one molecule at the same coordinates, each its own system: a rank's
+    # Twenty copies of one molecule at the same coordinates, each its own system: a rank's
     # list never joins two systems, so its capacity is sized per system, not for the pile.
     mol = cluster_atoms(3, cell=np.eye(3) * 20.0)
-    batch = Batch.from_ase([mol] * 40)
+    batch = Batch.from_ase([mol] * 20)
     model = DistributedModel(LJ, DomainConfig(cutoff=CUTOFF, mesh=mesh_of(2)))
     model(batch, ("energy",))
     per_atom = np.bincount(np.asarray(jaxdd.neighbor_list(batch.positions, batch.cell, batch.pbc, batch.batch_idx,

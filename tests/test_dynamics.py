@@ -110,6 +110,7 @@ def test_every_atom_has_exactly_one_owner_after_the_run():
     assert sorted(ids[ids >= 0].tolist()) == list(range(melt().n_atoms))
 
 
+@pytest.mark.slow
 def test_langevin_on_one_and_two_devices_gives_the_same_trajectory():
     integrator = Langevin(DT, temperature=1.44, friction=1.0, seed=7, kB=1.0)
     one, two = md_on((1, 1, 1), integrator), md_on((2, 1, 1), integrator)
@@ -246,6 +247,7 @@ def test_fire_relaxes_a_rattled_crystal_to_the_lattice_energy():
 # ----------------------------------------------------------------------------- capacities and errors
 
 
+@pytest.mark.slow
 def test_neighbour_list_overflow_grows_and_the_trajectory_is_unchanged():
     import dataclasses
 
