@@ -39,7 +39,7 @@ from jaxdd.models.lj import LennardJones  # noqa: E402
 from jaxdd.systems import LAMMPS_MELT_ENERGY_PER_ATOM, lj_melt, lj_melt_data  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared bench/timing.py
-from timing import write_record  # noqa: E402
+from timing import check_args, write_record  # noqa: E402
 
 CUTOFF = 2.5
 OUTPUTS = ("energy", "forces")
@@ -55,14 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ref-cells", type=int, default=8, help="fcc cells per axis of the ASE reference run (default 8)")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures to PATH as JSON")
     args = p.parse_args(argv)
-    for name in ("n_cells", "repeat", "ref_cells"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
-    dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
-    bad = [d for d in dtypes if d not in DTYPES]
-    if not dtypes or bad:
-        p.error(f"--dtypes must list some of {','.join(DTYPES)}, got {args.dtypes!r}")
-    args.dtypes = dtypes
+    check_args(p, args, positive=("n_cells", "repeat", "ref_cells"), choices={"dtypes": DTYPES})
     return args
 
 

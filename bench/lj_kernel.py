@@ -67,7 +67,7 @@ from jaxdd.systems import LAMMPS_MELT_ENERGY_PER_ATOM, lj_melt_data  # noqa: E40
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared bench/timing.py and md_lj.py
 from md_lj import IN_LJ, LAMMPS_REFERENCE, REFERENCE_LABEL, parse_lammps_log  # noqa: E402
-from timing import median_time, write_record  # noqa: E402
+from timing import check_args, median_time, write_record  # noqa: E402
 
 CUTOFF = 2.5
 OUTPUTS = ("energy", "forces")
@@ -90,14 +90,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-lammps", action="store_true", help="do not run LAMMPS; use the recorded reference figure")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures to PATH as JSON")
     args = p.parse_args(argv)
-    for name in ("n_cells", "repeat"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
-    dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
-    bad = [d for d in dtypes if d not in DTYPES]
-    if not dtypes or bad:
-        p.error(f"--dtypes must list some of {','.join(DTYPES)}, got {args.dtypes!r}")
-    args.dtypes = dtypes
+    check_args(p, args, positive=("n_cells", "repeat"), choices={"dtypes": DTYPES})
     return args
 
 

@@ -55,7 +55,7 @@ from jaxdd.models.lj import LennardJones  # noqa: E402
 from jaxdd.systems import LAMMPS_MELT_ENERGY_PER_ATOM, lj_melt_data  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared bench/timing.py
-from timing import write_record  # noqa: E402
+from timing import check_args, write_record  # noqa: E402
 
 CUTOFF = 2.5
 SKIN = 0.3
@@ -117,19 +117,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-lammps", action="store_true", help="do not run LAMMPS; use the recorded reference figures")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures to PATH as JSON")
     args = p.parse_args(argv)
-    for name in ("n_cells", "steps"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    check_args(p, args, positive=("n_cells", "steps"), choices={"dtypes": DTYPES, "paths": PATHS})
     args.devices = _int_list(p, "devices", args.devices)
-    dtypes = tuple(dict.fromkeys(d.strip() for d in args.dtypes.split(",") if d.strip()))
-    bad = [d for d in dtypes if d not in DTYPES]
-    if not dtypes or bad:
-        p.error(f"--dtypes must list some of {','.join(DTYPES)}, got {args.dtypes!r}")
-    args.dtypes = dtypes
-    paths = tuple(dict.fromkeys(x.strip() for x in args.paths.split(",") if x.strip()))
-    if not paths or [x for x in paths if x not in PATHS]:
-        p.error(f"--paths must list some of {','.join(PATHS)}, got {args.paths!r}")
-    args.paths = paths
     return args
 
 

@@ -78,3 +78,18 @@ def collectives(compiled) -> dict:
         found[m.group(2)][0] += 1
         found[m.group(2)][1] += size
     return {k: tuple(v) for k, v in found.items() if v[0]}
+
+
+def check_args(p, args, positive=(), choices=None) -> None:
+    """Shared command-line checks: the ``positive`` integer options are >= 1, and each
+    option in ``choices`` (name → allowed values) is a comma-separated list of them,
+    replaced by a tuple without repeats."""
+    for name in positive:
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    for name, allowed in (choices or {}).items():
+        text = getattr(args, name)
+        values = tuple(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
+        if not values or any(v not in allowed for v in values):
+            p.error(f"--{name} must list some of {','.join(allowed)}, got {text!r}")
+        setattr(args, name, values)
