@@ -26,6 +26,8 @@ from jaxdd.models.lj import LennardJones
 
 TESTS = Path(__file__).resolve().parent
 WORKER = TESTS / "multiprocess_worker.py"
+# The single-process references are small systems on four ranks; that is expected here.
+pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
 
 
 def launcher(*target, grace: float = 120, timeout: float = 600):
