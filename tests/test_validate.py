@@ -70,6 +70,7 @@ class OwnGraph(jaxdd.BaseModel):
 CLUSTER = random_system(16.0, 70, seed=11, pbc=False)
 
 
+@pytest.mark.slow
 def test_correct_model_passes_without_fixes():
     report = trace_and_validate(make_mpnn, SYSTEM, world_size=4, atol=1e-9, rtol=1e-10)
     assert report.ok and report.fix_applied is None and len(report.attempts) == 1
