@@ -234,6 +234,12 @@ class Runtime:
         return self._exchange(x, axis, lambda y: _halo.halo_forward(
             y[:n_owned], self.layout, self.routing, self.axis_names).astype(y.dtype))
 
+    def gather_full(self, x):
+        """Owned rows of every rank, stacked in rank order, then one zero padding row:
+        [n_ranks * n_owned + 1, *F] (the ``GatherInputsFull`` transform)."""
+        full = jax.lax.all_gather(x[: self.n_owned], self.axis_names, tiled=True)
+        return jnp.concatenate([full, jnp.zeros((1,) + full.shape[1:], full.dtype)])
+
     def gather_inputs(self, x):
         """Owned rows [n_owned, *F] → local rows [n_padded, *F]."""
         if self.layout is None:
@@ -932,8 +938,7 @@ class Dispatcher:
             if isinstance(tr, SliceOwned):
                 return x[: rt.n_owned]
             if isinstance(tr, GatherInputsFull):
-                full = jax.lax.all_gather(x[: rt.n_owned], rt.axis_names, tiled=True)
-                return jnp.concatenate([full, jnp.zeros((1,) + full.shape[1:], full.dtype)])
+                return rt.gather_full(x)
             raise DispatchError(f"{type(tr).__name__} is an output transform; OpAdapter for {adapter.op} lists it "
                                 "under arg_transforms")
 
@@ -982,8 +987,7 @@ class Dispatcher:
             if isinstance(tr, SliceOwned):
                 return x[: rt.n_owned]
             if isinstance(tr, GatherInputsFull):
-                full = jax.lax.all_gather(x[: rt.n_owned], rt.axis_names, tiled=True)
-                return jnp.concatenate([full, jnp.zeros((1,) + full.shape[1:], full.dtype)])
+                return rt.gather_full(x)
             if tr is not None and not isinstance(tr, GatherInputs):
                 raise DispatchError(f"{type(tr).__name__} is an output transform; OpAdapter for {adapter.op} lists "
                                     "it under arg_transforms")

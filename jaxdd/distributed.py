@@ -386,12 +386,7 @@ class DistributedModel:
                               n_receivers=pos.shape[1] if self.deep_halo else n_owned)
             for r in range(pos.shape[0])
         ]
-        return NeighborCapacity(
-            max_edges=max(c.max_edges for c in caps),
-            max_neighbors=max([c.max_neighbors for c in caps] + [nc.max_neighbors or 1]),
-            max_candidates=max(c.max_candidates for c in caps),
-            search_range=tuple(max(c.search_range[a] for c in caps) for a in range(3)),
-        )
+        return NeighborCapacity.covering(caps, nc.max_neighbors or 1)
 
     # ------------------------------------------------------------------ call
 

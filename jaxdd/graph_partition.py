@@ -142,12 +142,7 @@ def block_capacity(positions, cell, pbc, batch_idx, atom_mask, n_ranks: int, n_b
                           np.roll(atom_mask, -r * n_block), cutoff=cutoff, headroom=headroom, n_receivers=n_block)
         for r in range(n_ranks)
     ]
-    return NeighborCapacity(
-        max_edges=max(c.max_edges for c in caps),
-        max_neighbors=max([c.max_neighbors for c in caps] + [max_neighbors]),
-        max_candidates=max(c.max_candidates for c in caps),
-        search_range=tuple(max(c.search_range[a] for c in caps) for a in range(3)),
-    )
+    return NeighborCapacity.covering(caps, max_neighbors)
 
 
 def gathered_inputs(local, positions, axis_names):

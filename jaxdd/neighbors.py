@@ -100,6 +100,18 @@ class NeighborCapacity:
             max_bins=None if self.max_bins is None else max(self.max_bins, _headroom(needed.bins, factor)),
         )
 
+    @staticmethod
+    def covering(caps, min_neighbors: int = 1) -> "NeighborCapacity":
+        """The smallest capacity that fits each of ``caps`` (e.g. every rank's), with at
+        least ``min_neighbors`` neighbour slots."""
+        caps = list(caps)
+        return NeighborCapacity(
+            max_edges=max(c.max_edges for c in caps),
+            max_neighbors=max([c.max_neighbors for c in caps] + [min_neighbors]),
+            max_candidates=max(c.max_candidates for c in caps),
+            search_range=tuple(max(c.search_range[a] for c in caps) for a in range(3)),
+        )
+
     def table_size(self, n_atoms: int) -> int:
         """Bins in the table for ``n_atoms`` atom rows."""
         return int(self.max_bins) if self.max_bins is not None else max(4096, 2 * int(n_atoms))
