@@ -243,7 +243,7 @@ class DFTD3(eqx.Module, BaseModel):
         if width < need - 1e-9:
             raise ValueError(
                 f"DFTD3 under a deep halo (scatter_mode='local'): ghosts compute their own coordination numbers, so "
-                f"the ghost shell must reach cutoff + cn_cutoff = {need:.6g} Å, but it is {width:.6g} Å "
+                f"the ghost shell must reach the interaction range + cn_cutoff = {need:.6g} Å, but it is {width:.6g} Å "
                 f"(halo_layers={ctx.halo_layers} × neighbour range "
                 f"{self.model_config.neighbor_config.search_cutoff:.6g} Å); use halo_layers="
                 f"{math.ceil(need / self.model_config.neighbor_config.search_cutoff - 1e-9)}, or the model's own "
