@@ -40,6 +40,7 @@ from jax.extend import core as jcore
 
 from . import halo as _halo
 from .intent import VERBS
+from .mesh import MESH_VERBS
 from .ops import GraphParallelPolicy, HaloRefreshPolicy, HaloStoragePolicy, SpecError
 
 __all__ = ["Kind", "Layout", "REPLICATED", "DispatchError", "DispatchWarning", "DispatchReport", "Runtime",
@@ -862,6 +863,8 @@ class Dispatcher:
         name = eqn.params.get("name")
         if name in VERBS:
             return self._verb(name, eqn, ins)
+        if name in MESH_VERBS:
+            return self._mesh_verb(name, eqn, ins)
         if self.rt is not None and name in self.rt.ops:
             return self._custom_op(self.rt.ops[name], eqn, ins)
         sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
@@ -874,6 +877,16 @@ class Dispatcher:
             return self.eval(jaxpr, consts, invals, ins)
 
         return _Decision(plan.outs, apply)
+
+    def _mesh_verb(self, name, eqn, ins) -> _Decision:
+        """A verb of :mod:`jaxdd.mesh`: per-atom inputs in, per-system sums out, the same on
+        every rank; its distributed body owns the mesh exchange and the distributed FFT."""
+        from .mesh import DISTRIBUTED
+
+        def apply(eqn, invals):
+            return [DISTRIBUTED[name](self.rt, *invals)]
+
+        return _Decision((Layout(Kind.GRAPH, 0),), apply, "verb." + name.split("::", 1)[1], replicates=True)
 
     def _verb(self, name, eqn, ins) -> _Decision:
         jaxpr, consts = self._sub(eqn.params["jaxpr"])
