@@ -155,6 +155,9 @@ class DFTD3(eqx.Module, BaseModel):
     damping: ``"bj"`` (the only damping here). cutoff: pair range (Å; simple-dftd3's
     default 60 bohr). cn_cutoff: coordination-number range (Å; default 40 bohr).
     three_body: add the ATM term (s9 = 1). three_body_cutoff: ATM range (Å; default 40 bohr).
+    species: atomic numbers the model is restricted to (None: all of 1 to 94); a short list
+    keeps the reference tables, and the three-body work, small. max_neighbors: starting width
+    of the neighbour table of the three-body term (grown on overflow).
     The neighbour list is built once at the largest range; each term masks its own.
     """
 
@@ -163,12 +166,15 @@ class DFTD3(eqx.Module, BaseModel):
     a1: jax.Array
     a2: jax.Array  # bohr
     s9: jax.Array
-    c6_ref: jax.Array  # [95, 95, 5, 5] hartree bohr⁶
-    cn_ref: jax.Array  # [95, 5]
-    n_ref: jax.Array  # [95]
-    rcov: jax.Array  # [95] bohr
-    q: jax.Array  # [95] bohr
-    r0_vdw: jax.Array  # [95, 95] bohr
+    # Reference tables restricted to the table rows (row 0 empty, then the species).
+    c6_ref: jax.Array  # [S, S, 5, 5] hartree bohr⁶
+    cn_ref: jax.Array  # [S, 5]
+    n_ref: jax.Array  # [S]
+    rcov: jax.Array  # [S] bohr
+    q: jax.Array  # [S] bohr
+    r0_vdw: jax.Array  # [S, S] bohr
+    kind: jax.Array  # [95] row of each atomic number in the tables (0: none)
+    species: tuple[int, ...] | None = eqx.field(static=True)
     functional: str = eqx.field(static=True)
     pair_cutoff: float = eqx.field(static=True)
     cn_cutoff: float = eqx.field(static=True)
@@ -178,7 +184,8 @@ class DFTD3(eqx.Module, BaseModel):
 
     def __init__(self, functional: str = "pbe", damping: str = "bj", cutoff: float = DEFAULT_CUTOFF,
                  cn_cutoff: float = DEFAULT_CN_CUTOFF, three_body: bool = False,
-                 three_body_cutoff: float = DEFAULT_THREE_BODY_CUTOFF, *, max_neighbors: int | None = None):
+                 three_body_cutoff: float = DEFAULT_THREE_BODY_CUTOFF, species=None, *,
+                 max_neighbors: int | None = None):
         if not isinstance(damping, str) or damping.strip().lower() not in ("bj", "rational"):
             raise ValueError(f"DFTD3 damping must be 'bj' (Becke-Johnson, rational damping), got {damping!r}")
         name, (s6, s8, a1, a2) = _functional(functional)
@@ -189,13 +196,23 @@ class DFTD3(eqx.Module, BaseModel):
         self.three_body_cutoff = _length("three_body_cutoff", three_body_cutoff)
         self.s6, self.s8, self.a1, self.a2 = (jnp.asarray(v, jnp.float64) for v in (s6, s8, a1, a2))
         self.s9 = jnp.asarray(1.0 if self.three_body else 0.0, jnp.float64)
+        if species is not None:
+            species = tuple(int(z) for z in species)
+            if not species or len(set(species)) != len(species) or not all(1 <= z <= MAX_ELEMENT for z in species):
+                raise ValueError(f"DFTD3 species must be distinct atomic numbers from 1 to {MAX_ELEMENT}, got {species}")
+        self.species = species
+        # Row 0 of every table is empty: padding atoms (and elements outside ``species``) use it.
+        rows = np.arange(MAX_ELEMENT + 1) if species is None else np.array((0,) + species)
+        kind = np.zeros(MAX_ELEMENT + 1, np.int32)
+        kind[rows] = np.arange(rows.size)
         t = reference_tables()
-        self.c6_ref = jnp.asarray(t["c6"])
-        self.cn_ref = jnp.asarray(t["cn"])
-        self.n_ref = jnp.asarray(t["n_ref"])
-        self.rcov = jnp.asarray(t["rcov"])
-        self.q = jnp.asarray(t["q"])
-        self.r0_vdw = jnp.asarray(t["r0"])
+        self.c6_ref = jnp.asarray(t["c6"][np.ix_(rows, rows)])
+        self.cn_ref = jnp.asarray(t["cn"][rows])
+        self.n_ref = jnp.asarray(t["n_ref"][rows])
+        self.rcov = jnp.asarray(t["rcov"][rows])
+        self.q = jnp.asarray(t["q"][rows])
+        self.r0_vdw = jnp.asarray(t["r0"][np.ix_(rows, rows)])
+        self.kind = jnp.asarray(kind)
         ranges = [self.pair_cutoff, self.cn_cutoff] + ([self.three_body_cutoff] if self.three_body else [])
         # Triplets are the slot pairs of the per-atom neighbour table (MATRIX); pairs and
         # coordination numbers use the COO edges, present in either format.
@@ -253,12 +270,12 @@ class DFTD3(eqx.Module, BaseModel):
     def validate_input(self, data) -> None:
         z = np.asarray(data.atomic_numbers)
         real = np.asarray(data.atom_mask)
-        bad = np.flatnonzero(real & ((z < 1) | (z > MAX_ELEMENT)))
+        known = np.arange(1, MAX_ELEMENT + 1) if self.species is None else np.asarray(self.species)
+        bad = np.flatnonzero(real & ~np.isin(z, known))
         if bad.size:
-            raise ValueError(
-                f"atomic_numbers of atoms {bad[:8].tolist()} are {sorted(set(z[bad].tolist()))}; DFTD3 has reference "
-                f"data for elements 1 to {MAX_ELEMENT} only"
-            )
+            what = (f"DFTD3 has reference data for elements 1 to {MAX_ELEMENT} only" if self.species is None
+                    else f"the model was built for species {self.species}")
+            raise ValueError(f"atomic_numbers of atoms {bad[:8].tolist()} are {sorted(set(z[bad].tolist()))}; {what}")
 
     def adapt_input(self, data, **kwargs) -> dict:
         return neighbor_inputs(data, "DFTD3")
@@ -272,7 +289,7 @@ class DFTD3(eqx.Module, BaseModel):
         dt = positions.dtype
         n = positions.shape[0]
         nl = neighbors
-        z = jnp.where(atom_mask, jnp.clip(atomic_numbers, 0, MAX_ELEMENT), 0)
+        z = jnp.where(atom_mask, self.kind[jnp.clip(atomic_numbers, 0, MAX_ELEMENT)], 0)  # table rows
         recv = jnp.minimum(nl.receivers, n - 1)
         send = jnp.minimum(nl.senders, n - 1)
         zi, zj = z[recv], z[send]
@@ -347,10 +364,10 @@ class DFTD3(eqx.Module, BaseModel):
                & (r2jk > 0) & (r2jk <= cut2))
 
         # C6 of every pair, from per-atom sums over the first atom's references:
-        # t[v, s, b] = Σ_a w[v, a] C6_ref(z_v, a, s, b) for every element s.
+        # t[v, s, b] = Σ_a w[v, a] C6_ref(z_v, a, s, b) for every table row s.
         c6_ref = self.c6_ref.astype(dt)
-        t = jnp.einsum("va,vsab->vsb", w, c6_ref[z])  # [V, 95, 5]
-        zk = jax.nn.one_hot(z[slot], c6_ref.shape[0], dtype=dt)  # [V, K, 95]
+        t = jnp.einsum("va,vsab->vsb", w, c6_ref[z])  # [V, S, 5]
+        zk = jax.nn.one_hot(z[slot], c6_ref.shape[0], dtype=dt)  # [V, K, S]
         wk = w[slot]  # [V, K, 5]
         c6_ij = jnp.einsum("vsb,vks,vkb->vk", t, zk, wk)
         c6_jk = jnp.einsum("vjsb,vks,vkb->vjk", t[slot], zk, wk)

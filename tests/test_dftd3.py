@@ -7,8 +7,8 @@ cn)``); tests that need it skip, saying so, when it is not installed. Agreement 
 package to round-off. The published PBE-D3(BJ) energy of water needs no package.
 
 The systems: water (in a vacuum box, not periodic) and a sheared, rattled 2x2x2 supercell
-of the CO2 crystal (96 atoms, triclinic, periodic), with cutoffs of 9 Å (pairs), 7 Å
-(coordination numbers) and 6 Å (three-body). Compiling takes seconds, so both go into one
+of the CO2 crystal (96 atoms, triclinic, periodic). The pair model has cutoffs of 9 Å
+(pairs) and 7 Å (coordination numbers); the three-body model 6, 5 and 5 Å (three-body). Compiling takes seconds, so both go into one
 padded batch (3 padding atoms, one empty system), evaluated once by ``jaxdd.compute``: each
 system of it is compared with the oracle alone, which also specifies batching, and the
 whole batch is the reference of the distributed runs (``DistributedModel`` against
@@ -45,9 +45,10 @@ WATER_BOHR = np.array([[0.0, 0.0, -0.1294], [0.0, 1.4941, 1.0274], [0.0, -1.4941
 WATER_NUMBERS = np.array([8, 1, 1])
 WATER_PBE_D3BJ = -3.5951240446e-4  # hartree (simple-dftd3)
 
-CUTOFF, CN_CUTOFF, THREE_BODY_CUTOFF = 9.0, 7.0, 6.0
+CUTOFF, CN_CUTOFF = 9.0, 7.0
 PAIR = DFTD3("pbe", cutoff=CUTOFF, cn_cutoff=CN_CUTOFF)
-ATM = DFTD3("pbe", cutoff=CUTOFF, cn_cutoff=CN_CUTOFF, three_body=True, three_body_cutoff=THREE_BODY_CUTOFF)
+# Triplets cost V·K² for K neighbours within the list's range: shorter ranges keep K near 60.
+ATM = DFTD3("pbe", cutoff=6.0, cn_cutoff=5.0, three_body=True, three_body_cutoff=5.0, species=(1, 6, 8))
 KEYS = ("energy", "forces", "stress", "atomic_energies")
 SHEAR = np.array([[1.0, 0.0, 0.0], [0.15, 1.0, 0.0], [-0.1, 0.1, 1.0]])
 DEEP = HaloStoragePolicy(scatter_mode="local", gather_mode="local")
@@ -116,8 +117,9 @@ def water_alone(model_name: str) -> dict:
     return as_numpy(jaxdd.compute(MODELS[model_name], water(), ("energy", "forces")))
 
 
-def dftd3_reference(data: AtomicData, three_body: bool) -> dict:
-    """Energy (hartree), gradient (hartree/bohr) and virial (hartree) from the dftd3 package."""
+def dftd3_reference(data: AtomicData, model: DFTD3) -> dict:
+    """Energy (hartree), gradient (hartree/bohr) and virial (hartree) from the dftd3 package,
+    with the model's cutoffs and three-body term."""
     interface = oracle()
     numbers = np.asarray(data.atomic_numbers)
     positions = np.asarray(data.positions) / BOHR
@@ -126,8 +128,8 @@ def dftd3_reference(data: AtomicData, three_body: bool) -> dict:
                                          np.asarray(data.pbc).reshape(3))
     else:
         disp = interface.DispersionModel(numbers, positions)
-    disp.set_realspace_cutoff(CUTOFF / BOHR, THREE_BODY_CUTOFF / BOHR, CN_CUTOFF / BOHR)
-    return disp.get_dispersion(interface.RationalDampingParam(method="pbe", atm=three_body), grad=True)
+    disp.set_realspace_cutoff(model.pair_cutoff / BOHR, model.three_body_cutoff / BOHR, model.cn_cutoff / BOHR)
+    return disp.get_dispersion(interface.RationalDampingParam(method="pbe", atm=model.three_body), grad=True)
 
 
 def in_atomic_units(out: dict, data: AtomicData) -> dict:
@@ -170,19 +172,20 @@ def test_water_energy_is_the_published_pbe_d3bj_value():
 
 
 def test_water_energy_and_gradient_match_dftd3():
-    assert_matches_dftd3(in_atomic_units(system_outputs("pair", "water"), water()), dftd3_reference(water(), False))
+    assert_matches_dftd3(in_atomic_units(system_outputs("pair", "water"), water()), dftd3_reference(water(), PAIR))
 
 
 def test_molecular_crystal_energy_gradient_and_virial_match_dftd3():
     assert_matches_dftd3(in_atomic_units(system_outputs("pair", "crystal"), co2_crystal()),
-                         dftd3_reference(co2_crystal(), False))
+                         dftd3_reference(co2_crystal(), PAIR))
 
 
 def test_water_three_body_energy_and_gradient_match_dftd3_atm():
     got = in_atomic_units(water_alone("atm"), water())
-    want = dftd3_reference(water(), True)
+    want = dftd3_reference(water(), ATM)
     assert_matches_dftd3(got, want)
-    # The ATM term of one water is 3e-10 hartree: compare it on its own too.
+    # The ATM term of one water is 3e-10 hartree: compare it on its own too (the pair
+    # energy of water does not depend on these cutoffs).
     pair = system_outputs("pair", "water")["energy"][0] / HARTREE
     assert abs((got["energy"] - pair) - (want["energy"] - WATER_PBE_D3BJ)) < 1e-14
 
@@ -190,7 +193,7 @@ def test_water_three_body_energy_and_gradient_match_dftd3_atm():
 @pytest.mark.slow
 def test_molecular_crystal_with_three_body_term_matches_dftd3_atm():
     assert_matches_dftd3(in_atomic_units(system_outputs("atm", "crystal"), co2_crystal()),
-                         dftd3_reference(co2_crystal(), True))
+                         dftd3_reference(co2_crystal(), ATM))
 
 
 @pytest.mark.parametrize("functional", sorted(FUNCTIONALS))
@@ -251,7 +254,7 @@ def test_distributed_three_body_term_equals_single_device():
 
 def test_one_neighbour_range_is_enough_when_ghosts_read_their_owners_coordination_numbers():
     assert PAIR.required_ghost_width(SPEC_DFTD3_HALO.policy) == max(CUTOFF, CN_CUTOFF)
-    assert ATM.required_ghost_width(SPEC_DFTD3_HALO.policy) == max(CUTOFF, CN_CUTOFF, THREE_BODY_CUTOFF)
+    assert ATM.required_ghost_width(SPEC_DFTD3_HALO.policy) == 6.0
 
 
 def test_ghosts_that_count_their_own_neighbours_need_the_interaction_range_plus_the_cn_range():
@@ -336,3 +339,8 @@ def test_reference_data_ships_as_package_data_of_jaxdd_models():
     patterns = pyproject["tool"]["setuptools"]["package-data"]["jaxdd.models"]
     assert any(fnmatch.fnmatch("data/dftd3_bj.npz", p) for p in patterns)
     assert importlib.resources.files("jaxdd.models").joinpath("data", "dftd3_bj.npz").is_file()
+
+
+def test_species_outside_the_models_species_are_refused_naming_atomic_numbers():
+    with pytest.raises(ValueError, match=r"atomic_numbers of atoms \[0\] are \[7\].*species \(1, 6, 8\)"):
+        jaxdd.compute(ATM, AtomicData(positions=np.zeros((1, 3)), atomic_numbers=[7]))
