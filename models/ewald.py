@@ -195,6 +195,9 @@ class Ewald(eqx.Module, BaseModel):
         self.sizes.set(self.kmax_index_for(real_cells(data)))
 
     def adapt_input(self, data, **kwargs) -> dict:
+        if self.sizes.value is None:
+            raise ValueError("Ewald has not chosen its reciprocal vectors: call it through jaxdd.compute or "
+                             "DistributedModel (which size it from the batch), or pass kmax_index=(n1, n2, n3)")
         if data.neighbors is None:
             raise ValueError("Ewald needs data.neighbors; call it through jaxdd.compute or DistributedModel")
         if data.charges is None:
@@ -205,9 +208,6 @@ class Ewald(eqx.Module, BaseModel):
     def forward(self, positions, charges, cell, batch_idx, atom_mask, neighbors, n_systems):
         from jaxdd import system_sum
 
-        if self.sizes.value is None:
-            raise ValueError("Ewald has not chosen its reciprocal vectors: call it through jaxdd.compute or "
-                             "DistributedModel (which size it from the batch), or pass kmax_index=(n1, n2, n3)")
         dtype = positions.dtype
         rc = self.model_config.neighbor_config.cutoff
         q = jnp.where(atom_mask, charges.astype(dtype), 0.0)

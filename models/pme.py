@@ -13,8 +13,9 @@ B-spline moduli correction. Forces and stress are the framework's derivatives of
 Accuracy: α = √(-ln ε) / r_c as in Ewald; with ``mesh=None`` the mesh is chosen on the host
 from each batch's cells (:meth:`PME.validate_input`): K_a covers the reciprocal vectors
 |k| < k_max with :data:`MESH_MARGIN` times the Nyquist minimum, rounded up to a size the
-distributed FFT can cut (a multiple of 12, which fits every rank grid of up to 12 ranks along
-an axis whose factors are 2s and 3s; see :func:`jaxdd.mesh.mesh_problems`).
+distributed FFT can cut: a multiple of 24, which fits every rank grid whose Px and Py·Pz divide
+24 (all grids of up to 8 ranks, and e.g. (3, 2, 1) or (2, 3, 2); see
+:func:`jaxdd.mesh.mesh_problems`). Other grids need a ``mesh`` that fits them.
 
 Two ways to run under decomposition (the model's ``distribution_spec`` follows the choice):
 
@@ -49,7 +50,7 @@ __all__ = ["PME", "MESH_MARGIN", "MESH_MULTIPLE"]
 #: Mesh points per axis over the Nyquist minimum 2 |m_a|max (interpolation error of order-p splines).
 MESH_MARGIN = 2.0
 #: Auto mesh sizes are multiples of this, so that the distributed FFT can cut them.
-MESH_MULTIPLE = 12
+MESH_MULTIPLE = 24
 
 
 class PME(eqx.Module, BaseModel):
@@ -82,7 +83,7 @@ class PME(eqx.Module, BaseModel):
         if mesh is not None:
             try:
                 mesh = tuple(int(k) for k in mesh)
-            except TypeError:
+            except (TypeError, ValueError):
                 raise ValueError(f"PME mesh must be three integers (K1, K2, K3) or None, got {mesh!r}") from None
             if len(mesh) != 3 or min(mesh) < self.order:
                 raise ValueError(f"PME mesh must be three integers >= the B-spline order {self.order}, got {mesh!r}")
@@ -123,6 +124,9 @@ class PME(eqx.Module, BaseModel):
         self.sizes.set(self.mesh_for(real_cells(data)))
 
     def adapt_input(self, data, **kwargs) -> dict:
+        if self.sizes.value is None:
+            raise ValueError("PME has not chosen its mesh: call it through jaxdd.compute or DistributedModel (which "
+                             "size it from the batch), or pass mesh=(K1, K2, K3)")
         if data.neighbors is None:
             raise ValueError("PME needs data.neighbors; call it through jaxdd.compute or DistributedModel")
         if data.charges is None:
@@ -134,9 +138,6 @@ class PME(eqx.Module, BaseModel):
         from jaxdd import system_sum
 
         shape = self.sizes.value
-        if shape is None:
-            raise ValueError("PME has not chosen its mesh: call it through jaxdd.compute or DistributedModel (which "
-                             "size it from the batch), or pass mesh=(K1, K2, K3)")
         dtype = positions.dtype
         rc = self.model_config.neighbor_config.cutoff
         q = jnp.where(atom_mask, charges.astype(dtype), 0.0)

@@ -1,0 +1,185 @@
+"""Specification of smooth particle-mesh Ewald (``jaxdd.models.pme.PME``) and its distributed mesh.
+
+Physics: the Madelung constants of NaCl, CsCl and zincblende to 1e-5, pymatgen's
+``EwaldSummation`` on rattled triclinic cells (neutral and charged), and Ewald on a random
+neutral 1,000-ion triclinic box (slow) to 1e-5. Under decomposition, with the mesh
+distributed (blocks, mesh halo, all_to_all FFT) or replicated (all-reduced), the outputs
+equal ``jaxdd.compute``: energy to 1e-10 relative, forces and stress to 1e-9 absolute.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import jaxdd
+from jaxdd import Batch
+from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.driver import neighbor_list_for
+from jaxdd.mesh import mesh_problems
+from jaxdd.models.ewald import Ewald
+from jaxdd.models.pme import MESH_MULTIPLE, PME
+from jaxdd.neighbors import neighbor_capacity
+from jaxdd.spec import SPEC_PME_HALO
+
+from test_ewald import (CUTOFF, KEYS, MADELUNG, SYSTEMS, assert_distributed_matches, crystal, index_of, ion_box,
+                        madelung_of, mesh_of, pymatgen_reference, rattled, rows_of, small_batch)
+
+pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
+
+
+@functools.cache
+def pme_outputs():
+    out = jaxdd.compute(PME(CUTOFF), small_batch(), KEYS)
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+# --------------------------------------------------------------------------- physics
+
+
+@pytest.mark.parametrize("name", list(MADELUNG))
+def test_madelung_constant_to_1e_5(name):
+    energy = pme_outputs()["energy"][index_of(name)]
+    assert madelung_of(energy, name) == pytest.approx(MADELUNG[name][2], rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ["rattled", "charged"])
+def test_energy_and_forces_match_pymatgen_ewald_summation(name):
+    energy, forces = pymatgen_reference(SYSTEMS[name]())
+    assert pme_outputs()["energy"][index_of(name)] == pytest.approx(energy, rel=1e-5)
+    np.testing.assert_allclose(pme_outputs()["forces"][rows_of(name)], forces, rtol=0,
+                               atol=1e-5 * np.abs(forces).max())
+
+
+@pytest.mark.parametrize("name", ["rattled", "charged"])
+def test_virial_trace_is_minus_the_energy_as_coulomb_energy_scales_as_one_over_length(name):
+    out = pme_outputs()
+    i = index_of(name)
+    volume = abs(np.linalg.det(np.asarray(small_batch().cell)[i]))
+    assert np.trace(out["stress"][i]) * volume == pytest.approx(-out["energy"][i], rel=1e-5)
+
+
+def test_forces_pass_check_grads():
+    model = PME(CUTOFF, mesh=(12, 12, 12))
+    batch = Batch.from_data(rattled())
+    capacity = neighbor_capacity(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
+                                 cutoff=CUTOFF, headroom=1.5)
+
+    @jax.jit
+    def energy(positions):
+        moved = batch.replace(positions=positions)
+        return model(moved.replace(neighbors=neighbor_list_for(model, moved, capacity)))["energy"][0]
+
+    check_grads(energy, (batch.positions,), order=1, modes=("rev",), eps=1e-4, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_agrees_with_ewald_to_1e_5_on_a_random_neutral_1000_ion_triclinic_box():
+    data = ion_box(10)
+    want = jaxdd.compute(Ewald(8.0), data, KEYS)
+    got = jaxdd.compute(PME(8.0), data, KEYS)
+    assert float(got["energy"][0]) == pytest.approx(float(want["energy"][0]), rel=1e-5)
+    for key in ("forces", "stress"):
+        scale = np.abs(np.asarray(want[key])).max()
+        np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]), rtol=0, atol=1e-5 * scale)
+
+
+# --------------------------------------------------------------------------- the mesh
+
+
+def test_auto_mesh_divides_by_the_multiple_and_grows_with_the_cell():
+    model = PME(CUTOFF)
+    model.validate_input(Batch.from_data(crystal("CsCl")))
+    small = model.mesh
+    model.validate_input(Batch.from_data(ion_box(6)))
+    assert all(k % MESH_MULTIPLE == 0 for k in model.mesh + small)
+    assert all(b > a for a, b in zip(small, model.mesh))
+
+
+@pytest.mark.parametrize("grid", [(2, 2, 2), (4, 2, 1), (3, 2, 1), (1, 1, 8), (8, 1, 1), (2, 3, 2)])
+def test_auto_mesh_sizes_fit_rank_grids_of_twos_and_threes(grid):
+    assert mesh_problems((MESH_MULTIPLE,) * 3, grid) == []
+
+
+def test_a_given_mesh_is_kept_whatever_the_batch():
+    model = PME(CUTOFF, mesh=(20, 22, 24))
+    model.validate_input(Batch.from_data(ion_box(6)))
+    assert model.mesh == (20, 22, 24)
+
+
+def test_the_spec_follows_the_mesh_mode():
+    assert PME(CUTOFF).distribution_spec == SPEC_PME_HALO
+    (adapter,) = PME(CUTOFF, distributed_fft=False).distribution_spec.distribution.custom_ops
+    assert adapter.op.name == "jaxdd_mesh::spread"
+    assert adapter.output_transforms[0].replicated_consumer
+
+
+# --------------------------------------------------------------------------- decomposition
+
+
+def test_distributed_mesh_equals_single_device_on_an_uneven_grid_in_a_triclinic_cell():
+    dm = assert_distributed_matches(PME(CUTOFF, mesh=(12, 12, 12)), ion_box(4), (3, 2, 1))
+    assert dm.dispatch_report.counts["verb.pme_energy"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("distributed_fft", [True, False], ids=["distributed", "replicated"])
+@pytest.mark.parametrize("grid", [(2, 2, 2), (4, 2, 1), (3, 2, 1), (1, 1, 8)], ids=lambda g: "x".join(map(str, g)))
+def test_distributed_equals_single_device_in_a_triclinic_cell(grid, distributed_fft):
+    model = PME(CUTOFF, mesh=(24, 24, 24), distributed_fft=distributed_fft)
+    assert_distributed_matches(model, ion_box(4), grid, want=single_device(distributed_fft))
+
+
+@functools.cache
+def single_device(distributed_fft):
+    model = PME(CUTOFF, mesh=(24, 24, 24), distributed_fft=distributed_fft)
+    return jaxdd.compute(model, ion_box(4), KEYS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("distributed_fft", [True, False], ids=["distributed", "replicated"])
+def test_distributed_batch_of_two_cells_with_an_auto_mesh_equals_single_device(distributed_fft):
+    data = Batch.from_data_list([ion_box(4, seed=1), rattled(net_charge=0.6)])
+    assert_distributed_matches(PME(CUTOFF, distributed_fft=distributed_fft), data, (2, 2, 2))
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_a_mesh_that_does_not_fit_the_rank_grid_is_refused_naming_mesh():
+    dm = DistributedModel(PME(CUTOFF, mesh=(20, 24, 24)), DomainConfig(CUTOFF, mesh=mesh_of(6), grid=(3, 2, 1)))
+    with pytest.raises(ValueError, match=r"mesh\[0\] = 20 is not a multiple of Px = 3"):
+        dm(ion_box(4), KEYS)
+
+
+def test_a_batch_without_charges_is_refused():
+    with pytest.raises(ValueError, match="charges"):
+        jaxdd.compute(PME(CUTOFF), crystal("NaCl").replace(charges=None))
+
+
+def test_a_cell_not_periodic_in_three_dimensions_is_refused():
+    import jax.numpy as jnp
+
+    with pytest.raises(ValueError, match="periodic along all three axes"):
+        jaxdd.compute(PME(CUTOFF), crystal("NaCl").replace(pbc=jnp.asarray([False, True, True])))
+
+
+@pytest.mark.parametrize("order", [3, 5, 2, 4.0])
+def test_an_odd_or_small_spline_order_is_refused(order):
+    with pytest.raises(ValueError, match="order"):
+        PME(CUTOFF, order=order)
+
+
+@pytest.mark.parametrize("mesh", [(24, 24), (4, 24, 24), "auto"])
+def test_a_malformed_mesh_is_refused(mesh):
+    with pytest.raises(ValueError, match="mesh"):
+        PME(CUTOFF, mesh=mesh)
+
+
+def test_a_model_called_before_sizing_says_how_to_size_it():
+    with pytest.raises(ValueError, match="mesh="):
+        PME(CUTOFF)(Batch.from_data(crystal("NaCl")))
