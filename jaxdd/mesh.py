@@ -274,6 +274,10 @@ def distributed_pme_energy(runtime, values, weights, base, system, recip, volume
     if problems:
         raise ValueError(f"the PME mesh {shape} does not fit the rank grid {grid}: " + "; ".join(problems)
                          + ". Pass PME(mesh=...) with sizes that divide, leave mesh=None, or use distributed_fft=False")
+    owned = runtime.row_mask(_node_kind(), values.shape[0])
+    values = jnp.where(owned, values, 0.0)
+    if grid == (1, 1, 1):  # one rank holds the whole mesh: the single-device computation
+        return _pme_energy(values, weights, base, system, recip, volume, alpha, b1, b2, b3)
     axes = runtime.axis_names
     px, py, pz = grid
     n_sys = recip.shape[0]
@@ -283,8 +287,6 @@ def distributed_pme_energy(runtime, values, weights, base, system, recip, volume
     g = (r // (py * pz), (r // pz) % py, r % pz)
 
     # 1. spread owned atoms onto this rank's window: block plus p rows below and 1 above.
-    owned = runtime.row_mask(_node_kind(), values.shape[0])
-    values = jnp.where(owned, values, 0.0)
     start = tuple(g[a] * blocks[a] - p for a in range(3))
     width = tuple(c + p + 1 for c in blocks)
     j = jnp.arange(p, dtype=base.dtype)
