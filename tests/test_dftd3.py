@@ -237,6 +237,11 @@ def test_ghosts_read_their_owners_coordination_numbers_through_the_scatter_excha
     assert dm.ghost_width == pytest.approx(max(CUTOFF, CN_CUTOFF))
 
 
+def test_the_dispatch_distributes_the_model_without_guessing():
+    dm, _ = distributed("pair", (3, 2, 1))
+    assert dm.dispatch_report.fallbacks == []
+
+
 @pytest.mark.slow
 def test_distributed_equals_single_device_on_a_cubic_grid():
     _, got = distributed("pair", (2, 2, 2))
@@ -245,8 +250,9 @@ def test_distributed_equals_single_device_on_a_cubic_grid():
 
 @pytest.mark.slow
 def test_distributed_three_body_term_equals_single_device():
-    _, got = distributed("atm", (4, 2, 1))
+    dm, got = distributed("atm", (4, 2, 1))
     assert_distributed_equals_single(got, batch_outputs("atm"))
+    assert dm.dispatch_report.fallbacks == []
 
 
 # ----------------------------------------------------------------------------- halo depth
