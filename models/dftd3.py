@@ -14,7 +14,7 @@ For atoms A, B at distance r (bohr):
 
 * coordination numbers, every neighbour within ``cn_cutoff``::
 
-      CN_A = Σ_B 1 / (1 + exp(-k1 (R_A + R_B) / r - 1)),   k1 = 16,
+      CN_A = Σ_B 1 / (1 + exp(-k1 ((R_A + R_B) / r - 1))),   k1 = 16,
 
   with R = (4/3) × the covalent radius of Pyykkö and Atsumi (2009);
 * C6 by Gaussian weighting over the reference coordination numbers of each element::
@@ -165,7 +165,7 @@ class DFTD3(eqx.Module, BaseModel):
     s8: jax.Array
     a1: jax.Array
     a2: jax.Array  # bohr
-    s9: jax.Array
+    s9: jax.Array  # 1 with the three-body term, else 0 (unused)
     # Reference tables restricted to the table rows (row 0 empty, then the species).
     c6_ref: jax.Array  # [S, S, 5, 5] hartree bohr⁶
     cn_ref: jax.Array  # [S, 5]
@@ -194,8 +194,9 @@ class DFTD3(eqx.Module, BaseModel):
         self.cn_cutoff = _length("cn_cutoff", cn_cutoff)
         self.three_body = bool(three_body)
         self.three_body_cutoff = _length("three_body_cutoff", three_body_cutoff)
-        self.s6, self.s8, self.a1, self.a2 = (jnp.asarray(v, jnp.float64) for v in (s6, s8, a1, a2))
-        self.s9 = jnp.asarray(1.0 if self.three_body else 0.0, jnp.float64)
+        # float64 where JAX has it; the computation casts to the dtype of the positions.
+        self.s6, self.s8, self.a1, self.a2 = (jnp.asarray(np.float64(v)) for v in (s6, s8, a1, a2))
+        self.s9 = jnp.asarray(np.float64(1.0 if self.three_body else 0.0))
         if species is not None:
             species = tuple(int(z) for z in species)
             if not species or len(set(species)) != len(species) or not all(1 <= z <= MAX_ELEMENT for z in species):
