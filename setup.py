@@ -88,7 +88,7 @@ setup(
     ext_modules=[
         Extension(
             "jaxdd.ffi._kernels",
-            sources=[f"{CSRC}/cpu_kernels.cc"],
+            sources=[f"{CSRC}/cpu_kernels.cc", f"{CSRC}/cpu_neighbors.cc"],
             depends=[f"{CSRC}/kernels_math.h"],
             include_dirs=[CSRC],
             # -isystem: the vendored headers are not ours to warn about.

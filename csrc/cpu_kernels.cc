@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels_math.h"
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -97,6 +98,21 @@ inline void EdgeVector(const T* x, const int32_t* sh, const T* cells, const int3
   *cell = h;
 }
 
+// True when the receivers never decrease along the list, padding included (jaxdd's
+// lists are sorted so, padding last): each receiver's edges are then one run.
+inline bool SortedByReceiver(const int32_t* rcv, int64_t ne) {
+  for (int64_t e = 1; e < ne; ++e) {
+    if (rcv[e] < rcv[e - 1]) return false;
+  }
+  return true;
+}
+
+// The first edge at or after e that starts a new receiver's run (or ne).
+inline int64_t RunStart(const int32_t* rcv, int64_t ne, int64_t e) {
+  while (e > 0 && e < ne && rcv[e] == rcv[e - 1]) ++e;
+  return e;
+}
+
 // Energy per atom, forces and per-atom virial of the LJ pairs of a COO list.
 //   energy [n]:       half of each pair's energy to each of its atoms (a full list holds
 //                     every pair twice, once per receiver, and credits the receiver only)
@@ -113,8 +129,8 @@ ffi::Error LjForward(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> shifts, ffi::Buf
                      ffi::Buffer<ffi::S32> system, ffi::Buffer<ffi::S32> senders, ffi::Buffer<ffi::S32> receivers,
                      ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::S32> types, ffi::Buffer<DT> sigma,
                      ffi::Buffer<DT> epsilon, ffi::Buffer<DT> v_shift, ffi::BufferR0<DT> cutoff,
-                     ffi::BufferR0<ffi::PRED> half_list, ffi::ResultBuffer<DT> energy, ffi::ResultBuffer<DT> forces,
-                     ffi::ResultBuffer<DT> virial) {
+                     ffi::BufferR0<ffi::PRED> half_list, ffi::ThreadPool pool, ffi::ResultBuffer<DT> energy,
+                     ffi::ResultBuffer<DT> forces, ffi::ResultBuffer<DT> virial) {
   using T = ffi::NativeType<DT>;
   const char* name = "jaxdd lj_forward";
   if (auto err = CheckLj<DT>(name, pos, shifts, cells, system, senders, receivers, mask, types, sigma, epsilon,
@@ -143,53 +159,67 @@ ffi::Error LjForward(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> shifts, ffi::Buf
   std::fill(en, en + n, T(0));
   std::fill(f, f + 3 * n, T(0));
   std::fill(w, w + 9 * n, T(0));
-  // Running sums of the current receiver: energy, force, virial (symmetric: 6 entries).
-  int64_t cur = -1;
-  T ae = 0, f0 = 0, f1 = 0, f2 = 0, w00 = 0, w01 = 0, w02 = 0, w11 = 0, w12 = 0, w22 = 0;
-  auto flush = [&]() {
-    if (cur < 0) return;
-    en[cur] += ae;
-    f[3 * cur] += f0, f[3 * cur + 1] += f1, f[3 * cur + 2] += f2;
-    T* wr = w + 9 * cur;
-    wr[0] += w00, wr[1] += w01, wr[2] += w02;
-    wr[3] += w01, wr[4] += w11, wr[5] += w12;
-    wr[6] += w02, wr[7] += w12, wr[8] += w22;
-    ae = f0 = f1 = f2 = w00 = w01 = w02 = w11 = w12 = w22 = 0;
+  // One pass over the edges [e0, e1), with running sums of the current receiver: energy,
+  // force, virial (symmetric: 6 entries).
+  auto run = [&](int64_t e0, int64_t e1) {
+    int64_t cur = -1;
+    T ae = 0, f0 = 0, f1 = 0, f2 = 0, w00 = 0, w01 = 0, w02 = 0, w11 = 0, w12 = 0, w22 = 0;
+    auto flush = [&]() {
+      if (cur < 0) return;
+      en[cur] += ae;
+      f[3 * cur] += f0, f[3 * cur + 1] += f1, f[3 * cur + 2] += f2;
+      T* wr = w + 9 * cur;
+      wr[0] += w00, wr[1] += w01, wr[2] += w02;
+      wr[3] += w01, wr[4] += w11, wr[5] += w12;
+      wr[6] += w02, wr[7] += w12, wr[8] += w22;
+      ae = f0 = f1 = f2 = w00 = w01 = w02 = w11 = w12 = w22 = 0;
+    };
+    for (int64_t e = e0; e < e1; ++e) {
+      const int32_t r = rcv[e], s = snd[e];
+      if (!m[e] || !InRange(r, n) || !InRange(s, n)) continue;
+      T d[3];
+      const T* cell;
+      EdgeVector(x, sh, h, sys, nc, e, r, s, d, &cell);
+      const T r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+      if (!(r2 < rc2)) continue;
+      if (r != cur) {
+        flush();
+        cur = r;
+      }
+      const int64_t ab = int64_t(ty[r]) * k + ty[s];
+      T v, dv;
+      jaxdd::lj_pair<T>(r2, sig[ab], eps[ab], vs[ab], &v, &dv);
+      // The pair's force on the receiver, +dV/dd = 2 dv d, and the virial share
+      // -dv d (x) d of each atom it is credited to.
+      const T g = T(2) * dv;
+      const T g0 = g * d[0], g1 = g * d[1], g2 = g * d[2];
+      ae += T(0.5) * v;
+      f0 += g0, f1 += g1, f2 += g2;
+      const T v00 = -dv * d[0] * d[0], v01 = -dv * d[0] * d[1], v02 = -dv * d[0] * d[2];
+      const T v11 = -dv * d[1] * d[1], v12 = -dv * d[1] * d[2], v22 = -dv * d[2] * d[2];
+      w00 += v00, w01 += v01, w02 += v02, w11 += v11, w12 += v12, w22 += v22;
+      if (half) {  // the sender's half: energy, the opposite force, its virial share
+        en[s] += T(0.5) * v;
+        f[3 * s] -= g0, f[3 * s + 1] -= g1, f[3 * s + 2] -= g2;
+        T* ws = w + 9 * s;
+        ws[0] += v00, ws[1] += v01, ws[2] += v02;
+        ws[3] += v01, ws[4] += v11, ws[5] += v12;
+        ws[6] += v02, ws[7] += v12, ws[8] += v22;
+      }
+    }
+    flush();
   };
-  for (int64_t e = 0; e < ne; ++e) {
-    const int32_t r = rcv[e], s = snd[e];
-    if (!m[e] || !InRange(r, n) || !InRange(s, n)) continue;
-    T d[3];
-    const T* cell;
-    EdgeVector(x, sh, h, sys, nc, e, r, s, d, &cell);
-    const T r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
-    if (!(r2 < rc2)) continue;
-    if (r != cur) {
-      flush();
-      cur = r;
-    }
-    const int64_t ab = int64_t(ty[r]) * k + ty[s];
-    T v, dv;
-    jaxdd::lj_pair<T>(r2, sig[ab], eps[ab], vs[ab], &v, &dv);
-    // The pair's force on the receiver, +dV/dd = 2 dv d, and the virial share
-    // -dv d (x) d of each atom it is credited to.
-    const T g = T(2) * dv;
-    const T g0 = g * d[0], g1 = g * d[1], g2 = g * d[2];
-    ae += T(0.5) * v;
-    f0 += g0, f1 += g1, f2 += g2;
-    const T v00 = -dv * d[0] * d[0], v01 = -dv * d[0] * d[1], v02 = -dv * d[0] * d[2];
-    const T v11 = -dv * d[1] * d[1], v12 = -dv * d[1] * d[2], v22 = -dv * d[2] * d[2];
-    w00 += v00, w01 += v01, w02 += v02, w11 += v11, w12 += v12, w22 += v22;
-    if (half) {  // the sender's half: energy, the opposite force, its virial share
-      en[s] += T(0.5) * v;
-      f[3 * s] -= g0, f[3 * s + 1] -= g1, f[3 * s + 2] -= g2;
-      T* ws = w + 9 * s;
-      ws[0] += v00, ws[1] += v01, ws[2] += v02;
-      ws[3] += v01, ws[4] += v11, ws[5] += v12;
-      ws[6] += v02, ws[7] += v12, ws[8] += v22;
-    }
+  // A full list sorted by receiver writes only receiver rows, each from one run of edges:
+  // chunks cut between runs never write the same row, so they can run in parallel. Half
+  // lists (which write senders' rows too) and unsorted lists take one pass.
+  const int64_t chunks = half || !SortedByReceiver(rcv, ne) ? 1 : jaxdd::ChunkCount(pool, ne, 1 << 15);
+  if (chunks == 1) {
+    run(0, ne);
+  } else {
+    jaxdd::ParallelFor(pool, chunks, [&](int64_t c) {
+      run(RunStart(rcv, ne, ne * c / chunks), RunStart(rcv, ne, ne * (c + 1) / chunks));
+    });
   }
-  flush();
   return ffi::Error::Success();
 }
 
@@ -401,6 +431,7 @@ ffi::Error AttentionBackward(ffi::Buffer<DT> q, ffi::Buffer<DT> k, ffi::Buffer<D
 #define JAXDD_LJ_FORWARD(SYM, DT)                                                      \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(SYM, LjForward<DT>,                                    \
                                 ffi::Ffi::Bind() JAXDD_LJ_ARGS(DT)                     \
+                                    .Ctx<ffi::ThreadPool>()                            \
                                     .Ret<ffi::Buffer<DT>>()  /* energy */              \
                                     .Ret<ffi::Buffer<DT>>()  /* forces */              \
                                     .Ret<ffi::Buffer<DT>>()) /* virial */

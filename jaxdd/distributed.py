@@ -36,7 +36,8 @@ from .driver import _check_stress_cells, _default_order, _model_config
 from .graph_partition import STRATEGIES, block_capacity, block_neighbor_list, gathered_inputs, node_blocks
 from .halo import HaloLayout, HaloPlan, build_halo_plan, halo_forward
 from .model import ModelOutputs
-from .neighbors import NeighborCapacity, NeighborListFormat, build_neighbor_list, neighbor_capacity
+from .neighbors import (NEIGHBOR_BACKENDS, NeighborCapacity, NeighborListFormat, local_neighbor_list,
+                        neighbor_capacity)
 from .partition import Partition, partition
 from .segments import per_system_sum
 from .ops import GraphParallelPolicy, HaloRefreshPolicy, HaloStoragePolicy
@@ -59,6 +60,13 @@ def _positive(name, value, *, allow_zero=False):
     return float(value)
 
 
+def _kernel_neighbors_possible(mesh: Mesh) -> bool:
+    """True when every device of ``mesh`` is a CPU and the compiled kernels are built."""
+    from . import ffi
+
+    return ffi.available() and all(d.platform == "cpu" for d in mesh.devices.flat)
+
+
 @dataclasses.dataclass(frozen=True)
 class DomainConfig:
     """How a system is cut into spatial domains.
@@ -74,6 +82,10 @@ class DomainConfig:
     capacity_factor: headroom of the static capacities (>= 1). migration_hysteresis: how far
     an atom may leave its block before it migrates (default skin / 2; used by dynamics).
     require_nondegenerate: raise instead of warning when the ghost shell covers every atom.
+    neighbor_backend: how each rank searches its rows for neighbours: ``"kernel"`` (the
+    compiled cell list of :mod:`jaxdd.ffi.neighbors`; CPU devices only), ``"jnp"`` (the
+    jit-compiled bin search, any device) or ``"auto"`` (default: the kernel on CPU devices
+    when the compiled library is built, else jnp). Both give the same pairs.
     """
 
     cutoff: float
@@ -85,6 +97,7 @@ class DomainConfig:
     capacity_factor: float = 1.2
     migration_hysteresis: float | None = None
     require_nondegenerate: bool = False
+    neighbor_backend: str = "auto"
 
     def __post_init__(self):
         cutoff = _positive("cutoff", self.cutoff)
@@ -97,6 +110,9 @@ class DomainConfig:
             )
         if self.strategy is not None and self.strategy not in STRATEGIES:
             raise ValueError(f"DomainConfig.strategy must be one of {list(STRATEGIES)} or None, got {self.strategy!r}")
+        if self.neighbor_backend not in NEIGHBOR_BACKENDS:
+            raise ValueError(f"DomainConfig.neighbor_backend must be one of {list(NEIGHBOR_BACKENDS)}, "
+                             f"got {self.neighbor_backend!r}")
         factor = _positive("capacity_factor", self.capacity_factor)
         if factor < 1:
             raise ValueError(f"DomainConfig.capacity_factor must be >= 1, got {factor}")
@@ -123,6 +139,17 @@ class DomainConfig:
         object.__setattr__(self, "capacity_factor", factor)
         object.__setattr__(self, "migration_hysteresis", hyst)
         object.__setattr__(self, "mesh", mesh)
+        if self.neighbor_backend == "kernel" and not _kernel_neighbors_possible(mesh):
+            raise ValueError(
+                "DomainConfig.neighbor_backend='kernel' needs CPU devices and jaxdd's compiled kernels "
+                "(pip install -e . builds them); use 'auto' or 'jnp'")
+
+    @property
+    def neighbor_search(self) -> str:
+        """The resolved neighbour backend: ``"kernel"`` or ``"jnp"``."""
+        if self.neighbor_backend != "auto":
+            return self.neighbor_backend
+        return "kernel" if _kernel_neighbors_possible(self.mesh) else "jnp"
 
     @property
     def n_ranks(self) -> int:
@@ -167,6 +194,7 @@ class _Static:
     nl_capacity: NeighborCapacity
     search_cutoff: float
     nl_format: NeighborListFormat
+    nl_backend: str
     strategy: str
     policy: object
     autograd: frozenset  # outputs the framework derives (ModelConfig.autograd_outputs)
@@ -420,6 +448,7 @@ class DistributedModel:
             nl_capacity=self._nl_capacity,
             search_cutoff=_model_config(self.model).neighbor_config.search_cutoff,
             nl_format=_model_config(self.model).neighbor_config.format,
+            nl_backend=self.config.neighbor_search,
             strategy=self.strategy,
             policy=self.policy,
             autograd=frozenset(_model_config(self.model).autograd_outputs),
@@ -523,17 +552,10 @@ def rank_neighbors(positions, local, static: _Static, cell=None):
         return block_neighbor_list(
             all_pos, jax.lax.stop_gradient(cell), local.pbc, all_sys, all_mask, jax.lax.axis_index(axes),
             layout.n_owned, cutoff=static.search_cutoff, capacity=static.nl_capacity, format=static.nl_format)
-    return build_neighbor_list(
-        jax.lax.stop_gradient(positions),
-        jnp.broadcast_to(jnp.eye(3, dtype=positions.dtype), (n_sys, 3, 3)),
-        jnp.zeros((n_sys, 3), bool),
-        local.batch_idx,
-        local.atom_mask,
-        cutoff=static.search_cutoff,
-        capacity=static.nl_capacity,
-        format=static.nl_format,
-        n_receivers=layout.n_local if static.deep else layout.n_owned,
-    )
+    return local_neighbor_list(
+        jax.lax.stop_gradient(positions), local.batch_idx, local.atom_mask, n_systems=n_sys,
+        cutoff=static.search_cutoff, capacity=static.nl_capacity, format=static.nl_format,
+        n_receivers=layout.n_local if static.deep else layout.n_owned, backend=static.nl_backend)
 
 
 def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, system_mask, static: _Static,

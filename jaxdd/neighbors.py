@@ -45,6 +45,8 @@ __all__ = [
     "neighbor_list",
     "edge_vectors",
     "effective_cell",
+    "local_neighbor_list",
+    "NEIGHBOR_BACKENDS",
 ]
 
 
@@ -473,22 +475,33 @@ def build_neighbor_list(
     receivers = jnp.where(valid, recv, n).astype(jnp.int32)
     shifts = jnp.where(valid[:, None], shift, 0).astype(jnp.int32)
 
+    needed_candidates = jnp.max(aux["total"], initial=0)
+    overflow = (
+        (aux["bins_used"] > capacity.table_size(n))
+        | (needed_candidates > c)
+        | jnp.any(aux["need"] > jnp.asarray(capacity.search_range))
+    )
+    return _assemble(senders, receivers, shifts, valid, per_atom, n_edges, n, capacity, format, overflow,
+                     needed_candidates=needed_candidates, needed_range=aux["need"], needed_bins=aux["bins_used"])
+
+
+def _assemble(senders, receivers, shifts, valid, per_atom, n_edges, n, capacity, format, overflow, *,
+              needed_candidates, needed_range, needed_bins) -> NeighborList:
+    """A NeighborList from COO edges grouped by receiver (the MATRIX table built from them);
+    ``overflow`` is the search's own, the edge and neighbour slots are checked here."""
     matrix = matrix_shifts = None
+    per_atom = jnp.pad(per_atom, (0, n - per_atom.shape[0]))
     if format is NeighborListFormat.MATRIX:
         kk = capacity.max_neighbors
         row_start = jnp.cumsum(per_atom) - per_atom
-        col = jnp.arange(capacity.max_edges) - row_start[recv]
+        safe = jnp.minimum(receivers, n - 1) if n else receivers
+        col = jnp.arange(capacity.max_edges) - row_start[safe]
         col = jnp.where(valid & (col < kk), col, kk)  # out of range: dropped
-        matrix = jnp.full((n, kk), n, jnp.int32).at[recv, col].set(senders, mode="drop")
-        matrix_shifts = jnp.zeros((n, kk, 3), jnp.int32).at[recv, col].set(shifts, mode="drop")
-
-    needed_candidates = jnp.max(aux["total"], initial=0)
-    needed_range = aux["need"]
+        matrix = jnp.full((n, kk), n, jnp.int32).at[receivers, col].set(senders, mode="drop")
+        matrix_shifts = jnp.zeros((n, kk, 3), jnp.int32).at[receivers, col].set(shifts, mode="drop")
     overflow = (
-        (n_edges > capacity.max_edges)
-        | (aux["bins_used"] > capacity.table_size(n))
-        | (needed_candidates > c)
-        | jnp.any(needed_range > jnp.asarray(capacity.search_range))
+        overflow
+        | (n_edges > capacity.max_edges)
         | ((format is NeighborListFormat.MATRIX) & (jnp.max(per_atom, initial=0) > capacity.max_neighbors))
     )
     return NeighborList(
@@ -498,13 +511,49 @@ def build_neighbor_list(
         mask=valid,
         matrix=matrix,
         matrix_shifts=matrix_shifts,
-        num_neighbors=jnp.pad(per_atom, (0, n - per_atom.shape[0])),
+        num_neighbors=per_atom,
         n_edges=n_edges,
-        needed_candidates=needed_candidates.astype(jnp.int32),
-        needed_range=needed_range.astype(jnp.int32),
-        needed_bins=aux["bins_used"].astype(jnp.int32),
+        needed_candidates=jnp.asarray(needed_candidates).astype(jnp.int32),
+        needed_range=jnp.asarray(needed_range).astype(jnp.int32),
+        needed_bins=jnp.asarray(needed_bins).astype(jnp.int32),
         overflow=overflow,
     )
+
+
+NEIGHBOR_BACKENDS = ("auto", "kernel", "jnp")
+
+
+def local_neighbor_list(positions, batch_idx, atom_mask, *, n_systems: int, cutoff: float,
+                        capacity: NeighborCapacity, half: bool = False,
+                        format: NeighborListFormat = NeighborListFormat.COO, n_receivers: int | None = None,
+                        backend: str = "jnp") -> NeighborList:
+    """The neighbour list of atoms with open boundaries (no periodic axis, no cell), as a
+    rank builds it over its owned rows and ghost images; traceable under ``jit``.
+
+    positions: [n, 3] Å; batch_idx: [n] int32; atom_mask: [n] bool. backend: ``"jnp"`` (the
+    bin search of :func:`build_neighbor_list`, any device) or ``"kernel"`` (the compiled
+    cell list of :mod:`jaxdd.ffi.neighbors`: CPU only, much faster, same pairs; only its
+    edge and neighbour slots can overflow). Shifts are all zero.
+    """
+    if backend not in ("kernel", "jnp"):
+        raise ValueError(f"backend must be 'kernel' or 'jnp' here, got {backend!r}")
+    if backend == "jnp":
+        dtype = positions.dtype
+        return build_neighbor_list(
+            positions, jnp.broadcast_to(jnp.eye(3, dtype=dtype), (n_systems, 3, 3)), jnp.zeros((n_systems, 3), bool),
+            batch_idx, atom_mask, cutoff=cutoff, capacity=capacity, half=half, format=format, n_receivers=n_receivers)
+    from .ffi.neighbors import cell_list
+
+    _check_cutoff(cutoff)
+    format = NeighborListFormat(format)
+    n = positions.shape[0]
+    senders, receivers, shifts, per_atom, n_edges = cell_list(
+        positions, jnp.asarray(batch_idx, jnp.int32), jnp.asarray(atom_mask, bool), cutoff=float(cutoff),
+        max_edges=capacity.max_edges, n_receivers=n_receivers, n_systems=n_systems, half=half)
+    valid = jnp.arange(capacity.max_edges) < n_edges
+    zero = jnp.zeros((), jnp.int32)
+    return _assemble(senders, receivers, shifts, valid, per_atom, n_edges, n, capacity, format, jnp.zeros((), bool),
+                     needed_candidates=zero, needed_range=jnp.zeros(3, jnp.int32), needed_bins=zero)
 
 
 @jax.jit(static_argnames=("cutoff", "divisions", "table"))

@@ -541,6 +541,19 @@ def _rank_common(arrays, fixed):
     }
 
 
+def rank_forces(model, f, own_pos, own_sys, static, report, neighbors=None):
+    """(forces [n_owned, 3] eV/Å, energy [S] eV, neighbour list) of one rank. A model that
+    computes its forces itself (a kernel's direct forces: "forces" is an output and not an
+    autograd output) is taken at its word, which costs one pass instead of a forward and a
+    backward one; otherwise forces are minus the gradient of the energy."""
+    direct = "forces" not in static.autograd
+    per_system, out, _, nl, g_pos, _ = rank_evaluate(
+        model, f["local"], own_pos, own_sys, f["owned_rows"], f["routing"], f["cell"], f["system_mask"], static,
+        report, forces=not direct, neighbors=neighbors)
+    forces = out["forces"][:static.layout.n_owned] if direct else -g_pos
+    return forces, per_system, nl
+
+
 def _specs(static, arrays, fixed):
     axes = tuple(static.mesh.axis_names)
     ranked = P(axes)
@@ -560,12 +573,16 @@ def _evaluate(model, arrays, fixed, static, stress):
     def rank_fn(params, arrays, fixed):
         model = eqx.combine(params, rest)
         a, f = _rank_common(arrays, fixed)
-        per_system, _, _, nl, g_pos, g_strain = rank_evaluate(
-            model, f["local"], a["positions"], a["system"], f["owned_rows"], f["routing"], f["cell"],
-            f["system_mask"], static, report, forces=True, stress=stress)
+        if stress:
+            per_system, _, _, nl, g_pos, g_strain = rank_evaluate(
+                model, f["local"], a["positions"], a["system"], f["owned_rows"], f["routing"], f["cell"],
+                f["system_mask"], static, report, forces=True, stress=True)
+            forces, virial = -g_pos, jax.lax.psum(g_strain, axes)
+        else:
+            forces, per_system, nl = rank_forces(model, f, a["positions"], a["system"], static, report)
+            virial = jnp.zeros(())
         overflow, needed = nl_needs(nl, axes)
-        virial = jax.lax.psum(g_strain, axes) if stress else jnp.zeros(())
-        return per_system, -g_pos[None], virial, overflow, needed
+        return per_system, forces[None], virial, overflow, needed
 
     fn = jax.shard_map(rank_fn, mesh=static.mesh, in_specs=(P(), a_spec, f_spec),
                        out_specs=(P(), ranked, P(), P(), P()), check_vma=False)
@@ -599,11 +616,9 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
                                   static)
 
         def evaluate(x, nl):
-            per_system, _, _, nl, g_pos, _ = rank_evaluate(
-                model, f["local"], x, a["system"], f["owned_rows"], f["routing"], f["cell"], f["system_mask"],
-                static, report, forces=True, neighbors=nl)
+            forces, per_system, nl = rank_forces(model, f, x, a["system"], static, report, neighbors=nl)
             overflow, needed = nl_needs(nl, axes)
-            return -g_pos, per_system, overflow, needed
+            return forces, per_system, overflow, needed
 
         def context(step):
             return StepContext(
@@ -646,8 +661,9 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
             new = integrator.step(state, ctx, forces_fn)
             far = max_shift2(new.positions, a["reference"]) > threshold**2
             bad = far | box["overflow"]
-            kept = jax.tree_util.tree_map(lambda old, nw: jnp.where(bad, old, nw), (state, verlet),
-                                          (new, box.get("verlet")))
+            # A discarded step ends the loop, and the next call builds its list afresh, so
+            # only the state needs selecting (the list is large, selecting it costs a copy).
+            kept = (jax.tree_util.tree_map(lambda old, nw: jnp.where(bad, old, nw), state, new), box.get("verlet"))
             converged = ~bad & integrator.converged(kept[0], ctx)
             reason = jnp.where(box["overflow"], _OVERFLOW, jnp.where(far, _REBUILD,
                                                                      jnp.where(converged, _CONVERGED, _RUNNING)))

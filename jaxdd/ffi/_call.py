@@ -34,8 +34,9 @@ def check_array(kernel: str, name: str, x, shape: Sequence[int | None], dtype) -
         raise ValueError(f"{kernel}: {name} must have shape {want}, got {list(x.shape)}")
 
 
-def call(kernel: str, suffix: str, results: Sequence[tuple[tuple[int, ...], object]], *args):
-    """``jaxdd_{kernel}_{suffix}`` on ``args``; results given as (shape, dtype) pairs.
+def call(kernel: str, suffix: str, results: Sequence[tuple[tuple[int, ...], object]], *args, **attrs):
+    """``jaxdd_{kernel}_{suffix}`` on ``args``; results given as (shape, dtype) pairs, ``attrs``
+    the handler's static attributes (numpy scalars or bools).
 
     Inside ``shard_map`` (with ``check_vma=True``) an FFI call needs all operands varying
     over the same mesh axes, and result types that say so: operands are made varying over
@@ -50,4 +51,4 @@ def call(kernel: str, suffix: str, results: Sequence[tuple[tuple[int, ...], obje
         types = [ref.update(shape=tuple(shape), dtype=np.dtype(dtype)) for shape, dtype in results]
     else:
         types = [jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype)) for shape, dtype in results]
-    return jax.ffi.ffi_call(f"jaxdd_{kernel}_{suffix}", types, vmap_method="sequential")(*args)
+    return jax.ffi.ffi_call(f"jaxdd_{kernel}_{suffix}", types, vmap_method="sequential")(*args, **attrs)

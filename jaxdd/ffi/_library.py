@@ -18,10 +18,12 @@ from pathlib import Path
 
 import jax
 
-__all__ = ["KernelLibraryError", "KERNELS", "library_path", "cuda_library_path", "available", "ensure_registered"]
+__all__ = ["KernelLibraryError", "KERNELS", "CPU_ONLY_KERNELS", "library_path", "cuda_library_path", "available", "ensure_registered"]
 
 # Handler symbols are f"jaxdd_{kernel}_{f32|f64}"; the XLA target names are the same.
 KERNELS = ("lj_forward", "lj_backward", "attention_forward", "attention_backward")
+# Kernels the CPU library has and the CUDA one does not (their callers use jnp on GPUs).
+CPU_ONLY_KERNELS = ("cell_list",)
 DTYPES = ("f32", "f64")
 
 _HERE = Path(__file__).resolve().parent
@@ -72,12 +74,12 @@ def _has_cuda_backend() -> bool:
         return False
 
 
-def _register(path: Path, platform: str) -> None:
+def _register(path: Path, platform: str, kernels=KERNELS) -> None:
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:
         raise KernelLibraryError(f"jaxdd's kernel library {path} could not be loaded ({exc}); {_BUILD_HINT}") from exc
-    for kernel in KERNELS:
+    for kernel in kernels:
         for dtype in DTYPES:
             symbol = f"jaxdd_{kernel}_{dtype}"
             try:
@@ -103,7 +105,7 @@ def ensure_registered() -> None:
         path = library_path()
         if path is None:
             raise KernelLibraryError(f"jaxdd's compiled kernels (jaxdd/ffi/_kernels*.so) are not built; {_BUILD_HINT}")
-        _register(path, "cpu")
+        _register(path, "cpu", KERNELS + CPU_ONLY_KERNELS)
         _registered.add("cpu")
         cuda = cuda_library_path()
         if cuda is not None and _has_cuda_backend():

@@ -1,0 +1,138 @@
+"""The compiled cell list (each rank's open-boundary neighbour search) and the threaded LJ pass.
+
+The cell list must find exactly the pairs of the jnp bin search
+(:func:`jaxdd.neighbors.build_neighbor_list` with no periodic axis), grouped by receiver in
+receiver order, report every pair it could not store, and never fail on sparse or
+non-finite input. Under decomposition it is the default search on CPU devices, so the
+distributed suites run through it; here one distributed case runs both backends.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdd import ffi
+from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh
+from jaxdd.models.lj import LennardJones
+from jaxdd.neighbors import (NeighborCapacity, NeighborListFormat, build_neighbor_list, local_neighbor_list,
+                             neighbor_capacity)
+from jaxdd.systems import lj_melt_data
+
+pytestmark = pytest.mark.skipif(not ffi.available(), reason="compiled kernels not built (pip install -e .)")
+
+from jaxdd.ffi.neighbors import cell_list  # noqa: E402
+
+
+def _cloud(n, box, n_systems, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0, box, (n, 3)).astype(dtype)
+    system = np.sort(rng.integers(0, n_systems, n)).astype(np.int32)
+    mask = rng.uniform(size=n) > 0.1
+    return x, system, mask
+
+
+def _pairs(receivers, senders, n_edges):
+    n_edges = int(n_edges)
+    return set(zip(np.asarray(receivers)[:n_edges].tolist(), np.asarray(senders)[:n_edges].tolist()))
+
+
+def _reference(x, system, mask, n_systems, cutoff, half, n_receivers):
+    eye = np.broadcast_to(np.eye(3, dtype=x.dtype), (n_systems, 3, 3))
+    pbc = np.zeros((n_systems, 3), bool)
+    cap = neighbor_capacity(x, eye, pbc, system, mask, cutoff=cutoff, half=half)
+    return build_neighbor_list(x, eye, pbc, system, mask, cutoff=cutoff, capacity=cap, half=half,
+                               n_receivers=n_receivers), cap
+
+
+@pytest.mark.parametrize("dtype, half, n_systems", [
+    (np.float64, False, 1), (np.float64, True, 3), (np.float32, True, 1), (np.float32, False, 3)])
+def test_cell_list_finds_the_pairs_of_the_bin_search(dtype, half, n_systems):
+    x, system, mask = _cloud(1500, 12.0, n_systems, dtype)
+    ref, cap = _reference(x, system, mask, n_systems, 3.0, half, n_receivers=1200)
+    senders, receivers, shifts, count, n_edges = cell_list(x, system, mask, cutoff=3.0, max_edges=cap.max_edges,
+                                                           n_receivers=1200, n_systems=n_systems, half=half)
+    assert int(n_edges) == int(ref.n_edges)
+    assert _pairs(receivers, senders, n_edges) == _pairs(ref.receivers, ref.senders, ref.n_edges)
+    np.testing.assert_array_equal(np.asarray(count), np.asarray(ref.num_neighbors))
+    assert not np.any(np.asarray(shifts))
+
+
+def test_cell_list_edges_are_grouped_by_receiver_and_padded_past_the_last_atom():
+    x, system, mask = _cloud(800, 10.0, 1, np.float64)
+    senders, receivers, _, _, n_edges = cell_list(x, system, mask, cutoff=2.5, max_edges=60_000)
+    r = np.asarray(receivers)
+    assert np.all(np.diff(r) >= 0)
+    assert np.all(r[int(n_edges):] == 800) and np.all(np.asarray(senders)[int(n_edges):] == 800)
+
+
+def test_cell_list_counts_the_pairs_it_had_no_room_for():
+    x, system, mask = _cloud(800, 10.0, 1, np.float64)
+    senders, receivers, _, _, full = cell_list(x, system, mask, cutoff=2.5, max_edges=60_000)
+    every_pair = _pairs(receivers, senders, full)
+    senders, receivers, _, _, n_edges = cell_list(x, system, mask, cutoff=2.5, max_edges=1000)
+    assert int(n_edges) == int(full) > 1000
+    assert _pairs(receivers, senders, 1000) <= every_pair
+
+
+def test_overflowing_local_list_raises_the_flag():
+    x, system, mask = _cloud(800, 10.0, 1, np.float64)
+    cap = NeighborCapacity(max_edges=1000, max_neighbors=4, max_candidates=1, search_range=(1, 1, 1))
+    nl = local_neighbor_list(jnp.asarray(x), system, mask, n_systems=1, cutoff=2.5, capacity=cap, backend="kernel")
+    assert bool(nl.overflow) and int(nl.n_edges) > 1000
+    nl = local_neighbor_list(jnp.asarray(x), system, mask, n_systems=1, cutoff=2.5, capacity=cap, backend="kernel",
+                             format=NeighborListFormat.MATRIX)
+    assert bool(nl.overflow)
+
+
+def test_matrix_rows_of_the_kernel_list_equal_those_of_the_bin_search():
+    x, system, mask = _cloud(300, 7.0, 2, np.float64)
+    _, cap = _reference(x, system, mask, 2, 2.5, False, None)
+    args = dict(n_systems=2, cutoff=2.5, capacity=cap, format=NeighborListFormat.MATRIX)
+    got = local_neighbor_list(jnp.asarray(x), system, mask, backend="kernel", **args)
+    want = local_neighbor_list(jnp.asarray(x), system, mask, backend="jnp", **args)
+    assert not bool(got.overflow)
+    rows = lambda m: [sorted(r[r < 300].tolist()) for r in np.asarray(m)]  # noqa: E731
+    assert rows(got.matrix) == rows(want.matrix)
+
+
+def test_sparse_systems_and_non_finite_positions_are_searched_without_failing():
+    x = np.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1e5, 1e5, 1e5], [np.nan, 0.0, 0.0], [1e5, 1e5, 1e5 + 1.5]])
+    system = np.zeros(5, np.int32)
+    senders, receivers, _, count, n_edges = cell_list(x, system, np.ones(5, bool), cutoff=2.0, max_edges=16)
+    assert _pairs(receivers, senders, n_edges) == {(0, 1), (1, 0), (2, 4), (4, 2)}
+    assert int(np.asarray(count)[3]) == 0
+
+
+def test_unknown_backend_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="neighbor_backend"):
+        DomainConfig(2.5, neighbor_backend="cuda")
+
+
+def test_distributed_energies_and_forces_are_the_same_with_either_backend():
+    data = lj_melt_data(7, temperature=1.0, dtype=np.float64)
+    mesh = default_mesh(jax.devices()[:2])
+    out = {}
+    for backend in ("kernel", "jnp"):
+        dm = DistributedModel(LennardJones(1.0, 1.0, 2.5), DomainConfig(2.5, mesh=mesh, neighbor_backend=backend))
+        out[backend] = dm(data)
+    np.testing.assert_allclose(out["kernel"]["energy"], out["jnp"]["energy"], rtol=1e-12)
+    np.testing.assert_allclose(out["kernel"]["forces"], out["jnp"]["forces"], rtol=0, atol=1e-11)
+
+
+def test_threaded_lj_pass_equals_the_single_pass_over_an_unsorted_list():
+    """A full list sorted by receiver is split over threads; the same edges shuffled take one
+    pass. Both must give the same energies, forces and virial."""
+    x, system, mask = _cloud(1500, 11.0, 1, np.float64)  # ~100k edges: several chunks
+    senders, receivers, shifts, _, n_edges = cell_list(x, system, np.ones(1500, bool), cutoff=2.5, max_edges=200_000)
+    assert int(n_edges) > 65_536
+    edge_mask = jnp.arange(200_000) < n_edges
+    cell = jnp.eye(3)[None]
+    perm = np.random.default_rng(1).permutation(200_000)
+    ordered = ffi.lennard_jones(x, shifts, cell, senders, receivers, edge_mask, 1.0, 1.0, cutoff=2.5)
+    shuffled = ffi.lennard_jones(x, shifts[perm], cell, senders[perm], receivers[perm], edge_mask[perm], 1.0, 1.0,
+                                 cutoff=2.5)
+    for a, b in zip(ordered, shuffled):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-9)
