@@ -7,13 +7,18 @@ cn)``); tests that need it skip, saying so, when it is not installed. Agreement 
 package to round-off. The published PBE-D3(BJ) energy of water needs no package.
 
 The systems: water (in a vacuum box, not periodic) and a sheared, rattled 2x2x2 supercell
-of the CO2 crystal (96 atoms, triclinic, periodic). The pair model has cutoffs of 9 Å
-(pairs) and 7 Å (coordination numbers); the three-body model 6, 5 and 5 Å (three-body). Compiling takes seconds, so both go into one
-padded batch (3 padding atoms, one empty system), evaluated once by ``jaxdd.compute``: each
-system of it is compared with the oracle alone, which also specifies batching, and the
-whole batch is the reference of the distributed runs (``DistributedModel`` against
-``jaxdd.compute`` in float64: energy to 1e-10 relative, forces, stress and atomic energies
-to 1e-9 absolute).
+of the CO2 crystal (96 atoms, triclinic, periodic). The pair model has ranges of 9 Å
+(pairs) and 7 Å (coordination numbers); the three-body model 6, 5 and 5 Å (pairs,
+coordination numbers, triangles). Compiling takes seconds, so both systems go into one
+padded batch (3 padding atoms, one empty system), evaluated once per model by
+``jaxdd.compute``: each system of it is compared with the oracle alone, which also
+specifies batching, and the whole batch is the reference of the distributed runs
+(``DistributedModel`` against ``jaxdd.compute`` in float64: energy to 1e-10 relative,
+forces, stress and atomic energies to 1e-9 absolute).
+
+The default suite checks the three-body term on water alone and distributes the pair
+model on one uneven grid; the slow set adds the three-body term on the crystal, another
+grid, the distributed three-body model and the deep halo.
 """
 
 from __future__ import annotations
@@ -230,7 +235,7 @@ def test_distributed_equals_single_device_on_an_uneven_grid():
 
 def test_ghosts_read_their_owners_coordination_numbers_through_the_scatter_exchange():
     dm, _ = distributed("pair", (3, 2, 1))
-    # Two scatter-adds onto receivers: the coordination numbers and the atomic energies.
+    # Two scatter-adds onto receivers: the coordination numbers and the pair energies.
     # Halo-corrected, each leaves ghost rows equal to their owners', so a pair's sender
     # (a ghost) contributes its complete CN while the shell is one neighbour range deep.
     assert dm.dispatch_report.counts["scatter_add.halo_correction"] == 2
@@ -253,6 +258,8 @@ def test_distributed_three_body_term_equals_single_device():
     dm, got = distributed("atm", (4, 2, 1))
     assert_distributed_equals_single(got, batch_outputs("atm"))
     assert dm.dispatch_report.fallbacks == []
+    # Triangles read the CN of ghost corners too: still only the two halo-corrected scatters.
+    assert dm.dispatch_report.counts["scatter_add.halo_correction"] == 2
 
 
 # ----------------------------------------------------------------------------- halo depth
