@@ -229,7 +229,10 @@ def _shift_perm(grid, axis: int, d: int):
 
 def _fold(window, axis: int, start, size: int, block: int, n_blocks: int, g, grid, grid_axis: int, axes, p: int):
     """Rows of a window (``window.shape[axis]`` rows from mesh row ``start``, periodic in
-    ``size``) summed into the owners' blocks of ``block`` rows; returns this rank's block."""
+    ``size``) summed into the owners' blocks of ``block`` rows; returns this rank's block.
+
+    The window of the rank at block ``g`` along this axis starts at ``g * block - p``: its
+    rows can belong to block g and to the blocks a few places away, one ``ppermute`` each."""
     x = jnp.moveaxis(window, axis, 0)
     width = x.shape[0]
     row = jnp.mod(start + jnp.arange(width), size)
@@ -274,7 +277,7 @@ def distributed_pme_energy(runtime, values, weights, base, system, recip, volume
     if problems:
         raise ValueError(f"the PME mesh {shape} does not fit the rank grid {grid}: " + "; ".join(problems)
                          + ". Pass PME(mesh=...) with sizes that divide, leave mesh=None, or use distributed_fft=False")
-    owned = runtime.row_mask(_node_kind(), values.shape[0])
+    owned = runtime.row_mask(_node_kind(), values.shape[0]) & (values != 0)
     values = jnp.where(owned, values, 0.0)
     if grid == (1, 1, 1):  # one rank holds the whole mesh: the single-device computation
         return _pme_energy(values, weights, base, system, recip, volume, alpha, b1, b2, b3)
@@ -290,7 +293,12 @@ def distributed_pme_energy(runtime, values, weights, base, system, recip, volume
     start = tuple(g[a] * blocks[a] - p for a in range(3))
     width = tuple(c + p + 1 for c in blocks)
     j = jnp.arange(p, dtype=base.dtype)
-    rows = jnp.stack([jnp.clip(base[:, a, None] - j - start[a], 0, width[a] - 1) for a in range(3)], axis=1)
+    unclipped = jnp.stack([base[:, a, None] - j - start[a] for a in range(3)], axis=1)  # [n, 3, p]
+    rows = jnp.clip(unclipped, 0, jnp.asarray(width, base.dtype)[:, None] - 1)
+    # An owned atom further than a mesh row outside its block (an MD loop that lets atoms
+    # wander before they migrate) would be spread onto clipped rows: say so with NaN instead.
+    strays = jnp.any(owned[:, None, None] & (rows != unclipped))
+    strays = jax.lax.psum(strays.astype(jnp.int32), axes) > 0
     w, flat = _scatter(values, weights, rows, jnp.clip(system, 0, n_sys - 1), width)
     window = jax.ops.segment_sum(w, flat, num_segments=n_sys * math.prod(width)).reshape((n_sys,) + width)
 
@@ -313,7 +321,8 @@ def distributed_pme_energy(runtime, values, weights, base, system, recip, volume
     m2 = g[0] * n2 + jnp.arange(n2)
     m3 = (g[1] * pz + g[2]) * n3 + jnp.arange(n3)
     green = influence(m1, m2, m3, recip, volume, alpha, moduli)
-    return jax.lax.psum(jnp.sum(green * (f.real ** 2 + f.imag ** 2), axis=(1, 2, 3)), axes)
+    total = jax.lax.psum(jnp.sum(green * (f.real ** 2 + f.imag ** 2), axis=(1, 2, 3)), axes)
+    return jnp.where(strays, jnp.nan, total)
 
 
 def _node_kind():

@@ -203,7 +203,7 @@ _OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_.]*", re.ASC
 _REGISTRY: dict[str, "OpHandle"] = {}
 # Namespaces of ops that jaxdd itself provides → the module that registers them, imported
 # on first use so that a spec file naming them loads without importing it first.
-_PROVIDERS = {"jaxdd_ffi": "jaxdd.ffi", "jaxdd_warp": "jaxdd.ffi.warp"}
+_PROVIDERS = {"jaxdd_ffi": "jaxdd.ffi", "jaxdd_warp": "jaxdd.ffi.warp", "jaxdd_mesh": "jaxdd.mesh"}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
