@@ -59,6 +59,11 @@ from timing import check_args, write_record  # noqa: E402
 
 CUTOFF = 2.5
 SKIN = 0.3
+#: Extra width of the ghost shell (DomainConfig.skin). The neighbour list keeps LAMMPS's skin
+#: of 0.3 (rebuilt on device when an atom has moved 0.15); a wider shell lets atoms move
+#: further before they migrate and the halo plan is rebuilt on the host (every ~30 steps
+#: instead of every ~6), at the price of more ghost atoms per rank.
+HALO_SKIN = 1.0
 DT = 0.005
 TEMPERATURE = 1.44
 DTYPES = ("float32", "float64")
@@ -113,11 +118,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtypes", default="float32,float64", help="comma-separated dtypes (default float32,float64)")
     p.add_argument("--paths", default="jnp,fused", help="comma-separated force paths: jnp, fused (default both; "
                                                          "fused is skipped when the kernels are not built)")
+    p.add_argument("--halo-skin", type=float, default=HALO_SKIN,
+                   help=f"extra ghost-shell width beyond the cutoff (default {HALO_SKIN}; at least the neighbour "
+                        f"skin {SKIN})")
     p.add_argument("--lammps", default="lmp", metavar="BIN", help="LAMMPS executable (default lmp, looked up on PATH)")
     p.add_argument("--no-lammps", action="store_true", help="do not run LAMMPS; use the recorded reference figures")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures to PATH as JSON")
     args = p.parse_args(argv)
     check_args(p, args, positive=("n_cells", "steps"), choices={"dtypes": DTYPES, "paths": PATHS})
+    if not (args.halo_skin >= SKIN and np.isfinite(args.halo_skin)):
+        p.error(f"--halo-skin must be a number >= the neighbour skin {SKIN}, got {args.halo_skin}")
     args.devices = _int_list(p, "devices", args.devices)
     return args
 
@@ -133,7 +143,8 @@ def set_device_count(n: int) -> None:
 # ---------------------------------------------------------------------------- jaxdd
 
 
-def bench_jaxdd(n_devices: int, dtype: str, n_cells: int, steps: int, path: str = "jnp") -> dict:
+def bench_jaxdd(n_devices: int, dtype: str, n_cells: int, steps: int, path: str = "jnp",
+                halo_skin: float = HALO_SKIN) -> dict:
     """One warm-up run and one timed run of ``steps`` NVE steps on ``n_devices`` devices."""
     data = lj_melt_data(n_cells, temperature=TEMPERATURE, dtype=np.dtype(dtype))
     n_atoms = int(data.positions.shape[0])
@@ -145,7 +156,7 @@ def bench_jaxdd(n_devices: int, dtype: str, n_cells: int, steps: int, path: str 
         model = LennardJonesKernel(1.0, 1.0, CUTOFF, skin=SKIN)
     else:
         model = LennardJones(1.0, 1.0, CUTOFF, skin=SKIN)
-    dm = DistributedModel(model, DomainConfig(CUTOFF, skin=SKIN, mesh=default_mesh(jax.devices()[:n_devices])))
+    dm = DistributedModel(model, DomainConfig(CUTOFF, skin=halo_skin, mesh=default_mesh(jax.devices()[:n_devices])))
     md = DomainParallel(dm, VelocityVerlet(DT), kB=1.0)
 
     t0 = time.perf_counter()
@@ -336,7 +347,7 @@ def main(argv=None) -> int:
     for path in paths:
         for n in args.devices:
             for dtype in args.dtypes:
-                rows.append(bench_jaxdd(n, dtype, c, args.steps, path))
+                rows.append(bench_jaxdd(n, dtype, c, args.steps, path, args.halo_skin))
                 r = rows[-1]
                 print(f"jaxdd ({path}) {n} device(s) {dtype}: {r['atom_steps_per_second']:,.0f} atom-steps/s "
                       f"({r['steps']} steps in {r['seconds']:.3f} s, warm-up {r['warmup_seconds']:.1f} s, "
@@ -350,12 +361,13 @@ def main(argv=None) -> int:
                          "time(s); its figure includes compilation")
     verdict = target_verdict(rows, lammps)
     n_atoms = rows[0]["n_atoms"]
-    header = (f"\nLJ melt NVE: {n_atoms:,} atoms ({c}^3 fcc cells), lj/cut {CUTOFF}, skin {SKIN}, dt {DT}, "
+    header = (f"\nLJ melt NVE: {n_atoms:,} atoms ({c}^3 fcc cells), lj/cut {CUTOFF}, skin {SKIN} "
+              f"(ghost shell {CUTOFF} + {args.halo_skin}), dt {DT}, "
               f"{args.steps} steps, T0 {TEMPERATURE}; {device}")
     print(format_table(rows, fused, lammps, notes, verdict, header, args.steps), flush=True)
     if args.json is not None:
         record = dict(
-            benchmark="md_lj", n_cells=c, n_atoms=n_atoms, steps=args.steps, cutoff=CUTOFF, skin=SKIN, dt=DT,
+            benchmark="md_lj", n_cells=c, n_atoms=n_atoms, steps=args.steps, cutoff=CUTOFF, skin=SKIN, halo_skin=args.halo_skin, dt=DT,
             temperature=TEMPERATURE, device=device, lammps_energy_per_atom=LAMMPS_MELT_ENERGY_PER_ATOM,
             results=rows, fused=fused, lammps={str(k): v for k, v in lammps.items()}, notes=notes,
             target=dict(verdict, per_cores={str(k): v for k, v in verdict["per_cores"].items()}),
