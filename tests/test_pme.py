@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.test_util import check_grads
@@ -151,6 +152,48 @@ def test_distributed_batch_of_two_cells_with_an_auto_mesh_equals_single_device()
     assert_distributed_matches(PME(CUTOFF), data, (2, 2, 2))
 
 
+@functools.cache
+def two_rank_mesh_sums():
+    """A jitted map from fractional coordinates [2, 3] of two atoms (charges +1, -1) in a
+    10 Å cube, mesh 12³, to (the distributed verb body on ranks of grid (2, 1, 1), rank r
+    owning atom r; the plain single-device sum)."""
+    from jax.sharding import PartitionSpec as P
+
+    from jaxdd import mesh
+    from jaxdd.dispatch import Runtime
+    from jaxdd.halo import HaloLayout
+    from jaxdd.models.ewald import reciprocal
+    from jaxdd.ops import HaloStoragePolicy
+
+    layout = HaloLayout(grid=(2, 1, 1), n_owned=1, exchanges=())
+    moduli = tuple(jnp.asarray(mesh.bspline_moduli(12, 6)) for _ in range(3))
+
+    def sums(frac):
+        recip, volume = reciprocal(jnp.eye(3, dtype=frac.dtype)[None] * 10.0)
+        q = jnp.asarray([1.0, -1.0], frac.dtype)
+        base, weights = mesh.bspline_weights(frac * 12.0, 6)
+        system = jnp.zeros(2, jnp.int32)
+
+        def rank(q, weights, base, system):
+            runtime = Runtime(layout, None, ("dd",), HaloStoragePolicy(), owned_rows=jnp.ones(1, bool))
+            return mesh.distributed_pme_energy(runtime, q, weights, base, system, recip, volume, 0.5, *moduli)
+
+        on_ranks = jax.shard_map(rank, mesh=mesh_of(2), in_specs=(P("dd"),) * 4, out_specs=P(), check_vma=False)
+        return on_ranks(q, weights, base, system), mesh.pme_energy(q, weights, base, system, recip, volume, 0.5, moduli)
+
+    return jax.jit(sums)
+
+
+def test_the_distributed_mesh_sum_equals_the_plain_one_for_atoms_in_their_blocks():
+    got, want = two_rank_mesh_sums()(jnp.asarray([[0.2, 0.5, 0.5], [0.7, 0.3, 0.6]]))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12)
+
+
+def test_an_owned_atom_far_outside_its_block_gives_nan_not_a_clipped_mesh():
+    got, want = two_rank_mesh_sums()(jnp.asarray([[0.8, 0.5, 0.5], [0.7, 0.3, 0.6]]))  # rank 0 owns x < 0.5
+    assert np.isnan(np.asarray(got)).all() and np.isfinite(np.asarray(want)).all()
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -166,8 +209,6 @@ def test_a_batch_without_charges_is_refused():
 
 
 def test_a_cell_not_periodic_in_three_dimensions_is_refused():
-    import jax.numpy as jnp
-
     with pytest.raises(ValueError, match="periodic along all three axes"):
         jaxdd.compute(PME(CUTOFF), crystal("NaCl").replace(pbc=jnp.asarray([False, True, True])))
 
