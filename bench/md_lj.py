@@ -14,11 +14,14 @@ For each device count and dtype, ``DomainParallel`` runs the melt once to compil
 programs and settle its capacities (warm-up, same start and length), then the timed run
 from a fresh start. It reports atom-steps per second, plan rebuilds, and the potential
 energy per atom at the first and last step. On a CPU the devices are virtual
-(``jax_num_cpu_devices``, set by the script to the largest ``--devices``).
+(``jax_num_cpu_devices``), and each run takes place in a child process bound to as many
+cores as it has devices: one XLA CPU device (its intra-op threads, the kernels' threads)
+would otherwise use every core of the machine.
 
-Two force paths: ``jnp`` (``jaxdd.models.lj.LennardJones``, plain jax.numpy) and ``fused``
-(``jaxdd.models.lj_kernel.LennardJonesKernel``: the fused C++ FFI kernel, forces through its
-backward kernel), the latter when the build has the compiled library (``--paths``).
+Two force paths: ``jnp`` (``jaxdd.models.lj.LennardJones``, plain jax.numpy, forces by
+autodiff) and ``fused`` (``jaxdd.models.lj_kernel.LennardJonesKernel``: the fused C++ FFI
+kernel, whose direct forces the dynamics take), the latter when the build has the compiled
+library (``--paths``). Both search neighbours with the compiled cell list on CPU devices.
 
 LAMMPS runs in the same benchmark run when ``lmp`` is on the PATH (``lmp -in in.lj`` on one core,
 ``mpirun -np N lmp -in in.lj`` on N); otherwise the figures measured on this machine and
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -332,7 +336,36 @@ def format_table(rows, fused, lammps, notes, verdict, header, steps) -> str:
     return "\n".join(out)
 
 
+def pinned_run(n_devices: int, dtype: str, n_cells: int, steps: int, path: str, halo_skin: float) -> dict:
+    """:func:`bench_jaxdd` in a child process bound to ``n_devices`` cores (all of them when the
+    machine has fewer): one XLA CPU device would otherwise use every core of the machine, and
+    the comparison with LAMMPS's N ranks would not be on equal cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    use = set(cores[:n_devices])
+    spec = json.dumps(dict(n_devices=n_devices, dtype=dtype, n_cells=n_cells, steps=steps, path=path,
+                           halo_skin=halo_skin))
+    proc = subprocess.run([sys.executable, __file__, "--worker", spec], capture_output=True, text=True,
+                          preexec_fn=lambda: os.sched_setaffinity(0, use))
+    if proc.returncode != 0:
+        raise RuntimeError(f"the {path} run on {n_devices} device(s), {dtype}, failed:\n{proc.stderr[-4000:]}")
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    row["cores"] = len(use)
+    return row
+
+
+def worker(spec: str) -> int:
+    """One pinned run (see :func:`pinned_run`): its figures as one JSON line on stdout."""
+    kw = json.loads(spec)
+    set_device_count(kw["n_devices"])
+    print(json.dumps(bench_jaxdd(kw["n_devices"], kw["dtype"], kw["n_cells"], kw["steps"], kw["path"],
+                                 kw["halo_skin"])), flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--worker"]:
+        return worker(argv[1])
     args = parse_args(argv)
     set_device_count(max(args.devices))
     devices = jax.devices()
@@ -344,10 +377,14 @@ def main(argv=None) -> int:
     fused = fused_status()
     paths = [x for x in args.paths if x != "fused" or fused["available"]]
     rows = []
+    pinned = devices[0].platform == "cpu"
     for path in paths:
         for n in args.devices:
             for dtype in args.dtypes:
-                rows.append(bench_jaxdd(n, dtype, c, args.steps, path, args.halo_skin))
+                if pinned:  # N virtual devices on N cores, as LAMMPS's N ranks
+                    rows.append(pinned_run(n, dtype, c, args.steps, path, args.halo_skin))
+                else:
+                    rows.append(bench_jaxdd(n, dtype, c, args.steps, path, args.halo_skin))
                 r = rows[-1]
                 print(f"jaxdd ({path}) {n} device(s) {dtype}: {r['atom_steps_per_second']:,.0f} atom-steps/s "
                       f"({r['steps']} steps in {r['seconds']:.3f} s, warm-up {r['warmup_seconds']:.1f} s, "

@@ -27,6 +27,10 @@ namespace {
 
 ffi::Error BadNl(const std::string& what) { return ffi::Error::InvalidArgument("jaxdd cell_list: " + what); }
 
+// Bins per cutoff length: finer bins examine fewer atoms that are too far away (with two,
+// about half as many as bins of the cutoff) at the price of more, shorter runs to scan.
+constexpr int kBinsPerCutoff = 2;
+
 // One system's bins: origin, bin edge, bins per axis and the first bin's global id.
 struct Grid {
   double lo[3] = {0, 0, 0};
@@ -101,7 +105,7 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
       if (!(extent[a] >= 0) || !std::isfinite(extent[a])) g.lo[a] = 0, extent[a] = 0;  // empty or non-finite
     }
     const double budget = 2.0 * double(atoms[s]) + 8.0;
-    g.width = cutoff;
+    g.width = cutoff / kBinsPerCutoff;
     for (;;) {
       double total = 1;
       for (int a = 0; a < 3; ++a) {
@@ -129,14 +133,14 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
   }
   for (int64_t b = 0; b < n_bins; ++b) start[b + 1] += start[b];
   std::vector<int32_t> order(start[n_bins]);
-  std::vector<T> sorted(3 * start[n_bins]);
+  std::vector<T> sx(start[n_bins]), sy(start[n_bins]), sz(start[n_bins]);
   {
     std::vector<int64_t> fill(start.begin(), start.end() - 1);
     for (int64_t i = 0; i < n; ++i) {
       if (bin[i] < 0) continue;
       const int64_t k = fill[bin[i]]++;
       order[k] = int32_t(i);
-      for (int a = 0; a < 3; ++a) sorted[3 * k + a] = x[3 * i + a];
+      sx[k] = x[3 * i], sy[k] = x[3 * i + 1], sz[k] = x[3 * i + 2];
     }
   }
 
@@ -146,7 +150,9 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
   const int64_t chunks = jaxdd::ChunkCount(pool, n_recv, 2048);
   std::vector<std::vector<int32_t>> found(chunks);
   jaxdd::ParallelFor(pool, chunks, [&](int64_t c) {
+    // out[0, m) holds the chunk's senders; out grows geometrically ahead of m.
     std::vector<int32_t>& out = found[c];
+    size_t m = 0;
     for (int64_t i = n_recv * c / chunks; i < n_recv * (c + 1) / chunks; ++i) {
       if (bin[i] < 0) continue;
       const Grid& g = grid[sys[i]];
@@ -155,23 +161,35 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
       local /= g.nb[0];
       const int64_t by = local % g.nb[1], bz = local / g.nb[1];
       const T xi = x[3 * i], yi = x[3 * i + 1], zi = x[3 * i + 2];
-      const size_t before = out.size();
-      for (int64_t cz = std::max<int64_t>(bz - 1, 0); cz <= std::min(bz + 1, g.nb[2] - 1); ++cz) {
-        for (int64_t cy = std::max<int64_t>(by - 1, 0); cy <= std::min(by + 1, g.nb[1] - 1); ++cy) {
+      const int64_t reach = int64_t(std::ceil(cutoff / g.width));
+      const int32_t self = int32_t(i);
+      const size_t before = m;
+      for (int64_t cz = std::max<int64_t>(bz - reach, 0); cz <= std::min(bz + reach, g.nb[2] - 1); ++cz) {
+        // Rows of bins whose y-z extent lies beyond the cutoff from the atom are skipped.
+        const double z0 = g.lo[2] + double(cz) * g.width;
+        const double gz = std::max({z0 - double(zi), double(zi) - (z0 + g.width), 0.0});
+        for (int64_t cy = std::max<int64_t>(by - reach, 0); cy <= std::min(by + reach, g.nb[1] - 1); ++cy) {
+          const double y0 = g.lo[1] + double(cy) * g.width;
+          const double gy = std::max({y0 - double(yi), double(yi) - (y0 + g.width), 0.0});
+          if (gy * gy + gz * gz >= cutoff * cutoff) continue;
           const int64_t row = g.offset + g.nb[0] * (cy + g.nb[1] * cz);
-          // Bins cx-1..cx+1 of one row are contiguous in the sorted order.
-          const int64_t first = start[row + std::max<int64_t>(bx - 1, 0)];
-          const int64_t last = start[row + std::min(bx + 1, g.nb[0] - 1) + 1];
+          // Bins bx-reach..bx+reach of one row are contiguous in the sorted order.
+          const int64_t first = start[row + std::max<int64_t>(bx - reach, 0)];
+          const int64_t last = start[row + std::min(bx + reach, g.nb[0] - 1) + 1];
+          if (out.size() < m + size_t(last - first)) out.resize(2 * (m + size_t(last - first)));
+          int32_t* dst = out.data();
+          // Branch-free: every candidate is written, and kept by advancing past it.
           for (int64_t k = first; k < last; ++k) {
             const int32_t j = order[k];
-            if (j == i || (half && j < i)) continue;
-            const T dx = sorted[3 * k] - xi, dy = sorted[3 * k + 1] - yi, dz = sorted[3 * k + 2] - zi;
-            if (dx * dx + dy * dy + dz * dz < rc2) out.push_back(j);
+            const T dx = sx[k] - xi, dy = sy[k] - yi, dz = sz[k] - zi;
+            dst[m] = j;
+            m += (dx * dx + dy * dy + dz * dz < rc2) & (j != self) & (!half | (j > self));
           }
         }
       }
-      count[i] = int32_t(out.size() - before);
+      count[i] = int32_t(m - before);
     }
+    out.resize(m);
   });
   std::vector<int64_t> offset(chunks + 1, 0);
   for (int64_t c = 0; c < chunks; ++c) offset[c + 1] = offset[c] + int64_t(found[c].size());
