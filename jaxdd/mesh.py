@@ -13,9 +13,9 @@ Single device, everything here is plain JAX: :func:`spread` puts per-atom values
    rank ``(i, j, k)`` owning mesh points ``[i K1/Px, (i+1) K1/Px) × ...``, the block its owned
    atoms lie in;
 2. each rank spreads its owned atoms onto a window of its block plus the B-spline stencil
-   (``order + 1`` points below, 1 above), then the window's rows that belong to other
-   blocks are sent to their owners (``ppermute``, axis by axis, so corners travel in two or
-   three hops) and added there: the *mesh halo* exchange;
+   (``order`` points below, 1 above, along the axes the grid cuts), then the window's rows
+   that belong to other blocks are sent to their owners (``ppermute``, axis by axis, so
+   corners travel in two or three hops) and added there: the *mesh halo* exchange;
 3. the 3-D FFT runs as three 1-D FFTs, each after an ``all_to_all`` transpose inside the
    group of ranks that share the other two block coordinates, so that the transformed
    axis is whole on every rank (z, then y, then x);
@@ -291,11 +291,14 @@ def distributed_pme_energy(runtime, values, weights, base, system, recip, volume
     r = jax.lax.axis_index(axes)
     g = (r // (py * pz), (r // pz) % py, r % pz)
 
-    # 1. spread owned atoms onto this rank's window: block plus p rows below and 1 above.
-    start = tuple(g[a] * blocks[a] - p for a in range(3))
-    width = tuple(c + p + 1 for c in blocks)
+    # 1. spread owned atoms onto this rank's window: block plus p rows below and 1 above
+    # along cut axes; an axis not cut (one block) is whole and periodic.
+    cut = tuple(n > 1 for n in grid)
+    start = tuple(g[a] * blocks[a] - p if cut[a] else 0 for a in range(3))
+    width = tuple(c + p + 1 if cut[a] else c for a, c in enumerate(blocks))
     j = jnp.arange(p, dtype=base.dtype)
-    unclipped = jnp.stack([base[:, a, None] - j - start[a] for a in range(3)], axis=1)  # [n, 3, p]
+    unclipped = jnp.stack([base[:, a, None] - j - start[a] if cut[a] else jnp.mod(base[:, a, None] - j, shape[a])
+                           for a in range(3)], axis=1)  # [n, 3, p]
     rows = jnp.clip(unclipped, 0, jnp.asarray(width, base.dtype)[:, None] - 1)
     # An owned atom further than a mesh row outside its block (an MD loop that lets atoms
     # wander before they migrate) would be spread onto clipped rows: say so with NaN instead.
@@ -306,7 +309,8 @@ def distributed_pme_energy(runtime, values, weights, base, system, recip, volume
 
     # 2. mesh halo: window rows of other blocks to their owners, axis by axis.
     for a in range(3):
-        window = _fold(window, a + 1, start[a], shape[a], blocks[a], grid[a], g[a], grid, a, axes, p)
+        if cut[a]:
+            window = _fold(window, a + 1, start[a], shape[a], blocks[a], grid[a], g[a], grid, a, axes, p)
     f = window.astype(jnp.result_type(window.dtype, jnp.complex64))
 
     # 3. distributed FFT: z, y, x, each made whole by a transpose within its rank group.
