@@ -52,7 +52,9 @@ COULOMB = 14.399645  # eV Å / e²
 
 def ewald_parameters(cutoff: float, accuracy: float) -> tuple[float, float]:
     """(α Å⁻¹, k_max Å⁻¹) for a real-space cutoff r_c (Å) and a relative accuracy ε in (0, 1)."""
-    if not (isinstance(accuracy, (int, float)) and 0.0 < accuracy < 1.0):
+    if isinstance(cutoff, bool) or not isinstance(cutoff, (int, float)) or not 0.0 < cutoff < math.inf:
+        raise ValueError(f"cutoff must be a positive finite number (Å), got {cutoff!r}")
+    if isinstance(accuracy, bool) or not isinstance(accuracy, (int, float)) or not 0.0 < accuracy < 1.0:
         raise ValueError(f"accuracy must be a number in (0, 1), e.g. 1e-8; got {accuracy!r}")
     s = math.sqrt(-math.log(accuracy))
     alpha = s / float(cutoff)

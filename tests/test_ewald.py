@@ -228,6 +228,12 @@ def test_an_accuracy_outside_zero_one_is_refused(accuracy):
         Ewald(CUTOFF, accuracy=accuracy)
 
 
+@pytest.mark.parametrize("cutoff", [0.0, -6.0, float("inf"), None])
+def test_a_cutoff_that_is_not_a_positive_length_is_refused(cutoff):
+    with pytest.raises(ValueError, match="cutoff"):
+        Ewald(cutoff)
+
+
 def test_a_model_called_before_sizing_says_how_to_size_it():
     with pytest.raises(ValueError, match="kmax_index"):
         Ewald(CUTOFF)(Batch.from_data(crystal("NaCl")))
