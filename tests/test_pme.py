@@ -203,6 +203,13 @@ def test_a_mesh_that_does_not_fit_the_rank_grid_is_refused_naming_mesh():
         dm(ion_box(4), KEYS)
 
 
+def test_the_distributed_mesh_under_graph_parallelism_is_refused_naming_the_replicated_mode():
+    dm = DistributedModel(PME(CUTOFF, mesh=(12, 12, 12)),
+                          DomainConfig(CUTOFF, mesh=mesh_of(2), strategy="graph_partition"))
+    with pytest.raises(ValueError, match="distributed_fft=False"):
+        dm(ion_box(4), ("energy",))
+
+
 def test_a_batch_without_charges_is_refused():
     with pytest.raises(ValueError, match="charges"):
         jaxdd.compute(PME(CUTOFF), crystal("NaCl").replace(charges=None))
