@@ -163,6 +163,7 @@ def test_refresh_only_policy_equals_single_device():
     assert dm.dispatch_report.counts["scatter_add.refresh"] == 3
 
 
+@pytest.mark.slow  # batches under decomposition stay in the default suite through test_distributed's "batch" case
 def test_batch_of_two_systems_equals_single_device():
     batch = jaxdd.Batch.from_data_list([SYSTEM, random_system(12.0, 40, seed=8)])
     _, got = distributed("mpnn_segment_sum", (2, 2, 2), data=batch)

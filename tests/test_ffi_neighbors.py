@@ -48,7 +48,8 @@ def _reference(x, system, mask, n_systems, cutoff, half, n_receivers):
 
 
 @pytest.mark.parametrize("dtype, half, n_systems", [
-    (np.float64, False, 1), (np.float64, True, 3), (np.float32, True, 1), (np.float32, False, 3)])
+    (np.float64, False, 1), (np.float32, True, 3),
+    pytest.param(np.float64, True, 3, marks=pytest.mark.slow), pytest.param(np.float32, False, 1, marks=pytest.mark.slow)])
 def test_cell_list_finds_the_pairs_of_the_bin_search(dtype, half, n_systems):
     x, system, mask = _cloud(1500, 12.0, n_systems, dtype)
     ref, cap = _reference(x, system, mask, n_systems, 3.0, half, n_receivers=1200)

@@ -70,9 +70,7 @@ def systems(draw):
     return atoms_list, cutoff
 
 
-@settings(max_examples=35)
-@given(systems())
-def test_pairs_equal_ase_neighbor_list(case):
+def _pairs_equal_ase(case):
     atoms_list, cutoff = case
     batch = Batch.from_ase(atoms_list).pad(MAX_ATOMS, MAX_SYSTEMS)
     nl, _ = neighbor_list(
@@ -83,9 +81,7 @@ def test_pairs_equal_ase_neighbor_list(case):
         assert ours[k] == ase_pairs(atoms, cutoff), f"system {k} (pbc {atoms.pbc.tolist()})"
 
 
-@settings(max_examples=15)
-@given(systems())
-def test_half_list_keeps_each_pair_once(case):
+def _half_list_once(case):
     atoms_list, cutoff = case
     batch = Batch.from_ase(atoms_list).pad(MAX_ATOMS, MAX_SYSTEMS)
     nl, _ = neighbor_list(
@@ -95,6 +91,34 @@ def test_half_list_keeps_each_pair_once(case):
     ours = ours_by_system(batch, nl, cutoff)
     for k, atoms in enumerate(atoms_list):
         assert ours[k] == half_of(ase_pairs(atoms, cutoff))
+
+
+# Each example compiles its own search (the cutoff is static): a few in the default suite,
+# a longer sweep in the slow set.
+@settings(max_examples=10)
+@given(systems())
+def test_pairs_equal_ase_neighbor_list(case):
+    _pairs_equal_ase(case)
+
+
+@pytest.mark.slow
+@settings(max_examples=40)
+@given(systems())
+def test_pairs_equal_ase_neighbor_list_sweep(case):
+    _pairs_equal_ase(case)
+
+
+@settings(max_examples=5)
+@given(systems())
+def test_half_list_keeps_each_pair_once(case):
+    _half_list_once(case)
+
+
+@pytest.mark.slow
+@settings(max_examples=20)
+@given(systems())
+def test_half_list_keeps_each_pair_once_sweep(case):
+    _half_list_once(case)
 
 
 def fcc(n=3, a=1.6796, pbc=True):
