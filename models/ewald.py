@@ -103,6 +103,20 @@ def check_periodic_charges(data, name: str) -> None:
                          f"have pbc {pbc[bad[0]].tolist()}; use a cell periodic along all three axes")
 
 
+def charged_inputs(data, name: str, sizes: HostSizes, what: str, fix: str) -> dict:
+    """The forward arguments of Ewald and PME from a traced Batch, once the host has sized
+    ``what`` (or the user fixed it with ``fix``)."""
+    if sizes.value is None:
+        raise ValueError(f"{name} has not chosen {what}: call it through jaxdd.compute or DistributedModel (which "
+                         f"size it from the batch), or pass {fix}")
+    if data.neighbors is None:
+        raise ValueError(f"{name} needs data.neighbors; call it through jaxdd.compute or DistributedModel")
+    if data.charges is None:
+        raise ValueError(f"{name} needs per-atom charges (e) in the batch's 'charges' field")
+    return dict(positions=data.positions, charges=data.charges, cell=data.cell, batch_idx=data.batch_idx,
+                atom_mask=data.atom_mask, neighbors=data.neighbors, n_systems=data.n_systems)
+
+
 def real_cells(data) -> np.ndarray:
     """[S_real, 3, 3] cells (Å) of the batch's real systems, as float64 host arrays."""
     cell = np.asarray(data.cell, np.float64).reshape(-1, 3, 3)
@@ -197,15 +211,7 @@ class Ewald(eqx.Module, BaseModel):
         self.sizes.set(self.kmax_index_for(real_cells(data)))
 
     def adapt_input(self, data, **kwargs) -> dict:
-        if self.sizes.value is None:
-            raise ValueError("Ewald has not chosen its reciprocal vectors: call it through jaxdd.compute or "
-                             "DistributedModel (which size it from the batch), or pass kmax_index=(n1, n2, n3)")
-        if data.neighbors is None:
-            raise ValueError("Ewald needs data.neighbors; call it through jaxdd.compute or DistributedModel")
-        if data.charges is None:
-            raise ValueError("Ewald needs per-atom charges (e) in the batch's 'charges' field")
-        return dict(positions=data.positions, charges=data.charges, cell=data.cell, batch_idx=data.batch_idx,
-                    atom_mask=data.atom_mask, neighbors=data.neighbors, n_systems=data.n_systems)
+        return charged_inputs(data, "Ewald", self.sizes, "its reciprocal vectors", "kmax_index=(n1, n2, n3)")
 
     def forward(self, positions, charges, cell, batch_idx, atom_mask, neighbors, n_systems):
         from jaxdd import system_sum

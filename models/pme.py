@@ -42,8 +42,8 @@ from jaxdd import mesh as _mesh
 from jaxdd.model import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.segments import per_system_sum
 
-from .ewald import (COULOMB, HostSizes, check_periodic_charges, ewald_parameters, real_cells, real_space, reciprocal,
-                    self_and_background)
+from .ewald import (COULOMB, HostSizes, charged_inputs, check_periodic_charges, ewald_parameters, real_cells,
+                    real_space, reciprocal, self_and_background)
 
 __all__ = ["PME", "MESH_MARGIN", "MESH_MULTIPLE"]
 
@@ -124,15 +124,7 @@ class PME(eqx.Module, BaseModel):
         self.sizes.set(self.mesh_for(real_cells(data)))
 
     def adapt_input(self, data, **kwargs) -> dict:
-        if self.sizes.value is None:
-            raise ValueError("PME has not chosen its mesh: call it through jaxdd.compute or DistributedModel (which "
-                             "size it from the batch), or pass mesh=(K1, K2, K3)")
-        if data.neighbors is None:
-            raise ValueError("PME needs data.neighbors; call it through jaxdd.compute or DistributedModel")
-        if data.charges is None:
-            raise ValueError("PME needs per-atom charges (e) in the batch's 'charges' field")
-        return dict(positions=data.positions, charges=data.charges, cell=data.cell, batch_idx=data.batch_idx,
-                    atom_mask=data.atom_mask, neighbors=data.neighbors, n_systems=data.n_systems)
+        return charged_inputs(data, "PME", self.sizes, "its mesh", "mesh=(K1, K2, K3)")
 
     def forward(self, positions, charges, cell, batch_idx, atom_mask, neighbors, n_systems):
         from jaxdd import system_sum
