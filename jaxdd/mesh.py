@@ -328,7 +328,8 @@ def distributed_pme_energy(runtime, values, weights, base, system, recip, volume
     m3 = (g[1] * pz + g[2]) * n3 + jnp.arange(n3)
     green = influence(m1, m2, m3, recip, volume, alpha, moduli)
     total = jax.lax.psum(jnp.sum(green * (f.real ** 2 + f.imag ** 2), axis=(1, 2, 3)), axes)
-    return jnp.where(strays, jnp.nan, total)
+    # NaN in the derivatives too (a `where` would leave the forces finite and wrong).
+    return total * jnp.where(strays, jnp.nan, 1.0)
 
 
 def _node_kind():

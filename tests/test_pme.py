@@ -235,3 +235,27 @@ def test_a_malformed_mesh_is_refused(mesh):
 def test_a_model_called_before_sizing_says_how_to_size_it():
     with pytest.raises(ValueError, match="mesh="):
         PME(CUTOFF)(Batch.from_data(crystal("NaCl")))
+
+
+@pytest.mark.slow
+def test_dynamics_on_the_distributed_mesh_replans_drifted_atoms_and_equals_one_device():
+    """Atoms that drift a mesh row past their rank's block make the mesh refuse them (NaN);
+    DomainParallel then migrates them and takes the step again, so the trajectory is the
+    single-device one. Ions with a Lennard-Jones core, 200 steps, a 2 Å skin (1 Å of drift)."""
+    from jax.sharding import AxisType, Mesh
+
+    from jaxdd.dynamics import DomainParallel, VelocityVerlet
+    from jaxdd.models.composite import SumModel
+    from jaxdd.models.lj import LennardJones
+
+    data = ion_box(6, seed=3).replace(velocities=np.random.default_rng(0).normal(0, 0.3, (216, 3)))
+    final = {}
+    for grid in ((1, 1, 1), (2, 2, 1)):
+        mesh = Mesh(np.asarray(jax.devices()[:int(np.prod(grid))]), ("dd",), axis_types=(AxisType.Auto,))
+        model = SumModel(LennardJones(2.3, 0.2, 6.0), PME(6.0))
+        md = DomainParallel(DistributedModel(model, DomainConfig(6.0, skin=2.0, mesh=mesh, grid=grid)),
+                            VelocityVerlet(0.05))
+        state = md.run(md.init(data), 200)
+        final[grid] = (np.asarray(md.gather(state).positions), md.thermo(state)["total_energy"])
+    np.testing.assert_allclose(final[(2, 2, 1)][0], final[(1, 1, 1)][0], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(final[(2, 2, 1)][1], final[(1, 1, 1)][1], rtol=1e-10)

@@ -44,7 +44,7 @@ from .io import ExtXYZWriter, Progress
 
 __all__ = ["DomainParallel", "MDState", "RunStats"]
 
-_RUNNING, _REBUILD, _OVERFLOW, _CONVERGED = 0, 1, 2, 3
+_RUNNING, _REBUILD, _OVERFLOW, _CONVERGED, _NONFINITE = 0, 1, 2, 3, 4
 _INTEGRATORS = {"VelocityVerlet": VelocityVerlet, "Langevin": Langevin, "FIRE": FIRE}
 
 
@@ -317,6 +317,15 @@ class DomainParallel:
                         f"an atom moved more than {self.threshold:.4g} Å (half the skin) in one step from a fresh "
                         "plan; the time step is too large for the skin: reduce dt or raise DomainConfig.skin")
                 state = self._rebuild(state)
+                fresh = True
+                continue
+            elif reason == _NONFINITE:
+                if taken == 0 and fresh:
+                    raise RuntimeError(
+                        f"the energy or forces are not finite at step {state.step + 1}, on a plan built from the "
+                        "step before: the model failed on these positions (atoms too close? a time step too "
+                        "large?); the state passed to run() is unchanged")
+                state = self._rebuild(state)  # positions that a model refuses on the old plan: replan
                 fresh = True
                 continue
             fresh = fresh and taken == 0
@@ -654,19 +663,24 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
                     nl = jax.lax.cond(stale, lambda: neighbors(x), lambda: nl)
                     box["verlet"] = (nl, jnp.where(stale, x, ref))
                 forces, per_system, overflow, needed = evaluate(x, nl)
-                box.update(overflow=overflow, needed=needed)
+                # Agreed by every rank: a model may refuse positions that drifted too far
+                # from their plan with NaN (the distributed PME mesh does); a new plan fixes that.
+                finite = jnp.all(jnp.isfinite(per_system)) & jnp.all(jnp.isfinite(forces))
+                finite = jax.lax.pmin(finite.astype(jnp.int32), axes) > 0
+                box.update(overflow=overflow, needed=needed, finite=finite)
                 return forces, per_system
 
             ctx = context(step0 + k)
             new = integrator.step(state, ctx, forces_fn)
             far = max_shift2(new.positions, a["reference"]) > threshold**2
-            bad = far | box["overflow"]
+            blowup = ~box["finite"] & ~box["overflow"]
+            bad = far | box["overflow"] | blowup
             # A discarded step ends the loop, and the next call builds its list afresh, so
             # only the state needs selecting (the list is large, selecting it costs a copy).
             kept = (jax.tree_util.tree_map(lambda old, nw: jnp.where(bad, old, nw), state, new), box.get("verlet"))
             converged = ~bad & integrator.converged(kept[0], ctx)
-            reason = jnp.where(box["overflow"], _OVERFLOW, jnp.where(far, _REBUILD,
-                                                                     jnp.where(converged, _CONVERGED, _RUNNING)))
+            reason = jnp.where(box["overflow"], _OVERFLOW, jnp.where(far, _REBUILD, jnp.where(
+                blowup, _NONFINITE, jnp.where(converged, _CONVERGED, _RUNNING))))
             return (k + jnp.where(bad, 0, 1).astype(jnp.int32), bad | converged, reason.astype(jnp.int32), kept,
                     box["needed"])
 
