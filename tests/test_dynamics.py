@@ -308,3 +308,13 @@ def test_nve_energy_drift_of_4000_atoms_over_1000_steps_is_below_1e_4():
     state = md.run(state, 1000)
     e1 = md.thermo(state)["total_energy"][0]
     assert abs(e1 - e0) / abs(e0) < 1e-4
+
+
+def test_a_step_that_stays_non_finite_on_a_fresh_plan_is_refused_naming_it():
+    import equinox as eqx
+
+    broken = eqx.tree_at(lambda m: m.epsilon, MODEL, jnp.full_like(MODEL.epsilon, jnp.nan))  # weights gone bad
+    dm = DistributedModel(broken, DomainConfig(CUTOFF, skin=SKIN, mesh=mesh_of(2), grid=(2, 1, 1)))
+    md = DomainParallel(dm, VelocityVerlet(DT), kB=1.0)
+    with pytest.raises(RuntimeError, match="not finite at step 1"):
+        md.run(md.init(melt()), 3)

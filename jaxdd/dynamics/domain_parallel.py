@@ -665,15 +665,15 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
                 forces, per_system, overflow, needed = evaluate(x, nl)
                 # Agreed by every rank: a model may refuse positions that drifted too far
                 # from their plan with NaN (the distributed PME mesh does); a new plan fixes that.
-                finite = jnp.all(jnp.isfinite(per_system)) & jnp.all(jnp.isfinite(forces))
-                finite = jax.lax.pmin(finite.astype(jnp.int32), axes) > 0
-                box.update(overflow=overflow, needed=needed, finite=finite)
+                box.update(overflow=overflow, needed=needed,
+                           finite=jnp.all(jnp.isfinite(per_system)) & jnp.all(jnp.isfinite(forces)))
                 return forces, per_system
 
             ctx = context(step0 + k)
             new = integrator.step(state, ctx, forces_fn)
             far = max_shift2(new.positions, a["reference"]) > threshold**2
-            blowup = ~box["finite"] & ~box["overflow"]
+            finite = box["finite"] & jnp.all(jnp.isfinite(new.positions)) & jnp.all(jnp.isfinite(new.velocities))
+            blowup = (jax.lax.pmin(finite.astype(jnp.int32), axes) == 0) & ~box["overflow"]
             bad = far | box["overflow"] | blowup
             # A discarded step ends the loop, and the next call builds its list afresh, so
             # only the state needs selecting (the list is large, selecting it costs a copy).
