@@ -377,7 +377,7 @@ def main(argv=None) -> int:
     fused = fused_status()
     paths = [x for x in args.paths if x != "fused" or fused["available"]]
     rows = []
-    pinned = devices[0].platform == "cpu"
+    pinned = devices[0].platform == "cpu" and hasattr(os, "sched_setaffinity")  # Linux binds cores
     for path in paths:
         for n in args.devices:
             for dtype in args.dtypes:

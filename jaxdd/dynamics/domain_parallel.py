@@ -311,21 +311,18 @@ class DomainParallel:
                 if regrowths > self._max_regrowths():
                     raise RuntimeError("neighbour lists still overflowed after repeated capacity increases")
                 self._grow(needed)
-            elif reason == _REBUILD:
+            elif reason in (_REBUILD, _NONFINITE):
+                # A stale halo, or a step a model refused on this plan (the distributed PME mesh
+                # answers NaN for atoms that drifted past it): both ask for a new plan.
                 if taken == 0 and fresh:
                     raise RuntimeError(
                         f"an atom moved more than {self.threshold:.4g} Å (half the skin) in one step from a fresh "
-                        "plan; the time step is too large for the skin: reduce dt or raise DomainConfig.skin")
+                        "plan; the time step is too large for the skin: reduce dt or raise DomainConfig.skin"
+                        if reason == _REBUILD else
+                        f"the step is not finite at step {state.step + 1} (energy, forces, positions or "
+                        "velocities), on a plan built from the step before: the model failed on these positions "
+                        "(atoms too close? a time step too large?); the state passed to run() is unchanged")
                 state = self._rebuild(state)
-                fresh = True
-                continue
-            elif reason == _NONFINITE:
-                if taken == 0 and fresh:
-                    raise RuntimeError(
-                        f"the energy or forces are not finite at step {state.step + 1}, on a plan built from the "
-                        "step before: the model failed on these positions (atoms too close? a time step too "
-                        "large?); the state passed to run() is unchanged")
-                state = self._rebuild(state)  # positions that a model refuses on the old plan: replan
                 fresh = True
                 continue
             fresh = fresh and taken == 0
@@ -663,8 +660,6 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
                     nl = jax.lax.cond(stale, lambda: neighbors(x), lambda: nl)
                     box["verlet"] = (nl, jnp.where(stale, x, ref))
                 forces, per_system, overflow, needed = evaluate(x, nl)
-                # Agreed by every rank: a model may refuse positions that drifted too far
-                # from their plan with NaN (the distributed PME mesh does); a new plan fixes that.
                 box.update(overflow=overflow, needed=needed,
                            finite=jnp.all(jnp.isfinite(per_system)) & jnp.all(jnp.isfinite(forces)))
                 return forces, per_system
@@ -672,6 +667,8 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
             ctx = context(step0 + k)
             new = integrator.step(state, ctx, forces_fn)
             far = max_shift2(new.positions, a["reference"]) > threshold**2
+            # Agreed by every rank: a model may refuse positions that drifted too far from
+            # their plan with NaN (the distributed PME mesh does); a new plan fixes that.
             finite = box["finite"] & jnp.all(jnp.isfinite(new.positions)) & jnp.all(jnp.isfinite(new.velocities))
             blowup = (jax.lax.pmin(finite.astype(jnp.int32), axes) == 0) & ~box["overflow"]
             bad = far | box["overflow"] | blowup
