@@ -37,8 +37,10 @@ from jax.sharding import PartitionSpec as P
 from ..data import AtomicData, Batch, as_batch
 from ..dispatch import DispatchReport
 from ..distributed import DistributedModel, _stats, nl_needs, rank_evaluate, rank_neighbors
-from ..halo import halo_forward
+from ..distributed import _grow
+from ..halo import Exchange, HaloLayout, HaloRouting, halo_forward
 from ..neighbors import NeighborCapacity
+from ..replan import ReplanConfig, frame_of, rank_replan
 from .integrators import FIRE, KB_EV_PER_K, Langevin, RankState, StepContext, VelocityVerlet
 from .io import ExtXYZWriter, Progress
 
@@ -53,10 +55,12 @@ class MDState:
     """A running simulation (host object holding device arrays).
 
     step: steps taken. energy: [S] eV potential energy of the current positions.
-    converged: a minimiser reached its force threshold. The rest is the current plan and the
-    per-rank arrays ([P, n_owned, ...]: ``positions`` in the plan's wrapped frame,
-    ``velocities``, ``forces``, ``ids`` global atom index or -1, ``system``, ``inv_mass``,
-    ``reference`` the positions the plan was built from).
+    converged: a minimiser reached its force threshold. ``arrays`` are the per-rank rows
+    ([P, n_owned, ...]: ``positions`` in the plan's wrapped frame, ``image`` the lattice
+    vectors wrapping removed, ``velocities``, ``forces``, ``ids`` global atom index or -1,
+    ``system``, ``inv_mass``, ``reference`` the positions the plan was built from, and the
+    atoms' ``atomic_numbers``, ``masses`` and ``charges``); ``fixed`` is the plan (routing,
+    the local rows' batch, cell); ``layout`` its static shape.
     """
 
     step: int
@@ -64,12 +68,8 @@ class MDState:
     extra: dict
     arrays: dict
     fixed: dict
-    gather_index: np.ndarray
-    images: np.ndarray
-    plan_positions: np.ndarray
     template: Batch
     layout: object = None
-    owner: np.ndarray | None = None
     converged: bool = False
 
 
@@ -133,6 +133,8 @@ class DomainParallel:
         self._rebuilds = 0
         self._migrations = 0
         self._recompiles = 0
+        self._n_migrate = 0  # slots per direction for atoms changing rank (sized at the first plan)
+        self._frame = None
 
     # ------------------------------------------------------------------ set-up
 
@@ -155,8 +157,7 @@ class DomainParallel:
                             extra=self.integrator.init(batch.n_systems, dtype), energy=None)
         return self._with_forces(state)
 
-    def _place(self, template: Batch, positions, velocities, forces, *, step, extra, energy,
-               frame_positions=None) -> MDState:
+    def _place(self, template: Batch, positions, velocities, forces, *, step, extra, energy) -> MDState:
         """Partition ``positions`` ([N, 3] Å, unwrapped), plan the halo and lay the atoms out
         on the ranks (velocities and forces in the batch's order; forces None: zeros)."""
         dm = self.dist_model
@@ -179,8 +180,6 @@ class DomainParallel:
             bad = np.flatnonzero(np.where(real, owned_count != 1, owned_count != 0))
             raise RuntimeError(f"atoms {bad[:8].tolist()} are owned by {owned_count[bad[:8]].tolist()} ranks after "
                                "partitioning; every atom must have exactly one owner")
-        owner = np.full(batch.n_atoms, -1)
-        owner[ids[valid]] = np.nonzero(valid)[0]
         safe = np.where(valid, ids, 0)
         dtype = template.positions.dtype
 
@@ -188,18 +187,19 @@ class DomainParallel:
             x = np.asarray(x)
             return np.asarray(np.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), x[safe], fill), dtype)
 
-        own_pos = inputs["own_pos"]
-        if frame_positions is not None:  # a restart: the exact frame positions of the saved run
-            own_pos = owned(frame_positions)
         masses = np.asarray(template.masses, np.float64)
         arrays = dict(
-            positions=own_pos,
+            positions=inputs["own_pos"],
+            image=np.asarray(np.where(valid[..., None], part.wraps[safe], 0), np.int32),
             velocities=owned(velocities),
             forces=owned(np.zeros_like(positions) if forces is None else forces),
             ids=np.asarray(np.where(valid, ids, -1), np.int32),
             system=inputs["own_sys"],
             inv_mass=owned(1.0 / masses),
             reference=inputs["own_pos"],
+            atomic_numbers=np.asarray(np.where(valid, np.asarray(template.atomic_numbers)[safe], 0), np.int32),
+            masses=owned(masses, 1.0),
+            **({"charges": owned(template.charges)} if template.charges is not None else {}),
         )
         fixed = {k: inputs[k] for k in ("local", "owned_rows", "routing", "cell", "system_mask")}
         energy = jnp.zeros(template.n_systems, dtype) if energy is None else energy
@@ -212,10 +212,10 @@ class DomainParallel:
         fixed = {k: jax.device_put(v, replicated if k in ("cell", "system_mask") else ranked) for k, v in fixed.items()}
         energy = jax.device_put(energy, replicated)
         extra = jax.device_put(extra, replicated)
-        return MDState(step=step, energy=energy, extra=extra, arrays=arrays, fixed=fixed,
-                       gather_index=np.asarray(inputs["gather"]), images=part.wraps.copy(),
-                       plan_positions=np.asarray(positions, np.float64).copy(), template=template,
-                       layout=plan.layout, owner=owner)
+        self._frame = jax.device_put(_frame(template, dm.ghost_width), replicated)
+        self._n_migrate = max(self._n_migrate, 8 + n_owned // 8)
+        return MDState(step=step, energy=energy, extra=extra, arrays=arrays, fixed=fixed, template=template,
+                       layout=plan.layout)
 
     def _with_forces(self, state: MDState) -> MDState:
         for _ in range(self._max_regrowths()):
@@ -329,31 +329,62 @@ class DomainParallel:
         return state
 
     def _rebuild(self, state: MDState) -> MDState:
-        """Migrate atoms to the ranks whose blocks hold them now and rebuild the halo plan."""
+        """Migrate atoms to the ranks whose blocks hold them now and rebuild the halo plan, on
+        the devices. Capacities that no longer fit grow (a new program); the host plans only
+        when the blocks have changed shape beyond what the plan's exchanges cover."""
         self._rebuilds += 1
+        dm = self.dist_model
+        mesh = dm.config.mesh
+        layout = state.layout
+        for _ in range(self._max_regrowths() + 1):
+            cfg = ReplanConfig(layout=layout, n_migrate=self._n_migrate, n_systems=state.template.n_systems,
+                               axes=tuple(mesh.axis_names))
+            arrays, fixed, report = _replanned(state.arrays, state.fixed, self._frame, cfg, mesh)
+            report = jax.tree_util.tree_map(np.asarray, report)
+            if bool(report["far"]) or bool(report["hops"]):
+                return self._rebuild_on_host(state)
+            needed = (int(report["owned"]), tuple(int(n) for n in report["exchange"]))
+            fits = needed[0] <= layout.n_owned and all(n <= e.capacity for n, e in zip(needed[1], layout.exchanges))
+            if fits and int(report["migrate"]) <= self._n_migrate:
+                self._migrations += int(report["migrated"])
+                return dataclasses.replace(state, arrays=arrays, fixed=fixed, layout=layout)
+            factor = dm.config.capacity_factor
+            self._n_migrate = max(self._n_migrate, _grow(int(report["migrate"]), factor))
+            layout = _grown(layout, needed, factor)
+            dm._halo_capacity = (layout.n_owned, tuple(e.capacity for e in layout.exchanges))
+            self._recompiles += 1
+        raise RuntimeError("the halo plan still overflowed after repeated capacity increases")
+
+    def _rebuild_on_host(self, state: MDState) -> MDState:
+        """The plan computed on the host from the gathered atoms (a partition afresh)."""
         positions, velocities, forces = self._global(state, "positions", "velocities", "forces")
+        before = _rank_of_atom(state)
         new = self._place(state.template, positions, velocities, forces, step=state.step, extra=state.extra,
                           energy=state.energy)
         new.converged = state.converged
-        self._migrations += int(np.sum(new.owner != state.owner))
+        self._migrations += int(np.sum(_rank_of_atom(new) != before))
         return new
 
     def _global(self, state: MDState, *keys, unwrap: bool = True):
-        """Per-rank arrays in the batch's atom order, float64 numpy. Positions are unwrapped,
-        or with ``unwrap=False`` exactly the plan's frame (no lattice image added and removed)."""
+        """Per-rank arrays in the batch's atom order, float64 numpy (a collective with several
+        processes). Positions are unwrapped, or with ``unwrap=False`` exactly the plan's frame."""
+        t = state.template
+        ids = _host(state.arrays["ids"]).reshape(-1)
+        valid = ids >= 0
         out = []
         for key in keys:
             x = _host(state.arrays[key]).astype(np.float64)
-            flat = x.reshape((-1,) + x.shape[2:])
-            flat = np.concatenate([flat, np.zeros((1,) + flat.shape[1:])])
-            value = flat[state.gather_index]
+            x = x.reshape((-1,) + x.shape[2:])
+            value = np.zeros((t.n_atoms,) + x.shape[1:])
+            value[ids[valid]] = x[valid]
             if key == "positions":
                 if unwrap:
-                    cell = np.asarray(state.template.cell, np.float64)
-                    system = np.clip(np.asarray(state.template.batch_idx), 0, cell.shape[0] - 1)
-                    value = value + np.einsum("vi,vij->vj", state.images, cell[system])
-                value = np.where(np.asarray(state.template.atom_mask)[:, None], value,
-                                 np.asarray(state.template.positions, np.float64))
+                    cell = np.asarray(t.cell, np.float64)
+                    image = np.zeros((t.n_atoms, 3))
+                    image[ids[valid]] = _host(state.arrays["image"]).reshape(-1, 3)[valid]
+                    system = np.clip(np.asarray(t.batch_idx), 0, cell.shape[0] - 1)
+                    value = value + np.einsum("vi,vij->vj", image, cell[system])
+                value = np.where(np.asarray(t.atom_mask)[:, None], value, np.asarray(t.positions, np.float64))
             out.append(value)
         return out
 
@@ -399,9 +430,10 @@ class DomainParallel:
     def save(self, path, state: MDState) -> Path:
         """Write ``state`` to the folder ``path`` (orbax arrays + ``md.json`` + ``spec.json``).
 
-        Stored: positions (the plan's frame and images), velocities, forces, the positions the
-        plan was built from, step, the integrator and its state (random streams are keyed by
-        seed and step), capacities and the spec. Never overwrites.
+        Stored as the ranks hold it, each process writing its own devices' rows (nothing is
+        gathered): the per-rank atom arrays, the halo plan and its layout, the energy, the
+        integrator and its state (random streams are keyed by seed and step), capacities,
+        the batch the run started from and the spec. Never overwrites.
         """
         import orbax.checkpoint as ocp
 
@@ -410,26 +442,20 @@ class DomainParallel:
             raise FileExistsError(f"checkpoint folder {path} is not empty; choose a new path")
         _barrier("jaxdd.save.checked")  # every process has looked before any writes
         path.mkdir(parents=True, exist_ok=True)
-        frame, velocities, forces = self._global(state, "positions", "velocities", "forces", unwrap=False)
         t = state.template
-        arrays = dict(
-            frame_positions=frame, images=state.images, plan_positions=state.plan_positions,
-            velocities=velocities, forces=forces, energy=np.asarray(state.energy),
-            atomic_numbers=np.asarray(t.atomic_numbers), cell=np.asarray(t.cell), pbc=np.asarray(t.pbc),
-            batch_idx=np.asarray(t.batch_idx), ptr=np.asarray(t.ptr), atom_mask=np.asarray(t.atom_mask),
-            system_mask=np.asarray(t.system_mask), masses=np.asarray(t.masses), positions=np.asarray(t.positions),
-            **({"charges": np.asarray(t.charges)} if t.charges is not None else {}),
-            **{f"extra_{k}": np.asarray(v) for k, v in state.extra.items()},
+        tree = dict(
+            ranked={**state.arrays, **_flat_plan(state.fixed)}, energy=state.energy, extra=state.extra,
+            template={k: np.asarray(v) for k, v in _batch_fields(t).items()},
         )
         checkpointer = ocp.StandardCheckpointer()
-        checkpointer.save(path / "arrays", arrays)
+        checkpointer.save(path / "arrays", tree)
         checkpointer.wait_until_finished()
         dm = self.dist_model
         meta = dict(
             step=state.step, converged=state.converged, dtype=str(np.dtype(t.positions.dtype)),
             integrator={"kind": type(self.integrator).__name__, **dataclasses.asdict(self.integrator)},
-            n_ranks=dm.config.n_ranks, grid=list(self.grid),
-            halo_capacity=[dm._halo_capacity[0], list(dm._halo_capacity[1])],
+            n_ranks=dm.config.n_ranks, grid=list(self.grid), layout=_layout_json(state.layout),
+            halo_capacity=[dm._halo_capacity[0], list(dm._halo_capacity[1])], n_migrate=self._n_migrate,
             nl_capacity=dataclasses.asdict(dm._nl_capacity), extra=sorted(state.extra),
         )
         if jax.process_index() == 0:  # orbax coordinates the arrays; the small files need one writer
@@ -439,9 +465,9 @@ class DomainParallel:
         return path
 
     def restore(self, path) -> MDState:
-        """The state saved at ``path``. On the device count it was saved from, the plan and
-        capacities are rebuilt exactly, so the run continues bit for bit; on another, the
-        atoms are partitioned afresh (the trajectory then agrees to round-off)."""
+        """The state saved at ``path``. On the rank grid it was saved from, every rank reads
+        back its own rows and plan, so the run continues bit for bit; on another, the saved
+        atoms are read whole and partitioned afresh (the trajectory then agrees to round-off)."""
         import orbax.checkpoint as ocp
 
         path = Path(path).absolute()
@@ -453,36 +479,127 @@ class DomainParallel:
         if saved != self.integrator:
             raise ValueError(f"the checkpoint was written with {saved!r}, this DomainParallel runs {self.integrator!r}; "
                              "restore it with the same integrator")
-        a = {k: np.asarray(v) for k, v in ocp.StandardCheckpointer().restore(path / "arrays").items()}
-        dtype = np.dtype(meta["dtype"])
-        template = Batch.unchecked(
-            positions=jnp.asarray(a["positions"], dtype), atomic_numbers=jnp.asarray(a["atomic_numbers"]),
-            cell=jnp.asarray(a["cell"], dtype), pbc=jnp.asarray(a["pbc"]), batch_idx=jnp.asarray(a["batch_idx"]),
-            ptr=jnp.asarray(a["ptr"]), atom_mask=jnp.asarray(a["atom_mask"]),
-            system_mask=jnp.asarray(a["system_mask"]),
-            charges=jnp.asarray(a["charges"], dtype) if "charges" in a else None,
-            masses=jnp.asarray(a["masses"], dtype), velocities=None, neighbors=None,
-        )
-        extra = {k: jnp.asarray(a[f"extra_{k}"]) for k in meta["extra"]}
-        energy = jnp.asarray(a["energy"], dtype)
         dm = self.dist_model
-        if meta["n_ranks"] == dm.config.n_ranks and (dm.config.grid is None or list(dm.config.grid) == meta["grid"]):
+        mesh = dm.config.mesh
+        same = meta["n_ranks"] == dm.config.n_ranks and (dm.config.grid is None or list(dm.config.grid) == meta["grid"])
+        ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+        replicated = NamedSharding(mesh, P())
+        checkpointer = ocp.StandardCheckpointer()
+        shapes = checkpointer.metadata(path / "arrays")
+        shapes = getattr(getattr(shapes, "item_metadata", shapes), "tree", shapes)
+        target = {group: jax.tree_util.tree_map(
+            lambda m, group=group: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=(
+                ranked if group == "ranked" and same else replicated)), shapes[group]) for group in shapes}
+        a = checkpointer.restore(path / "arrays", target)
+        dtype = np.dtype(meta["dtype"])
+        fields = {k: np.asarray(v) for k, v in a["template"].items()}
+        template = Batch.unchecked(**{k: jnp.asarray(fields[k], dtype) if k in _FLOAT_FIELDS else jnp.asarray(fields[k])
+                                      for k in fields}, **{k: None for k in _OPTIONAL_FIELDS if k not in fields},
+                                   velocities=None, neighbors=None)
+        extra = dict(a["extra"])
+        energy = a["energy"]
+        if same:
             self.grid = tuple(meta["grid"])
             dm._halo_capacity = (meta["halo_capacity"][0], tuple(meta["halo_capacity"][1]))
             dm._nl_capacity = NeighborCapacity(**{k: (tuple(v) if isinstance(v, list) else v)
                                                   for k, v in meta["nl_capacity"].items()})
-            state = self._place(template, a["plan_positions"], a["velocities"], a["forces"], step=meta["step"],
-                                extra=extra, energy=energy, frame_positions=a["frame_positions"])
-            if not np.array_equal(state.images, a["images"]):
-                raise RuntimeError("the restored plan differs from the saved one; the checkpoint is inconsistent")
+            self._n_migrate = int(meta["n_migrate"])
+            self._frame = jax.device_put(_frame(template, dm.ghost_width), replicated)
+            arrays, fixed = _unflat_plan(a["ranked"], template, replicated)
+            state = MDState(step=meta["step"], energy=energy, extra=extra, arrays=arrays, fixed=fixed,
+                            template=template, layout=_layout_of(meta["layout"]))
         else:
-            cell = a["cell"].astype(np.float64)
-            system = np.clip(a["batch_idx"], 0, cell.shape[0] - 1)
-            positions = a["frame_positions"] + np.einsum("vi,vij->vj", a["images"], cell[system])
-            state = self._place(template, positions, a["velocities"], a["forces"], step=meta["step"], extra=extra,
-                                energy=energy)
+            held = {k: np.asarray(v) for k, v in a["ranked"].items()}
+            ids = held["ids"].reshape(-1)
+            valid = ids >= 0
+
+            def atoms(x, fill=0.0):  # per-rank rows → the batch's atom order
+                x = x.reshape((-1,) + x.shape[2:]).astype(np.float64)
+                out = np.full((template.n_atoms,) + x.shape[1:], fill)
+                out[ids[valid]] = x[valid]
+                return out
+
+            cell = np.asarray(template.cell, np.float64)
+            system = np.clip(np.asarray(template.batch_idx), 0, cell.shape[0] - 1)
+            positions = atoms(held["positions"]) + np.einsum("vi,vij->vj", atoms(held["image"]), cell[system])
+            positions = np.where(np.asarray(template.atom_mask)[:, None], positions, np.asarray(template.positions))
+            state = self._place(template, positions, atoms(held["velocities"]), atoms(held["forces"]),
+                                step=meta["step"], extra=extra, energy=energy)
         state.converged = bool(meta["converged"])
         return state
+
+
+_OPTIONAL_FIELDS = ("charges", "masses")
+_FLOAT_FIELDS = ("positions", "cell", "charges", "masses")
+
+
+def _batch_fields(batch: Batch) -> dict:
+    """The batch's arrays by field name (absent optional fields, velocities and the neighbour
+    list left out)."""
+    names = ("positions", "atomic_numbers", "cell", "pbc", "batch_idx", "ptr", "atom_mask", "system_mask",
+             *_OPTIONAL_FIELDS)
+    return {k: getattr(batch, k) for k in names if getattr(batch, k) is not None}
+
+
+def _flat_plan(fixed: dict) -> dict:
+    """The per-rank arrays of a plan by flat name (cell and system mask come from the batch)."""
+    out = {f"local__{k}": v for k, v in _batch_fields(fixed["local"]).items()}
+    if fixed["local"].velocities is not None:
+        out["local__velocities"] = fixed["local"].velocities
+    out.update({f"routing__{f.name}": getattr(fixed["routing"], f.name)
+                for f in dataclasses.fields(fixed["routing"])})
+    out["owned_rows"] = fixed["owned_rows"]
+    return out
+
+
+def _unflat_plan(ranked: dict, template: Batch, replicated) -> tuple[dict, dict]:
+    """(atom arrays, plan) from :func:`_flat_plan`'s names, as :meth:`DomainParallel._place` lays them out."""
+    arrays = {k: v for k, v in ranked.items() if "__" not in k and k != "owned_rows"}
+    local = {k[len("local__"):]: v for k, v in ranked.items() if k.startswith("local__")}
+    local = Batch.unchecked(**local, **{k: None for k in (*_OPTIONAL_FIELDS, "velocities") if k not in local},
+                            neighbors=None)
+    routing = HaloRouting(**{k[len("routing__"):]: v for k, v in ranked.items() if k.startswith("routing__")})
+    fixed = dict(local=local, owned_rows=ranked["owned_rows"], routing=routing,
+                 cell=jax.device_put(np.asarray(template.cell), replicated),
+                 system_mask=jax.device_put(np.asarray(template.system_mask), replicated))
+    return arrays, fixed
+
+
+def _layout_json(layout: HaloLayout) -> dict:
+    return dict(grid=list(layout.grid), n_owned=layout.n_owned,
+                exchanges=[dict(axis=e.axis, direction=e.direction, hop=e.hop, pairs=[list(p) for p in e.pairs],
+                                offset=e.offset, capacity=e.capacity) for e in layout.exchanges])
+
+
+def _layout_of(data: dict) -> HaloLayout:
+    return HaloLayout(grid=tuple(data["grid"]), n_owned=data["n_owned"], exchanges=tuple(
+        Exchange(e["axis"], e["direction"], e["hop"], tuple(tuple(p) for p in e["pairs"]), e["offset"], e["capacity"])
+        for e in data["exchanges"]))
+
+
+def _grown(layout: HaloLayout, needed, factor: float) -> HaloLayout:
+    """``layout`` with every capacity at least what ``needed`` (owned, per exchange) asks, with headroom."""
+    n_owned = max(layout.n_owned, _grow(needed[0], factor)) if needed[0] > layout.n_owned else layout.n_owned
+    exchanges, offset = [], 0
+    for ex, n in zip(layout.exchanges, needed[1]):
+        cap = max(ex.capacity, _grow(n, factor)) if n > ex.capacity else ex.capacity
+        exchanges.append(dataclasses.replace(ex, offset=offset, capacity=cap))
+        offset += cap
+    return dataclasses.replace(layout, n_owned=n_owned, exchanges=tuple(exchanges))
+
+
+def _frame(template: Batch, ghost_width: float):
+    """The partition frame, in float64 where JAX has it (the host partition's precision)."""
+    return frame_of(template.cell, template.pbc, ghost_width, np.float64 if jax.config.jax_enable_x64 else np.float32)
+
+
+def _rank_of_atom(state: MDState) -> np.ndarray:
+    """The rank owning each atom of the batch, [V] (-1: padding)."""
+    ids = _host(state.arrays["ids"])
+    out = np.full(state.template.n_atoms, -1)
+    rank, row = np.nonzero(ids >= 0)
+    out[ids[rank, row]] = rank
+    return out
 
 
 def _barrier(name: str) -> None:
@@ -688,3 +805,42 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
     fn = jax.shard_map(rank_fn, mesh=static.mesh, in_specs=(P(), a_spec, P(), P(), f_spec, P(), P()),
                        out_specs=(a_spec, P(), P(), P(), P(), P()), check_vma=False)
     return fn(params, arrays, energy, extra, fixed, step0, n)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "mesh"))
+def _replanned(arrays, fixed, frame, cfg: ReplanConfig, mesh):
+    """A rebuild on the devices (:func:`jaxdd.replan.rank_replan`) and the plan's local rows:
+    (arrays, fixed, report) laid out as :meth:`DomainParallel._place` lays them out."""
+    axes = cfg.axes
+    ranked = P(axes)
+    layout, n_sys = cfg.layout, cfg.n_systems
+
+    def fn(arrays, local, cell, system_mask, frame):
+        carried = {k: v[0] for k, v in arrays.items() if k != "reference"}
+        rows, routing, held, report = rank_replan(carried, frame, cfg)
+        valid = held["ids"] >= 0
+        forward = functools.partial(halo_forward, layout=layout, routing=routing, axis_name=axes)
+        batch_idx = jnp.where(valid, held["system"], n_sys).astype(jnp.int32)
+        counts = jnp.zeros(n_sys + 1, jnp.int32).at[batch_idx].add(1)[:n_sys]
+        dtype = rows["positions"].dtype
+        new_local = Batch.unchecked(
+            positions=jnp.zeros((layout.n_local, 3), dtype),
+            atomic_numbers=forward(rows["atomic_numbers"]),
+            cell=local.cell[0], pbc=local.pbc[0], batch_idx=batch_idx,
+            ptr=jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts)]).astype(local.ptr.dtype),
+            atom_mask=valid, system_mask=local.system_mask[0],
+            charges=forward(rows["charges"]) if "charges" in rows else None,
+            masses=jnp.where(valid, forward(rows["masses"]), 1.0).astype(dtype) if local.masses is not None else None,
+            velocities=forward(rows["velocities"]) if local.velocities is not None else None,
+            neighbors=None)
+        owned_rows = valid & (jnp.arange(layout.n_local) < layout.n_owned)
+        new = dict(rows, reference=rows["positions"])
+        add = lambda x: x[None]  # noqa: E731
+        return (jax.tree_util.tree_map(add, new), jax.tree_util.tree_map(add, new_local), add(owned_rows),
+                jax.tree_util.tree_map(add, routing), report)
+
+    local = fixed["local"]
+    fn = jax.shard_map(fn, mesh=mesh, in_specs=(ranked, ranked, P(), P(), P()),
+                       out_specs=(ranked, ranked, ranked, ranked, P()), check_vma=False)
+    new, new_local, owned_rows, routing, report = fn(arrays, local, fixed["cell"], fixed["system_mask"], frame)
+    return new, dict(fixed, local=new_local, owned_rows=owned_rows, routing=routing), report
