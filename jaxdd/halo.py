@@ -30,7 +30,8 @@ import numpy as np
 
 from .partition import Partition, rank_coords, rank_of
 
-__all__ = ["Exchange", "HaloLayout", "HaloRouting", "HaloPlan", "build_halo_plan", "halo_forward", "halo_reverse"]
+__all__ = ["Exchange", "HaloLayout", "HaloRouting", "HaloPlan", "build_halo_plan", "build_rank_plans", "halo_forward",
+           "halo_reverse", "near_block"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +91,7 @@ class HaloPlan:
     """A built plan (host arrays). ``needed`` holds the exact sizes this partition needs.
 
     local_ids: [P, n_local] global atom index of every local row (-1: padding).
+    ranks: the ranks whose rows the arrays hold, in order (None: every rank, 0..P-1).
     local_shifts: [P, n_local, 3] integer lattice shift of each row's image relative to the
     wrapped owner position.
     overflow: True when a capacity given to :func:`build_halo_plan` was too small; the
@@ -103,10 +105,16 @@ class HaloPlan:
     needed_owned: int
     needed_exchange: tuple[int, ...]
     overflow: bool
+    ranks: tuple[int, ...] | None = None
 
     @property
     def n_ranks(self) -> int:
         return self.local_ids.shape[0]
+
+    @property
+    def rank_ids(self) -> np.ndarray:
+        """The global rank of each row block, [n_ranks]."""
+        return np.arange(self.n_ranks) if self.ranks is None else np.asarray(self.ranks)
 
     def ghost_counts(self) -> np.ndarray:
         """Ghost rows in use per rank, [P]."""
@@ -126,12 +134,14 @@ def build_halo_plan(
     *,
     capacity_factor: float = 1.2,
     capacity: tuple[int, tuple[int, ...]] | None = None,
+    present: np.ndarray | None = None,
 ) -> HaloPlan:
     """Plan the ghost shell of width ``ghost_width`` (Å) for a partition.
 
     capacity: (n_owned, per-exchange slots) to reuse (e.g. to keep the same compiled
     program); when any is too small the plan is returned with ``overflow`` set. Without
-    it, capacities are the exact needs times ``capacity_factor``.
+    it, capacities are the exact needs times ``capacity_factor``. present: [S] bool, the
+    systems that have atoms (default: those of ``part``), which set the exchanges' hops.
     """
     grid = part.grid
     n_ranks = part.n_ranks
@@ -140,8 +150,9 @@ def build_halo_plan(
     reach = ghost_width / part.spacing  # [S, 3] ghost width in frame units
     real = part.owner >= 0
     block_width = (part.hi - part.lo) / np.asarray(grid)  # [S, 3]
-    present = np.zeros(part.lo.shape[0], bool)
-    present[np.unique(part.system[real])] = True
+    if present is None:
+        present = np.zeros(part.lo.shape[0], bool)
+        present[np.unique(part.system[real])] = True
 
     # What a rank holds: global ids, where each row lives ("origin": (-1, row) for owned
     # atoms, (exchange, slot) for ghosts, resolved to rows once capacities are known),
@@ -264,6 +275,62 @@ def build_halo_plan(
         needed_owned=needed_owned,
         needed_exchange=needed_exchange,
         overflow=bool(overflow),
+    )
+
+
+def near_block(part: Partition, ghost_width: float, rank: int) -> np.ndarray:
+    """[V] bool: the atoms with a periodic image within ``ghost_width`` of ``rank``'s block,
+    axis by axis in the partition frame (a superset of what the rank can hold)."""
+    lo, hi = part.bounds(rank)
+    system = part.system
+    slack = 1e-9 + 1e-12 * np.abs(part.frac).max(initial=1.0)
+    reach = (ghost_width / part.spacing)[system] + slack
+    low, high = lo[system] - reach, hi[system] + reach
+    f = part.frac
+    periodic = part.pbc[system]
+    # An image f + k (k integer) lies in [low, high] on periodic axes; f itself on open ones.
+    hit = np.where(periodic, np.ceil(low - f) <= np.floor(high - f), (f >= low) & (f <= high))
+    return (part.owner >= 0) & hit.all(axis=1)
+
+
+def build_rank_plans(part: Partition, ghost_width: float, ranks, *, capacity_factor: float = 1.2,
+                     capacity: tuple[int, tuple[int, ...]] | None = None) -> HaloPlan:
+    """The plan of ``ranks`` only: ``local_ids``, ``local_shifts`` and ``routing`` hold their
+    rows, in the order of ``ranks`` (``HaloPlan.ranks``).
+
+    Each rank's rows are those of :func:`build_halo_plan` on the whole partition: the
+    exchanges select atoms one at a time and keep the order they are held in, so planning
+    with only the atoms near the rank's block (:func:`near_block`) changes nothing the rank
+    holds or sends. ``needed_exchange`` is then the most any rank sends that the planned
+    ranks see, which equals the whole plan's once maximised over every rank (what several
+    processes do, each planning its own ranks, before they agree on capacities).
+    """
+    real = part.owner >= 0
+    present = np.zeros(part.lo.shape[0], bool)
+    present[np.unique(part.system[real])] = True
+    plans = []
+    for r in ranks:
+        near = dataclasses.replace(part, owner=np.where(near_block(part, ghost_width, r), part.owner, -1))
+        plans.append((r, build_halo_plan(near, ghost_width, capacity_factor=capacity_factor, capacity=capacity,
+                                         present=present)))
+    layouts = {p.layout for _, p in plans}
+    if len(layouts) > 1:  # no capacity given: each sized its own; size them alike
+        n_owned = max(p.layout.n_owned for _, p in plans)
+        caps = tuple(max(c) for c in zip(*(tuple(e.capacity for e in p.layout.exchanges) for _, p in plans)))
+        return build_rank_plans(part, ghost_width, ranks, capacity_factor=capacity_factor, capacity=(n_owned, caps))
+    needed_owned = int(np.bincount(part.owner[real], minlength=part.n_ranks).max(initial=0))
+    needed_exchange = tuple(max(n) for n in zip(*(p.needed_exchange for _, p in plans)))
+    layout = plans[0][1].layout
+    return HaloPlan(
+        layout=layout,
+        routing=jax.tree_util.tree_map(lambda *rows: np.stack(rows), *(
+            jax.tree_util.tree_map(lambda x, r=r: x[r], p.routing) for r, p in plans)),
+        local_ids=np.stack([p.local_ids[r] for r, p in plans]),
+        local_shifts=np.stack([p.local_shifts[r] for r, p in plans]),
+        needed_owned=needed_owned,
+        needed_exchange=needed_exchange,
+        overflow=needed_owned > layout.n_owned or any(n > e.capacity for n, e in zip(needed_exchange, layout.exchanges)),
+        ranks=tuple(int(r) for r in ranks),
     )
 
 
