@@ -34,7 +34,7 @@ from .data import AtomicData, Batch, as_batch
 from .dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model, warn_fallbacks
 from .driver import _check_stress_cells, _default_order, _model_config
 from .graph_partition import STRATEGIES, block_capacity, block_neighbor_list, gathered_inputs, node_blocks
-from .halo import HaloLayout, HaloPlan, build_halo_plan, halo_forward
+from .halo import HaloLayout, HaloPlan, _headroom, build_halo_plan, build_rank_plans, halo_forward
 from .model import ModelOutputs
 from .neighbors import (NEIGHBOR_BACKENDS, NeighborCapacity, NeighborListFormat, local_neighbor_list,
                         neighbor_capacity)
@@ -308,23 +308,44 @@ class DistributedModel:
             return node_blocks(batch.batch_idx, batch.atom_mask, batch.pbc, cfg.n_ranks)
         part = partition(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
                          cfg.n_ranks, grid=grid if grid is not None else cfg.grid)
-        plan = build_halo_plan(part, self.ghost_width, capacity_factor=cfg.capacity_factor,
-                               capacity=self._halo_capacity)
+        # With several processes each plans only the ranks on its own devices; they agree on
+        # the capacities (maxima of a few integers) so that every rank runs one program shape.
+        ranks = own_ranks(cfg.mesh)
+        capacity = self._halo_capacity
+        if ranks is not None and capacity is None:
+            needs = build_rank_plans(part, self.ghost_width, ranks, capacity_factor=cfg.capacity_factor)
+            needs = agree_max([needs.needed_owned, *needs.needed_exchange])
+            capacity = (_headroom(needs[0], cfg.capacity_factor), tuple(_headroom(n, cfg.capacity_factor)
+                                                                       for n in needs[1:]))
+        plan = self._plan_ranks(part, ranks, capacity)
         if plan.overflow:
-            grown = (max(self._halo_capacity[0], _grow(plan.needed_owned, cfg.capacity_factor)),
-                     tuple(max(c, _grow(n, cfg.capacity_factor))
-                           for c, n in zip(self._halo_capacity[1], plan.needed_exchange)))
-            plan = build_halo_plan(part, self.ghost_width, capacity_factor=cfg.capacity_factor, capacity=grown)
+            grown = (max(plan.layout.n_owned, _grow(plan.needed_owned, cfg.capacity_factor)),
+                     tuple(max(e.capacity, _grow(n, cfg.capacity_factor))
+                           for e, n in zip(plan.layout.exchanges, plan.needed_exchange)))
+            plan = self._plan_ranks(part, ranks, grown)
             self._halo_regrowths += 1
         self._halo_capacity = (plan.layout.n_owned, tuple(e.capacity for e in plan.layout.exchanges))
         self._check_degenerate(part, plan)
         return part, plan
 
+    def _plan_ranks(self, part: Partition, ranks, capacity) -> HaloPlan:
+        """The plan of ``ranks`` (None: all) with ``capacity``; with several processes its
+        needs are agreed over all of them."""
+        cfg = self.config
+        if ranks is None:
+            return build_halo_plan(part, self.ghost_width, capacity_factor=cfg.capacity_factor, capacity=capacity)
+        plan = build_rank_plans(part, self.ghost_width, ranks, capacity_factor=cfg.capacity_factor, capacity=capacity)
+        needs = agree_max([plan.needed_owned, *plan.needed_exchange])
+        layout = plan.layout
+        overflow = needs[0] > layout.n_owned or any(n > e.capacity for n, e in zip(needs[1:], layout.exchanges))
+        return dataclasses.replace(plan, needed_owned=int(needs[0]), needed_exchange=tuple(int(n) for n in needs[1:]),
+                                   overflow=bool(overflow))
+
     def _check_degenerate(self, part: Partition, plan: HaloPlan) -> None:
         if self.strategy == "graph_partition":
             return  # no ghost shell to degenerate
         n_real = int((part.owner >= 0).sum())
-        held = _distinct_held(plan)
+        held = _per_rank(plan, _distinct_held(plan))  # agreed, so every process decides alike
         if part.n_ranks > 1 and np.any(held >= n_real) and n_real > 0:
             msg = (
                 f"the ghost shell of some ranks covers every atom (grid {part.grid}, ghost width "
@@ -376,10 +397,13 @@ class DistributedModel:
             masses=rows("masses", 1.0),
             velocities=rows("velocities", 0.0),
         )
-        # Where each global atom's owned row lands in the flattened [P * n_owned] outputs.
-        gather = np.full(batch.n_atoms, len(ids) * n_owned)  # padding atoms → a zero row
-        r, k = np.nonzero(own_valid)
-        gather[own_ids[r, k]] = r * n_owned + k
+        # Where each global atom's owned row lands in the flattened [P * n_owned] outputs: its
+        # owner's block, at its place among that owner's atoms in id order (the plan's order).
+        gather = np.full(batch.n_atoms, part.n_ranks * n_owned)  # padding atoms → a zero row
+        real = np.flatnonzero(part.owner >= 0)
+        by_owner = real[np.argsort(part.owner[real], kind="stable")]
+        first = np.searchsorted(part.owner[by_owner], part.owner[by_owner])
+        gather[by_owner] = part.owner[by_owner] * n_owned + (np.arange(len(by_owner)) - first)
         # Host arrays: placed by place_inputs, each process sending only its devices' rows.
         return dict(
             local=jax.tree_util.tree_map(np.asarray, local),
@@ -414,7 +438,15 @@ class DistributedModel:
                               n_receivers=pos.shape[1] if self.deep_halo else n_owned)
             for r in range(pos.shape[0])
         ]
-        return NeighborCapacity.covering(caps, nc.max_neighbors or 1)
+        cover = NeighborCapacity.covering(caps, nc.max_neighbors or 1)
+        if jax.process_count() == 1:
+            return cover
+        # Each process sized its own ranks; every rank needs the largest.
+        sizes = agree_max([cover.max_edges, cover.max_neighbors, cover.max_candidates, *cover.search_range,
+                           -1 if cover.max_bins is None else cover.max_bins])
+        return dataclasses.replace(cover, max_edges=int(sizes[0]), max_neighbors=int(sizes[1]),
+                                   max_candidates=int(sizes[2]), search_range=tuple(int(x) for x in sizes[3:6]),
+                                   max_bins=None if cover.max_bins is None else int(sizes[6]))
 
     # ------------------------------------------------------------------ call
 
@@ -440,7 +472,7 @@ class DistributedModel:
         host_pos = inputs.pop("local_positions_host")
         if self._nl_capacity is None:
             self._nl_capacity = self._size_neighbors({**inputs, "local_positions_host": host_pos})
-        return batch, outputs, part, plan, place_inputs(inputs, self.config.mesh)
+        return batch, outputs, part, plan, place_inputs(inputs, self.config.mesh, plan.ranks)
 
     def _static(self, batch, outputs, plan) -> _Static:
         static = _Static(
@@ -492,11 +524,11 @@ class DistributedModel:
 
     def _record_health(self, part: Partition, plan: HaloPlan, recompiles: int) -> None:
         n_real = int((part.owner >= 0).sum())
-        held = _distinct_held(plan)
+        held = _per_rank(plan, _distinct_held(plan))
         self.health = PartitionHealth(
             grid=part.grid,
-            owned=plan.owned_counts(),
-            ghost=plan.ghost_counts(),
+            owned=_per_rank(plan, plan.owned_counts()),
+            ghost=_per_rank(plan, plan.ghost_counts()),
             remote=n_real - held,
             owned_capacity=plan.layout.n_owned,
             ghost_capacity=plan.layout.n_ghost,
@@ -506,17 +538,65 @@ class DistributedModel:
         self._halo_regrowths = 0
 
 
+def _per_rank(plan: HaloPlan, values) -> np.ndarray:
+    """Values of the plan's ranks as a [P] vector of every rank's (agreed over processes)."""
+    if plan.ranks is None:
+        return np.asarray(values)
+    full = np.full(int(np.prod(plan.layout.grid)), np.iinfo(np.int64).min, np.int64)
+    full[plan.rank_ids] = values
+    return agree_max(full)
+
+
 #: Inputs with one row block per rank (leading [P] axis); the rest are the same on every rank.
 RANKED_INPUTS = ("local", "own_pos", "own_sys", "owned_rows", "routing")
 
 
-def place_inputs(inputs: dict, mesh: Mesh) -> dict:
+def place_inputs(inputs: dict, mesh: Mesh, ranks=None) -> dict:
     """Host arrays of :meth:`DistributedModel._inputs` on the mesh: rank blocks on their
-    devices, the rest replicated. Each process transfers only its own devices' shards, so
-    with several processes no device receives another process's rows."""
-    ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+    devices, the rest replicated. ranks: the ranks whose blocks the arrays hold (None:
+    every rank, [P, ...]); with several processes, each holds only its own devices' ranks."""
     replicated = NamedSharding(mesh, P())
-    return {k: jax.device_put(v, ranked if k in RANKED_INPUTS else replicated) for k, v in inputs.items()}
+    return {k: place_ranked(v, mesh, ranks) if k in RANKED_INPUTS else jax.device_put(v, replicated)
+            for k, v in inputs.items()}
+
+
+def place_ranked(tree, mesh: Mesh, ranks=None):
+    """Per-rank host blocks ``[len(ranks), ...]`` (a pytree) as global ``[P, ...]`` arrays
+    split over the mesh; ranks None: the blocks of every rank. Only this process's devices
+    are written, so a process never builds or sends another process's rows."""
+    ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+    if ranks is None:
+        return jax.device_put(tree, ranked)
+    where = {int(r): i for i, r in enumerate(ranks)}
+    n_ranks = int(mesh.size)
+
+    def put(x):
+        x = np.asarray(x)
+        shape = (n_ranks,) + x.shape[1:]
+        pieces = [jax.device_put(x[where[idx[0].start]:where[idx[0].start] + 1], device)
+                  for device, idx in ranked.addressable_devices_indices_map(shape).items()]
+        return jax.make_array_from_single_device_arrays(shape, ranked, pieces)
+
+    return jax.tree_util.tree_map(put, tree)
+
+
+def own_ranks(mesh: Mesh):
+    """The ranks (blocks of the ``[P, ...]`` arrays) on this process's devices, in order, or
+    None when this process drives every device."""
+    if jax.process_count() == 1:
+        return None
+    ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+    return tuple(sorted(idx[0].start for idx in ranked.addressable_devices_indices_map((int(mesh.size),)).values()))
+
+
+def agree_max(values) -> np.ndarray:
+    """The elementwise maximum of an integer vector over every process (itself with one)."""
+    values = np.asarray(values, np.int64)
+    if jax.process_count() == 1:
+        return values
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(values)).reshape(-1, values.size).max(axis=0)
 
 
 def _distinct_held(plan: HaloPlan) -> np.ndarray:

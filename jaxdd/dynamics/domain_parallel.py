@@ -36,7 +36,7 @@ from jax.sharding import PartitionSpec as P
 
 from ..data import AtomicData, Batch, as_batch
 from ..dispatch import DispatchReport
-from ..distributed import DistributedModel, _stats, nl_needs, rank_evaluate, rank_neighbors
+from ..distributed import DistributedModel, _stats, nl_needs, place_ranked, rank_evaluate, rank_neighbors
 from ..distributed import _grow
 from ..halo import Exchange, HaloLayout, HaloRouting, halo_forward
 from ..neighbors import NeighborCapacity
@@ -173,11 +173,12 @@ class DomainParallel:
         n_owned = plan.layout.n_owned
         ids = plan.local_ids[:, :n_owned]
         valid = ids >= 0
-        # Every real atom is owned by exactly one rank, after every migration.
+        # Every real atom is owned by exactly one rank (of this process's ranks: by one of
+        # them exactly when the partition says so).
         owned_count = np.bincount(ids[valid], minlength=batch.n_atoms)
-        real = np.asarray(batch.atom_mask)
-        if np.any(owned_count[real] != 1) or np.any(owned_count[~real] != 0):
-            bad = np.flatnonzero(np.where(real, owned_count != 1, owned_count != 0))
+        mine = np.isin(part.owner, plan.rank_ids) & np.asarray(batch.atom_mask)
+        if np.any(owned_count[mine] != 1) or np.any(owned_count[~mine] != 0):
+            bad = np.flatnonzero(np.where(mine, owned_count != 1, owned_count != 0))
             raise RuntimeError(f"atoms {bad[:8].tolist()} are owned by {owned_count[bad[:8]].tolist()} ranks after "
                                "partitioning; every atom must have exactly one owner")
         safe = np.where(valid, ids, 0)
@@ -206,10 +207,10 @@ class DomainParallel:
         # Placed as the loop returns them (per-rank rows on their device, the rest
         # replicated), so fresh, rebuilt and running states share one compiled program.
         mesh = dm.config.mesh
-        ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
         replicated = NamedSharding(mesh, P())
-        arrays = jax.device_put(arrays, ranked)
-        fixed = {k: jax.device_put(v, replicated if k in ("cell", "system_mask") else ranked) for k, v in fixed.items()}
+        arrays = place_ranked(arrays, mesh, plan.ranks)
+        fixed = {k: jax.device_put(v, replicated) if k in ("cell", "system_mask") else place_ranked(v, mesh, plan.ranks)
+                 for k, v in fixed.items()}
         energy = jax.device_put(energy, replicated)
         extra = jax.device_put(extra, replicated)
         self._frame = jax.device_put(_frame(template, dm.ghost_width), replicated)
