@@ -140,6 +140,7 @@ def rank_replan(owned: dict, frame: Frame, cfg: ReplanConfig):
     width = (hi - lo) / grid_a
     block = jnp.clip(jnp.floor((frac - lo[sys]) / width[sys]), 0, grid_a - 1).astype(jnp.int32)
     rows["_frac"], rows["_block"] = frac, block
+    rows["_from"] = jnp.full(valid.shape, rank, jnp.int32)
 
     # The plan's hops must still span the ghost width (blocks of open axes change size).
     ratio = reach / jnp.maximum(width, 1e-300)
@@ -151,7 +152,6 @@ def rank_replan(owned: dict, frame: Frame, cfg: ReplanConfig):
 
     # 3. Migration, axis by axis, one block at a time.
     far = jnp.zeros((), bool)
-    n_moved = jnp.zeros((), jnp.int32)
     need_migrate = jnp.zeros((), jnp.int32)
     need_owned = jnp.sum(valid.astype(jnp.int32))
     for axis in range(3):
@@ -168,7 +168,6 @@ def rank_replan(owned: dict, frame: Frame, cfg: ReplanConfig):
         for go, step in ((plus, 1), (minus, -1)):
             count = jnp.sum(go.astype(jnp.int32))
             need_migrate = jnp.maximum(need_migrate, count)
-            n_moved = n_moved + count
             packed = _pack(rows, go, cfg.n_migrate)
             perm = [(int(r), int(rank_of(_moved(c, axis, step, n), grid)))
                     for r, c in enumerate(rank_coords(np.arange(n_ranks), grid))]
@@ -182,6 +181,7 @@ def rank_replan(owned: dict, frame: Frame, cfg: ReplanConfig):
     rows = _by_id(rows, n_owned)
     frac = rows.pop("_frac")
     rows.pop("_block")
+    n_moved = jnp.sum(((rows.pop("_from") != rank) & (rows["ids"] >= 0)).astype(jnp.int32))
     ids, system = rows["ids"], jnp.where(rows["ids"] >= 0, rows["system"], 0)
 
     # 5. The ghost shell, exchange by exchange, as build_halo_plan selects it.

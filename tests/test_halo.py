@@ -20,7 +20,7 @@ from scipy.optimize import lsq_linear
 
 from jaxdd import Batch
 from jaxdd.distributed import default_mesh
-from jaxdd.halo import HaloLayout, build_halo_plan, halo_forward, halo_reverse
+from jaxdd.halo import HaloLayout, build_halo_plan, build_rank_plans, halo_forward, halo_reverse
 from jaxdd.partition import partition
 from jaxdd.systems import fcc_lattice
 
@@ -157,6 +157,28 @@ def held_images(plan, rank):
 
 
 # ----------------------------------------------------------------------------- plans (host)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_rank_planned_alone_holds_and_sends_what_the_whole_plan_gives_it(name):
+    _, part, whole = case(name)
+    width = CASES[name][2]
+    capacity = (whole.layout.n_owned, tuple(e.capacity for e in whole.layout.exchanges))
+    for rank in range(part.n_ranks):
+        alone = build_rank_plans(part, width, [rank], capacity=capacity)
+        assert alone.ranks == (rank,) and alone.layout == whole.layout
+        np.testing.assert_array_equal(alone.local_ids[0], whole.local_ids[rank])
+        np.testing.assert_array_equal(alone.local_shifts[0], whole.local_shifts[rank])
+        for field in ("send_idx", "send_valid", "send_system", "wrap"):
+            np.testing.assert_array_equal(getattr(alone.routing, field)[0], getattr(whole.routing, field)[rank])
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_ranks_planned_apart_agree_on_the_whole_plan_sizes_by_their_maxima(name):
+    _, part, whole = case(name)
+    apart = [build_rank_plans(part, CASES[name][2], [rank]) for rank in range(part.n_ranks)]
+    assert all(p.needed_owned == whole.needed_owned for p in apart)
+    assert tuple(max(n) for n in zip(*(p.needed_exchange for p in apart))) == whole.needed_exchange
 
 
 @pytest.mark.parametrize("name", list(CASES))
