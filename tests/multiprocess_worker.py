@@ -10,6 +10,7 @@ computed to ``OUT/<task>.npz``; every process sees the whole mesh and feeds its 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -45,11 +46,16 @@ def md_engine():
     return DomainParallel(DistributedModel(model, DomainConfig(2.5, skin=0.3)), VelocityVerlet(0.005), kB=1.0)
 
 
-def models() -> dict:
+def models(out_dir: Path) -> dict:
     from test_dispatch import SYSTEM, Plain
 
     out = {}
-    lj = DistributedModel(LennardJones(1.0, 1.0, 2.5), DomainConfig(2.5))(lj_crystal(), OUTPUTS)
+    dm = DistributedModel(LennardJones(1.0, 1.0, 2.5), DomainConfig(2.5))
+    lj = dm(lj_crystal(), OUTPUTS)
+    _, plan = dm.plan(jaxdd.as_batch(lj_crystal()))  # what this process planned: its own ranks only
+    (out_dir / f"planned-{jax.process_index()}.json").write_text(json.dumps(
+        dict(ranks=list(plan.ranks), rows=list(plan.local_ids.shape), owned=plan.owned_counts().tolist(),
+             health_owned=dm.health.owned.tolist())))
     out.update({f"lj_{k}": np.asarray(v) for k, v in lj.items()})
     mp = DistributedModel(Plain("mpnn_segment_sum"), DomainConfig(5.0))(SYSTEM, ("energy", "forces"))
     out.update({f"mpnn_{k}": np.asarray(v) for k, v in mp.items()})
@@ -76,7 +82,8 @@ def restart(out_dir: Path) -> dict:
 def final(engine, state) -> dict:
     thermo = engine.thermo(state)
     batch = engine.gather(state)
-    return dict(step=np.asarray(state.step), positions=np.asarray(batch.positions),
+    return dict(step=np.asarray(state.step), rebuilds=engine._rebuilds, host_rebuilds=engine._host_rebuilds,
+                positions=np.asarray(batch.positions),
                 velocities=np.asarray(batch.velocities), **{k: np.asarray(v) for k, v in thermo.items()})
 
 
@@ -85,7 +92,7 @@ def main() -> int:
     die = "--die-after-checkpoint" in sys.argv[3:]
     print(f"process {jax.process_index()} of {jax.process_count()}: devices {jax.local_devices()} "
           f"of {len(jax.devices())}", flush=True)
-    result = {"models": models, "md": lambda: md(out_dir, die), "restart": lambda: restart(out_dir)}[task]()
+    result = {"models": lambda: models(out_dir), "md": lambda: md(out_dir, die), "restart": lambda: restart(out_dir)}[task]()
     if jax.process_index() == 0:
         np.savez(out_dir / f"{task}.npz", **result)
     print(f"process {jax.process_index()}: {task} done", flush=True)

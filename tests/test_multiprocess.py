@@ -8,6 +8,7 @@ Each case starts ``python -m jaxdd.launch -n 2 --cpu-devices 2 tests/multiproces
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -121,6 +122,11 @@ def test_two_processes_give_the_single_process_models(tmp_path):
     lj = DistributedModel(LennardJones(1.0, 1.0, 2.5), DomainConfig(2.5, mesh=mesh))(lj_crystal(),
                                                                                                    OUTPUTS)
     mp = DistributedModel(Plain("mpnn_segment_sum"), DomainConfig(5.0, mesh=mesh))(SYSTEM, ("energy", "forces"))
+    # Each process planned only the two ranks on its own devices, and they agreed on the rest.
+    planned = [json.loads((tmp_path / f"planned-{p}.json").read_text()) for p in (0, 1)]
+    assert [p["ranks"] for p in planned] == [[0, 1], [2, 3]]
+    assert all(p["rows"][0] == 2 for p in planned)
+    assert planned[0]["health_owned"] == planned[1]["health_owned"] == planned[0]["owned"] + planned[1]["owned"]
     for prefix, want in (("lj", lj), ("mpnn", mp)):
         for key, value in want.items():
             value = np.asarray(value)
@@ -139,6 +145,7 @@ def test_fifty_md_steps_on_two_processes_give_the_single_process_trajectory(md_d
     state = engine.run(engine.init(lj_melt_data(5, temperature=1.44)), 50)
     want = engine.gather(state)
     assert int(got["step"]) == 50
+    assert int(got["rebuilds"]) >= 1 and int(got["host_rebuilds"]) == 0  # every rebuild ran on the devices
     np.testing.assert_allclose(got["positions"], np.asarray(want.positions), rtol=0, atol=1e-10)
     np.testing.assert_allclose(got["total_energy"], engine.thermo(state)["total_energy"], rtol=1e-10, atol=0)
 

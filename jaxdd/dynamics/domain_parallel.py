@@ -76,8 +76,9 @@ class MDState:
 @dataclasses.dataclass(frozen=True)
 class RunStats:
     """The last :meth:`DomainParallel.run`: steps, wall seconds, atom-steps per second,
-    plan rebuilds, atoms that migrated to another rank at those rebuilds, and
-    recompilations for capacity growth."""
+    plan rebuilds, atoms that migrated to another rank at those rebuilds, recompilations
+    for capacity growth, and the rebuilds that were planned on the host (the others ran
+    on the devices)."""
 
     steps: int
     seconds: float
@@ -85,6 +86,7 @@ class RunStats:
     rebuilds: int
     migrations: int
     recompiles: int
+    host_rebuilds: int = 0
 
 
 class DomainParallel:
@@ -131,6 +133,7 @@ class DomainParallel:
         self.grid = cfg.grid
         self.last_run: RunStats | None = None
         self._rebuilds = 0
+        self._host_rebuilds = 0
         self._migrations = 0
         self._recompiles = 0
         self._n_migrate = 0  # slots per direction for atoms changing rank (sized at the first plan)
@@ -265,7 +268,8 @@ class DomainParallel:
         marks = [m for m in (thermo_every, trajectory_every) if m]
         show = progress and jax.process_index() == 0
         bar = Progress(n_steps, int(np.asarray(state.template.atom_mask).sum())) if show else None
-        rebuilds0, recompiles0, migrations0 = self._rebuilds, self._recompiles, self._migrations
+        rebuilds0, recompiles0, migrations0, host0 = (self._rebuilds, self._recompiles, self._migrations,
+                                                      self._host_rebuilds)
         start, done = time.perf_counter(), 0
         if writer is not None and writer.frames == 0:
             writer.write(self, state)
@@ -287,7 +291,7 @@ class DomainParallel:
         n_atoms = int(np.asarray(state.template.atom_mask).sum())
         self.last_run = RunStats(done, seconds, done * n_atoms / seconds if seconds > 0 else 0.0,
                                  self._rebuilds - rebuilds0, self._migrations - migrations0,
-                                 self._recompiles - recompiles0)
+                                 self._recompiles - recompiles0, self._host_rebuilds - host0)
         if bar is not None:
             bar.close(self.last_run)
         return state
@@ -358,6 +362,7 @@ class DomainParallel:
 
     def _rebuild_on_host(self, state: MDState) -> MDState:
         """The plan computed on the host from the gathered atoms (a partition afresh)."""
+        self._host_rebuilds += 1
         positions, velocities, forces = self._global(state, "positions", "velocities", "forces")
         before = _rank_of_atom(state)
         new = self._place(state.template, positions, velocities, forces, step=state.step, extra=state.extra,
