@@ -48,7 +48,7 @@ inline int64_t BinOf(double x, double lo, double width, int64_t nb) {
 
 template <ffi::DataType DT>
 ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buffer<ffi::PRED> mask,
-                    int64_t n_receivers, int64_t n_systems, double cutoff, bool half, ffi::ThreadPool pool,
+                    ffi::Buffer<ffi::S32> order_a, ffi::Buffer<ffi::S32> order_b, int64_t n_receivers, int64_t n_systems, double cutoff, bool half, ffi::ThreadPool pool,
                     ffi::ResultBuffer<ffi::S32> senders, ffi::ResultBuffer<ffi::S32> receivers,
                     ffi::ResultBuffer<ffi::S32> shifts, ffi::ResultBuffer<ffi::S32> num_neighbors,
                     ffi::ResultBufferR0<ffi::S32> n_edges) {
@@ -57,6 +57,9 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
   const int64_t n = pos.dimensions()[0];
   if (system.dimensions().size() != 1 || int64_t(system.dimensions()[0]) != n) return BadNl("system must be [n]");
   if (mask.dimensions().size() != 1 || int64_t(mask.dimensions()[0]) != n) return BadNl("atom_mask must be [n]");
+  if (order_a.dimensions().size() != 1 || int64_t(order_a.dimensions()[0]) != n ||
+      order_b.dimensions().size() != 1 || int64_t(order_b.dimensions()[0]) != n)
+    return BadNl("the half-list order keys must be [n] each");
   if (senders->dimensions().size() != 1 || receivers->dimensions().size() != 1 ||
       senders->dimensions()[0] != receivers->dimensions()[0])
     return BadNl("senders and receivers must be [max_edges]");
@@ -73,6 +76,8 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
   const T* x = pos.typed_data();
   const int32_t* sys = system.typed_data();
   const bool* m = mask.typed_data();
+  const int32_t* ka = order_a.typed_data();
+  const int32_t* kb = order_b.typed_data();
   int32_t* snd = senders->typed_data();
   int32_t* rcv = receivers->typed_data();
   int32_t* count = num_neighbors->typed_data();
@@ -134,6 +139,7 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
   for (int64_t b = 0; b < n_bins; ++b) start[b + 1] += start[b];
   std::vector<int32_t> order(start[n_bins]);
   std::vector<T> sx(start[n_bins]), sy(start[n_bins]), sz(start[n_bins]);
+  std::vector<int32_t> sa(half ? start[n_bins] : 0), sb(half ? start[n_bins] : 0);
   {
     std::vector<int64_t> fill(start.begin(), start.end() - 1);
     for (int64_t i = 0; i < n; ++i) {
@@ -141,6 +147,7 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
       const int64_t k = fill[bin[i]]++;
       order[k] = int32_t(i);
       sx[k] = x[3 * i], sy[k] = x[3 * i + 1], sz[k] = x[3 * i + 2];
+      if (half) sa[k] = ka[i], sb[k] = kb[i];
     }
   }
 
@@ -163,6 +170,7 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
       const T xi = x[3 * i], yi = x[3 * i + 1], zi = x[3 * i + 2];
       const int64_t reach = int64_t(std::ceil(cutoff / g.width));
       const int32_t self = int32_t(i);
+      const int32_t ai = ka[i], bi = kb[i];
       const size_t before = m;
       for (int64_t cz = std::max<int64_t>(bz - reach, 0); cz <= std::min(bz + reach, g.nb[2] - 1); ++cz) {
         // Rows of bins whose y-z extent lies beyond the cutoff from the atom are skipped.
@@ -179,11 +187,20 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
           if (out.size() < m + size_t(last - first)) out.resize(2 * (m + size_t(last - first)));
           int32_t* dst = out.data();
           // Branch-free: every candidate is written, and kept by advancing past it.
-          for (int64_t k = first; k < last; ++k) {
-            const int32_t j = order[k];
-            const T dx = sx[k] - xi, dy = sy[k] - yi, dz = sz[k] - zi;
-            dst[m] = j;
-            m += (dx * dx + dy * dy + dz * dz < rc2) & (j != self) & (!half | (j > self));
+          if (half) {  // each pair once: from the row of lower (key a, key b)
+            for (int64_t k = first; k < last; ++k) {
+              const int32_t j = order[k];
+              const T dx = sx[k] - xi, dy = sy[k] - yi, dz = sz[k] - zi;
+              dst[m] = j;
+              m += (dx * dx + dy * dy + dz * dz < rc2) & (j != self) & ((sa[k] > ai) | ((sa[k] == ai) & (sb[k] > bi)));
+            }
+          } else {
+            for (int64_t k = first; k < last; ++k) {
+              const int32_t j = order[k];
+              const T dx = sx[k] - xi, dy = sy[k] - yi, dz = sz[k] - zi;
+              dst[m] = j;
+              m += (dx * dx + dy * dy + dz * dz < rc2) & (j != self);
+            }
           }
         }
       }
@@ -219,6 +236,8 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
                                     .Arg<ffi::Buffer<DT>>()          /* positions */  \
                                     .Arg<ffi::Buffer<ffi::S32>>()    /* system */     \
                                     .Arg<ffi::Buffer<ffi::PRED>>()   /* atom_mask */  \
+                                    .Arg<ffi::Buffer<ffi::S32>>()    /* order key a */\
+                                    .Arg<ffi::Buffer<ffi::S32>>()    /* order key b */\
                                     .Attr<int64_t>("n_receivers")                     \
                                     .Attr<int64_t>("n_systems")                       \
                                     .Attr<double>("cutoff")                           \

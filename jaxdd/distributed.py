@@ -195,6 +195,7 @@ class _Static:
     search_cutoff: float
     nl_format: NeighborListFormat
     nl_backend: str
+    nl_half: bool
     strategy: str
     policy: object
     autograd: frozenset  # outputs the framework derives (ModelConfig.autograd_outputs)
@@ -246,12 +247,16 @@ class DistributedModel:
         nc = cfg.neighbor_config
         if nc is None:
             raise ValueError(f"{name} declares no neighbor_config; DistributedModel needs one")
-        if nc.half_list:
-            raise ValueError(
-                f"{name} asks for a half neighbour list; under decomposition every edge must "
-                "belong to its receiver's rank: use half_list=False"
-            )
         deep = isinstance(policy, HaloStoragePolicy) and policy.deep
+        # A half list lists each pair on one rank only (the one owning the lower global id,
+        # images ordered by their shift), its other end possibly a ghost whose share goes
+        # home with the ghost partial sums. Deep halos and node blocks compute on ghost rows
+        # or on every rank's rows, where that rule does not hold.
+        if nc.half_list and (deep or layout != "halo"):
+            raise ValueError(
+                f"{name} asks for a half neighbour list, which runs under the halo strategy with ghost partial "
+                f"sums sent home; this spec uses {'a deep halo' if deep else 'node blocks'}: use half_list=False"
+            )
         ghost_width = domain_config.ghost_width
         # Node blocks have no ghost shell (every rank's list searches all atoms): no width to check.
         if deep:  # every layer reads one more neighbour shell of ghosts computed on this rank
@@ -434,7 +439,7 @@ class DistributedModel:
         caps = [
             neighbor_capacity(pos[r], np.broadcast_to(np.eye(3), (n_sys, 3, 3)), np.zeros((n_sys, 3), bool),
                               np.asarray(local.batch_idx[r]), np.asarray(local.atom_mask[r]), cutoff=nc.search_cutoff,
-                              headroom=self.config.capacity_factor,
+                              headroom=self.config.capacity_factor, half=nc.half_list,
                               n_receivers=pos.shape[1] if self.deep_halo else n_owned)
             for r in range(pos.shape[0])
         ]
@@ -481,6 +486,7 @@ class DistributedModel:
             search_cutoff=_model_config(self.model).neighbor_config.search_cutoff,
             nl_format=_model_config(self.model).neighbor_config.format,
             nl_backend=self.config.neighbor_search,
+            nl_half=bool(_model_config(self.model).neighbor_config.half_list),
             strategy=self.strategy,
             policy=self.policy,
             autograd=frozenset(_model_config(self.model).autograd_outputs),
@@ -620,11 +626,13 @@ def _stats(needed):
     )
 
 
-def rank_neighbors(positions, local, static: _Static, cell=None):
+def rank_neighbors(positions, local, static: _Static, cell=None, routing=None):
     """This rank's neighbour list over its local rows ([n_local, 3] Å, ghosts included) for the
     model's search cutoff; only owned rows are receivers unless the halo is deep. Under the
     graph-parallel strategy the search runs over every rank's rows (gathered here) in the
-    real ``cell`` ([S, 3, 3]) with the batch's pbc, and senders index the stacked rows."""
+    real ``cell`` ([S, 3, 3]) with the batch's pbc, and senders index the stacked rows.
+    A half list keeps each pair on one rank: the edge from the row of lower (global id,
+    image shift), which needs this rank's ``routing`` (its rows' ids and shifts)."""
     layout, n_sys = static.layout, static.n_systems
     if static.strategy == "graph_partition":
         axes = tuple(static.mesh.axis_names)
@@ -632,10 +640,15 @@ def rank_neighbors(positions, local, static: _Static, cell=None):
         return block_neighbor_list(
             all_pos, jax.lax.stop_gradient(cell), local.pbc, all_sys, all_mask, jax.lax.axis_index(axes),
             layout.n_owned, cutoff=static.search_cutoff, capacity=static.nl_capacity, format=static.nl_format)
+    order = None
+    if static.nl_half:
+        s = routing.row_shifts + 512  # images within ±512 cells, 10 bits per axis
+        order = (routing.row_ids, (s[:, 0] << 20) | (s[:, 1] << 10) | s[:, 2])
     return local_neighbor_list(
         jax.lax.stop_gradient(positions), local.batch_idx, local.atom_mask, n_systems=n_sys,
         cutoff=static.search_cutoff, capacity=static.nl_capacity, format=static.nl_format,
-        n_receivers=layout.n_local if static.deep else layout.n_owned, backend=static.nl_backend)
+        n_receivers=layout.n_local if static.deep else layout.n_owned, backend=static.nl_backend,
+        half=static.nl_half, order=order)
 
 
 def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, system_mask, static: _Static,
@@ -667,7 +680,7 @@ def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, sys
         # Ghost positions are made here, inside the differentiated function, so ghost
         # forces travel home through the transpose of halo_forward.
         positions = halo_forward(pos, layout, routing, axes, cell=cell_s)
-        nl = rank_neighbors(positions, local, static, cell_s) if neighbors is None else neighbors
+        nl = rank_neighbors(positions, local, static, cell_s, routing) if neighbors is None else neighbors
         runtime = Runtime(layout, routing, axes, static.policy, owned_rows,
                           edge_owned=nl.mask & (nl.receivers < layout.n_owned), ops=ops, n_ranks=int(static.mesh.size))
         batch = local.replace(positions=positions, cell=cell_s, neighbors=nl)

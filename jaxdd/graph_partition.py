@@ -76,6 +76,8 @@ def node_blocks(batch_idx, atom_mask, pbc, n_ranks: int) -> tuple[Partition, Hal
         send_valid=np.zeros((n_ranks, 0), bool),
         send_system=np.zeros((n_ranks, 0), np.int32),
         wrap=np.zeros((n_ranks, 0), np.int32),
+        row_ids=np.asarray(local_ids, np.int32),
+        row_shifts=np.zeros((n_ranks, n_block, 3), np.int32),
     )
     plan = HaloPlan(
         layout=HaloLayout(grid=(n_ranks, 1, 1), n_owned=n_block, exchanges=()),

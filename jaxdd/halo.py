@@ -78,12 +78,17 @@ class HaloRouting:
     send_system: [n_send] system of the atom in each slot (for its cell's lattice vector).
     wrap: [n_exchanges] lattice vectors (along the exchange's axis) added to positions sent,
     -1, 0 or +1: non-zero where the exchange crosses a periodic boundary.
+    row_ids: [n_local] int32 global atom index of every local row (-1: padding);
+    row_shifts: [n_local, 3] int32 lattice image of each row relative to its owner's
+    position (what tells a pair's two directed edges apart for a half list).
     """
 
     send_idx: jax.Array
     send_valid: jax.Array
     send_system: jax.Array
     wrap: jax.Array
+    row_ids: jax.Array | None = None
+    row_shifts: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,7 +271,8 @@ def build_halo_plan(
             start = n_owned + ex.offset
             local_ids[dst, start : start + m] = ids
             local_shifts[dst, start : start + m] = v["shift"][:m]
-    routing = HaloRouting(send_idx=send_idx, send_valid=send_valid, send_system=send_system, wrap=wrap)
+    routing = HaloRouting(send_idx=send_idx, send_valid=send_valid, send_system=send_system, wrap=wrap,
+                          row_ids=np.asarray(local_ids, np.int32), row_shifts=np.asarray(local_shifts, np.int32))
     return HaloPlan(
         layout=layout,
         routing=routing,

@@ -369,7 +369,7 @@ def _block_counts(g, pbc, atom_mask, search_range, max_bins, rows):
     return g["bin_start"][key], count, image
 
 
-def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, capacity, n_receivers=None):
+def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, capacity, n_receivers=None, order=None):
     """Examine, for every receiver, the atoms of its block of neighbouring bins.
 
     Receivers are the first ``n_receivers`` rows (default all). The block of atom i is the
@@ -411,7 +411,12 @@ def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, cap
     # that is the atom itself (a lattice translation of a non-singular cell is never zero).
     itself = sorted_pos == g["rank"][:n, None]
     mask = (t < total[:, None]) & (d2 < cutoff * cutoff) & ~(itself & (d2 == 0))
-    if half:
+    if half and order is not None:  # rows ranked by (key a, key b); no periodic images here
+        j = g["order"][sorted_pos]
+        ka, kb = (jnp.asarray(k, jnp.int32) for k in order)
+        ai, bi = ka[:n, None], kb[:n, None]
+        mask = mask & ((ka[j] > ai) | ((ka[j] == ai) & (kb[j] > bi)))
+    elif half:
         i = jnp.arange(n, dtype=jnp.int32)[:, None]
         j = g["order"][sorted_pos]
         shift = image.reshape(-1, 3)[flat_which] - g["wraps"][j] + g["wraps"][:n, None, :]
@@ -440,14 +445,18 @@ def build_neighbor_list(
     half: bool = False,
     format: NeighborListFormat = NeighborListFormat.COO,
     n_receivers: int | None = None,
+    order=None,
 ) -> NeighborList:
-    """Build a neighbour list on device; traceable under ``jit`` (all keyword args static).
+    """Build a neighbour list on device; traceable under ``jit`` (keyword args static but ``order``).
 
     positions: [n_atoms, 3] Å; cell: [S, 3, 3] Å (rows); pbc: [S, 3] bool;
     batch_idx: [n_atoms] system of each atom (default all 0); atom_mask: [n_atoms] bool,
     False for padding rows (default all True); n_receivers: only rows [0, n_receivers) are
     receivers (default all; under decomposition, the owned rows), and the work scales with
-    them. Pairs with distance < cutoff are listed.
+    them. Pairs with distance < cutoff are listed. order: for a half list without periodic
+    axes, two [n_atoms] int32 keys (compared lexicographically) that decide which row of a
+    pair lists it, e.g. global atom id and image under decomposition (default: the lower
+    row index, and the positive image shift).
     Check ``overflow`` (or use :func:`neighbor_list`, which grows and rebuilds).
     """
     _check_cutoff(cutoff)
@@ -458,7 +467,7 @@ def build_neighbor_list(
 
     mask, aux = _candidates(
         positions, cell, pbc, batch_idx, atom_mask,
-        cutoff=float(cutoff), half=half, capacity=capacity, n_receivers=n_receivers,
+        cutoff=float(cutoff), half=half, capacity=capacity, n_receivers=n_receivers, order=order,
     )
     c = mask.shape[1]
     per_atom = jnp.sum(mask, axis=1, dtype=jnp.int32)  # [R]
@@ -526,14 +535,15 @@ NEIGHBOR_BACKENDS = ("auto", "kernel", "jnp")
 def local_neighbor_list(positions, batch_idx, atom_mask, *, n_systems: int, cutoff: float,
                         capacity: NeighborCapacity, half: bool = False,
                         format: NeighborListFormat = NeighborListFormat.COO, n_receivers: int | None = None,
-                        backend: str = "jnp") -> NeighborList:
+                        backend: str = "jnp", order=None) -> NeighborList:
     """The neighbour list of atoms with open boundaries (no periodic axis, no cell), as a
     rank builds it over its owned rows and ghost images; traceable under ``jit``.
 
     positions: [n, 3] Å; batch_idx: [n] int32; atom_mask: [n] bool. backend: ``"jnp"`` (the
     bin search of :func:`build_neighbor_list`, any device) or ``"kernel"`` (the compiled
     cell list of :mod:`jaxdd.ffi.neighbors`: CPU only, much faster, same pairs; only its
-    edge and neighbour slots can overflow). Shifts are all zero.
+    edge and neighbour slots can overflow). Shifts are all zero. order: for a half list, the
+    two [n] int32 keys that decide which row of a pair lists it (see :func:`build_neighbor_list`).
     """
     if backend not in ("kernel", "jnp"):
         raise ValueError(f"backend must be 'kernel' or 'jnp' here, got {backend!r}")
@@ -541,7 +551,8 @@ def local_neighbor_list(positions, batch_idx, atom_mask, *, n_systems: int, cuto
         dtype = positions.dtype
         return build_neighbor_list(
             positions, jnp.broadcast_to(jnp.eye(3, dtype=dtype), (n_systems, 3, 3)), jnp.zeros((n_systems, 3), bool),
-            batch_idx, atom_mask, cutoff=cutoff, capacity=capacity, half=half, format=format, n_receivers=n_receivers)
+            batch_idx, atom_mask, cutoff=cutoff, capacity=capacity, half=half, format=format, n_receivers=n_receivers,
+            order=order)
     from .ffi.neighbors import cell_list
 
     _check_cutoff(cutoff)
@@ -549,7 +560,7 @@ def local_neighbor_list(positions, batch_idx, atom_mask, *, n_systems: int, cuto
     n = positions.shape[0]
     senders, receivers, shifts, per_atom, n_edges = cell_list(
         positions, jnp.asarray(batch_idx, jnp.int32), jnp.asarray(atom_mask, bool), cutoff=float(cutoff),
-        max_edges=capacity.max_edges, n_receivers=n_receivers, n_systems=n_systems, half=half)
+        max_edges=capacity.max_edges, n_receivers=n_receivers, n_systems=n_systems, half=half, order=order)
     valid = jnp.arange(capacity.max_edges) < n_edges
     zero = jnp.zeros((), jnp.int32)
     return _assemble(senders, receivers, shifts, valid, per_atom, n_edges, n, capacity, format, jnp.zeros((), bool),

@@ -189,6 +189,7 @@ def rank_replan(owned: dict, frame: Frame, cfg: ReplanConfig):
     l_frac = jnp.zeros((n_local, 3), wide).at[:n_owned].set(frac)
     l_ids = jnp.full((n_local,), -1, ids.dtype).at[:n_owned].set(ids)
     l_sys = jnp.zeros((n_local,), system.dtype).at[:n_owned].set(system)
+    l_shift = jnp.zeros((n_local, 3), jnp.int32)
     n_send = sum(ex.capacity for ex in layout.exchanges)
     send_idx = jnp.zeros((n_send,), jnp.int32)
     send_valid = jnp.zeros((n_send,), bool)
@@ -233,15 +234,18 @@ def rank_replan(owned: dict, frame: Frame, cfg: ReplanConfig):
         send_system = send_system.at[ex.offset:ex.offset + cap].set(jnp.where(ok, l_sys[idx], 0))
         wraps.append(jnp.where(sends, wr, 0))
         shifted = l_frac[idx].at[:, ex.axis].add(wr.astype(wide))
-        payload = (jnp.where(ok[:, None], shifted, 0.0), l_ids[idx], l_sys[idx], ok)
-        g_frac, g_ids, g_sys, g_ok = jax.lax.ppermute(payload, axes, perm=ex.pairs)
+        payload = (jnp.where(ok[:, None], shifted, 0.0), l_ids[idx], l_sys[idx], ok,
+                   l_shift[idx].at[:, ex.axis].add(wr))
+        g_frac, g_ids, g_sys, g_ok, g_shift = jax.lax.ppermute(payload, axes, perm=ex.pairs)
         start = n_owned + ex.offset
         l_frac = jax.lax.dynamic_update_slice_in_dim(l_frac, g_frac, start, axis=0)
         l_ids = jax.lax.dynamic_update_slice_in_dim(l_ids, jnp.where(g_ok, g_ids, -1), start, axis=0)
         l_sys = jax.lax.dynamic_update_slice_in_dim(l_sys, jnp.where(g_ok, g_sys, 0), start, axis=0)
+        l_shift = jax.lax.dynamic_update_slice_in_dim(l_shift, jnp.where(g_ok[:, None], g_shift, 0), start, axis=0)
 
     routing = HaloRouting(send_idx=send_idx, send_valid=send_valid, send_system=send_system,
-                          wrap=jnp.stack(wraps).astype(jnp.int32) if wraps else jnp.zeros((0,), jnp.int32))
+                          wrap=jnp.stack(wraps).astype(jnp.int32) if wraps else jnp.zeros((0,), jnp.int32),
+                          row_ids=l_ids.astype(jnp.int32), row_shifts=l_shift)
     report = dict(
         owned=jax.lax.pmax(need_owned, axes),
         migrate=jax.lax.pmax(need_migrate, axes),

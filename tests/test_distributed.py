@@ -359,9 +359,22 @@ def test_a_cutoff_that_is_not_positive_and_finite_is_refused(cutoff):
         DomainConfig(cutoff=cutoff, mesh=mesh_of(1))
 
 
-def test_a_model_asking_for_a_half_neighbour_list_is_refused():
-    with pytest.raises(ValueError, match="half"):
-        DistributedModel(LennardJones(1.0, 1.0, CUTOFF, half_list=True), DomainConfig(cutoff=CUTOFF, mesh=mesh_of(2)))
+# A half list keeps each pair on one rank (the lower global id; images by their shift).
+HALF_CASES = [("triclinic", (3, 2, 1), "auto"), ("batch", (2, 2, 1), "jnp"), ("wide-shell", (8, 1, 1), "auto")]
+
+
+@pytest.mark.parametrize("name, grid, backend", HALF_CASES, ids=[f"{n}-{b}" for n, _, b in HALF_CASES])
+def test_a_half_neighbour_list_gives_the_single_device_outputs(name, grid, backend):
+    config = DomainConfig(cutoff=CUTOFF, mesh=mesh_of(math.prod(grid)), grid=grid,
+                          ghost_width=SYSTEMS[name].ghost_width, neighbor_backend=backend)
+    half = DistributedModel(LennardJones(1.0, 1.0, CUTOFF, half_list=True), config)
+    assert_matches(as_numpy(half(data(name, "small"), KEYS)), reference(name, "small"))
+
+
+def test_a_half_neighbour_list_on_node_blocks_is_refused():
+    with pytest.raises(ValueError, match="half neighbour list.*node blocks"):
+        DistributedModel(LennardJones(1.0, 1.0, CUTOFF, half_list=True),
+                         DomainConfig(cutoff=CUTOFF, mesh=mesh_of(2), strategy="graph_partition"))
 
 
 def test_a_model_reaching_beyond_the_ghost_width_is_refused():

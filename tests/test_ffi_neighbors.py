@@ -61,6 +61,23 @@ def test_cell_list_finds_the_pairs_of_the_bin_search(dtype, half, n_systems):
     assert not np.any(np.asarray(shifts))
 
 
+def test_a_half_list_ordered_by_keys_lists_each_pair_from_its_lower_key_in_both_searches():
+    x, system, mask = _cloud(1200, 10.0, 1, np.float64)
+    rng = np.random.default_rng(1)
+    order = (rng.integers(0, 50, 1200).astype(np.int32), rng.permutation(1200).astype(np.int32))  # ties in key a
+    eye, pbc = np.eye(3)[None], np.zeros((1, 3), bool)
+    cap = neighbor_capacity(x, eye, pbc, system, mask, cutoff=2.5)
+    ref = build_neighbor_list(x, eye, pbc, system, mask, cutoff=2.5, capacity=cap, half=True, order=order)
+    senders, receivers, _, _, n_edges = cell_list(x, system, mask, cutoff=2.5, max_edges=cap.max_edges, half=True,
+                                                  order=order)
+    got = _pairs(receivers, senders, n_edges)
+    assert got == _pairs(ref.receivers, ref.senders, ref.n_edges)
+    f_senders, f_receivers, _, _, f_edges = cell_list(x, system, mask, cutoff=2.5, max_edges=cap.max_edges)
+    full = _pairs(f_receivers, f_senders, f_edges)
+    key = list(zip(*order))
+    assert got == {(i, j) for i, j in full if key[j] > key[i]}
+
+
 def test_cell_list_edges_are_grouped_by_receiver_and_padded_past_the_last_atom():
     x, system, mask = _cloud(800, 10.0, 1, np.float64)
     senders, receivers, _, _, n_edges = cell_list(x, system, mask, cutoff=2.5, max_edges=60_000)

@@ -169,7 +169,7 @@ def test_a_rank_planned_alone_holds_and_sends_what_the_whole_plan_gives_it(name)
         assert alone.ranks == (rank,) and alone.layout == whole.layout
         np.testing.assert_array_equal(alone.local_ids[0], whole.local_ids[rank])
         np.testing.assert_array_equal(alone.local_shifts[0], whole.local_shifts[rank])
-        for field in ("send_idx", "send_valid", "send_system", "wrap"):
+        for field in ("send_idx", "send_valid", "send_system", "wrap", "row_ids", "row_shifts"):
             np.testing.assert_array_equal(getattr(alone.routing, field)[0], getattr(whole.routing, field)[rank])
 
 

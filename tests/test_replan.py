@@ -69,7 +69,7 @@ def test_a_device_rebuild_equals_the_host_plan_of_the_moved_atoms(name):
     assert not report["far"] and not report["hops"]
     assert report["owned"] <= after.layout.n_owned and np.all(report["exchange"] <= [e.capacity for e in after.layout.exchanges])
     np.testing.assert_array_equal(held["ids"], after.local_ids)
-    for field in ("send_valid", "send_system", "wrap"):
+    for field in ("send_valid", "send_system", "wrap", "row_ids", "row_shifts"):
         np.testing.assert_array_equal(getattr(routing, field), getattr(after.routing, field))
     np.testing.assert_array_equal(np.where(routing.send_valid, routing.send_idx, 0),
                                   np.where(after.routing.send_valid, after.routing.send_idx, 0))

@@ -22,13 +22,15 @@ _NAME = "jaxdd cell_list"
 
 
 def cell_list(positions, system, atom_mask, *, cutoff: float, max_edges: int, n_receivers: int | None = None,
-              n_systems: int = 1, half: bool = False):
+              n_systems: int = 1, half: bool = False, order=None):
     """Pairs closer than ``cutoff`` among atoms of the same system, no periodic images.
 
     positions: [n, 3] Å (float32 or float64); system: [n] int32; atom_mask: [n] bool
     (False rows, and rows whose system is outside [0, n_systems), take no part);
     n_receivers: only rows [0, n_receivers) receive edges (default all); half: list each
-    pair once, from its lower index (a receiver's sender index is then above its own).
+    pair once, from the row that comes first in ``order`` (two [n] int32 keys compared
+    lexicographically, e.g. global atom id and image; default the row index: a receiver's
+    sender index is then above its own).
 
     Returns (senders [max_edges] int32, receivers [max_edges] int32 (padding: n), shifts
     [max_edges, 3] int32 (all zero), num_neighbors [n] int32, n_edges [] int32). n_edges counts every pair found, also
@@ -48,6 +50,11 @@ def cell_list(positions, system, atom_mask, *, cutoff: float, max_edges: int, n_
         raise ValueError(f"{_NAME}: cutoff must be a positive finite number, got {cutoff!r}")
     n_recv = n if n_receivers is None else int(n_receivers)
     e = int(max_edges)
+    if order is None:
+        order = (jnp.arange(n, dtype=jnp.int32), jnp.zeros(n, jnp.int32))
+    order = tuple(jnp.asarray(k) for k in order)
+    for name, key in zip(("order[0]", "order[1]"), order):
+        _call.check_array(_NAME, name, key, (n,), np.int32)
     results = [((e,), np.int32), ((e,), np.int32), ((e, 3), np.int32), ((n,), np.int32), ((), np.int32)]
-    return _call.call("cell_list", suffix, results, positions, system, atom_mask, n_receivers=np.int64(n_recv),
+    return _call.call("cell_list", suffix, results, positions, system, atom_mask, *order, n_receivers=np.int64(n_recv),
                       n_systems=np.int64(n_systems), cutoff=np.float64(cutoff), half=bool(half))
