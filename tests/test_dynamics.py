@@ -104,6 +104,21 @@ def test_kept_neighbour_list_gives_the_single_device_trajectory():
     np.testing.assert_allclose(np.asarray(got.velocities), vel, rtol=0, atol=1e-9)
 
 
+@pytest.mark.skipif(not jaxdd.ffi.available(), reason="compiled kernels not built (pip install -e .)")
+def test_the_fused_kernel_on_a_half_list_gives_the_single_device_trajectory():
+    from jaxdd.models.lj_kernel import LennardJonesKernel
+
+    model = LennardJonesKernel(1.0, 1.0, CUTOFF, skin=SKIN, half_list=True)
+    md = DomainParallel(DistributedModel(model, DomainConfig(CUTOFF, skin=SKIN, mesh=mesh_of(6), grid=(3, 2, 1))),
+                        VelocityVerlet(DT), kB=1.0)
+    state = md.run(md.init(melt()), 100)
+    assert md.last_run.rebuilds >= 1 and md.last_run.host_rebuilds == 0
+    got = md.gather(state)
+    pos, vel = reference(200)[99]
+    np.testing.assert_allclose(np.asarray(got.positions), pos, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(got.velocities), vel, rtol=0, atol=1e-9)
+
+
 def test_every_atom_has_exactly_one_owner_after_the_run():
     _, state = nve_run((2, 2, 1), 200)
     ids = np.asarray(state.arrays["ids"]).ravel()
