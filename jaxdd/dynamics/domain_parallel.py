@@ -217,7 +217,8 @@ class DomainParallel:
         energy = jax.device_put(energy, replicated)
         extra = jax.device_put(extra, replicated)
         self._frame = jax.device_put(_frame(template, dm.ghost_width), replicated)
-        self._n_migrate = max(self._n_migrate, 8 + n_owned // 8)
+        if not self._n_migrate:  # sized once; it grows when a rebuild needs more (a new program)
+            self._n_migrate = 8 + n_owned // 8
         return MDState(step=step, energy=energy, extra=extra, arrays=arrays, fixed=fixed, template=template,
                        layout=plan.layout)
 
@@ -342,9 +343,12 @@ class DomainParallel:
         mesh = dm.config.mesh
         layout = state.layout
         for _ in range(self._max_regrowths() + 1):
+            # Rows padded to the layout's, so a grown layout compiles one program, not two.
+            arrays = _padded(state.arrays, layout.n_owned, mesh)
             cfg = ReplanConfig(layout=layout, n_migrate=self._n_migrate, n_systems=state.template.n_systems,
                                axes=tuple(mesh.axis_names))
-            arrays, fixed, report = _replanned(state.arrays, state.fixed, self._frame, cfg, mesh)
+            arrays, plan, report = _replanned(arrays, state.fixed["cell"], state.fixed["system_mask"], self._frame,
+                                              cfg, mesh, state.fixed["local"].velocities is not None)
             report = jax.tree_util.tree_map(np.asarray, report)
             if bool(report["far"]) or bool(report["hops"]):
                 return self._rebuild_on_host(state)
@@ -352,7 +356,7 @@ class DomainParallel:
             fits = needed[0] <= layout.n_owned and all(n <= e.capacity for n, e in zip(needed[1], layout.exchanges))
             if fits and int(report["migrate"]) <= self._n_migrate:
                 self._migrations += int(report["migrated"])
-                return dataclasses.replace(state, arrays=arrays, fixed=fixed, layout=layout)
+                return dataclasses.replace(state, arrays=arrays, fixed={**state.fixed, **plan}, layout=layout)
             factor = dm.config.capacity_factor
             self._n_migrate = max(self._n_migrate, _grow(int(report["migrate"]), factor))
             layout = _grown(layout, needed, factor)
@@ -599,6 +603,18 @@ def _frame(template: Batch, ghost_width: float):
     return frame_of(template.cell, template.pbc, ghost_width, np.float64 if jax.config.jax_enable_x64 else np.float32)
 
 
+def _padded(arrays: dict, n_owned: int, mesh) -> dict:
+    """Per-rank rows ``[P, n, ...]`` padded to ``n_owned`` rows (free rows: id -1)."""
+    n = arrays["ids"].shape[1]
+    if n == n_owned:
+        return arrays
+    ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+    pad = jax.jit(lambda a: {k: jnp.pad(v, [(0, 0), (0, n_owned - n)] + [(0, 0)] * (v.ndim - 2),
+                                        constant_values=-1 if k == "ids" else 0) for k, v in a.items()},
+                  out_shardings=ranked)
+    return pad(arrays)
+
+
 def _rank_of_atom(state: MDState) -> np.ndarray:
     """The rank owning each atom of the batch, [V] (-1: padding)."""
     ids = _host(state.arrays["ids"])
@@ -813,15 +829,17 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
     return fn(params, arrays, energy, extra, fixed, step0, n)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "mesh"))
-def _replanned(arrays, fixed, frame, cfg: ReplanConfig, mesh):
+@functools.partial(jax.jit, static_argnames=("cfg", "mesh", "velocities"))
+def _replanned(arrays, cell, system_mask, frame, cfg: ReplanConfig, mesh, velocities: bool):
     """A rebuild on the devices (:func:`jaxdd.replan.rank_replan`) and the plan's local rows:
-    (arrays, fixed, report) laid out as :meth:`DomainParallel._place` lays them out."""
+    (arrays, plan) laid out as :meth:`DomainParallel._place` lays them out (the plan's
+    ``local`` batch, ``owned_rows`` and ``routing``). Inputs depend on the owned rows only,
+    so one program serves every rebuild of a layout. velocities: the local batch carries them."""
     axes = cfg.axes
     ranked = P(axes)
     layout, n_sys = cfg.layout, cfg.n_systems
 
-    def fn(arrays, local, cell, system_mask, frame):
+    def fn(arrays, cell, system_mask, frame):
         carried = {k: v[0] for k, v in arrays.items() if k != "reference"}
         rows, routing, held, report = rank_replan(carried, frame, cfg)
         valid = held["ids"] >= 0
@@ -829,24 +847,23 @@ def _replanned(arrays, fixed, frame, cfg: ReplanConfig, mesh):
         batch_idx = jnp.where(valid, held["system"], n_sys).astype(jnp.int32)
         counts = jnp.zeros(n_sys + 1, jnp.int32).at[batch_idx].add(1)[:n_sys]
         dtype = rows["positions"].dtype
-        new_local = Batch.unchecked(
+        local = Batch.unchecked(
             positions=jnp.zeros((layout.n_local, 3), dtype),
             atomic_numbers=forward(rows["atomic_numbers"]),
-            cell=local.cell[0], pbc=local.pbc[0], batch_idx=batch_idx,
-            ptr=jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts)]).astype(local.ptr.dtype),
-            atom_mask=valid, system_mask=local.system_mask[0],
+            cell=cell, pbc=jnp.zeros((n_sys, 3), bool), batch_idx=batch_idx,
+            ptr=jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts)]).astype(jnp.int32),
+            atom_mask=valid, system_mask=system_mask,
             charges=forward(rows["charges"]) if "charges" in rows else None,
-            masses=jnp.where(valid, forward(rows["masses"]), 1.0).astype(dtype) if local.masses is not None else None,
-            velocities=forward(rows["velocities"]) if local.velocities is not None else None,
+            masses=jnp.where(valid, forward(rows["masses"]), 1.0).astype(dtype),
+            velocities=forward(rows["velocities"]) if velocities else None,
             neighbors=None)
         owned_rows = valid & (jnp.arange(layout.n_local) < layout.n_owned)
         new = dict(rows, reference=rows["positions"])
         add = lambda x: x[None]  # noqa: E731
-        return (jax.tree_util.tree_map(add, new), jax.tree_util.tree_map(add, new_local), add(owned_rows),
+        return (jax.tree_util.tree_map(add, new), jax.tree_util.tree_map(add, local), add(owned_rows),
                 jax.tree_util.tree_map(add, routing), report)
 
-    local = fixed["local"]
-    fn = jax.shard_map(fn, mesh=mesh, in_specs=(ranked, ranked, P(), P(), P()),
+    fn = jax.shard_map(fn, mesh=mesh, in_specs=(ranked, P(), P(), P()),
                        out_specs=(ranked, ranked, ranked, ranked, P()), check_vma=False)
-    new, new_local, owned_rows, routing, report = fn(arrays, local, fixed["cell"], fixed["system_mask"], frame)
-    return new, dict(fixed, local=new_local, owned_rows=owned_rows, routing=routing), report
+    new, local, owned_rows, routing, report = fn(arrays, cell, system_mask, frame)
+    return new, dict(local=local, owned_rows=owned_rows, routing=routing), report
