@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels_math.h"
@@ -129,8 +130,8 @@ ffi::Error LjForward(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> shifts, ffi::Buf
                      ffi::Buffer<ffi::S32> system, ffi::Buffer<ffi::S32> senders, ffi::Buffer<ffi::S32> receivers,
                      ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::S32> types, ffi::Buffer<DT> sigma,
                      ffi::Buffer<DT> epsilon, ffi::Buffer<DT> v_shift, ffi::BufferR0<DT> cutoff,
-                     ffi::BufferR0<ffi::PRED> half_list, ffi::ThreadPool pool, ffi::ResultBuffer<DT> energy,
-                     ffi::ResultBuffer<DT> forces, ffi::ResultBuffer<DT> virial) {
+                     ffi::BufferR0<ffi::PRED> half_list, int64_t parts, ffi::ThreadPool pool,
+                     ffi::ResultBuffer<DT> energy, ffi::ResultBuffer<DT> forces, ffi::ResultBuffer<DT> virial) {
   using T = ffi::NativeType<DT>;
   const char* name = "jaxdd lj_forward";
   if (auto err = CheckLj<DT>(name, pos, shifts, cells, system, senders, receivers, mask, types, sigma, epsilon,
@@ -138,8 +139,13 @@ ffi::Error LjForward(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> shifts, ffi::Buf
       !err.success())
     return err;
   const int64_t n = Dim(pos, 0), ne = Dim(senders, 0), k = Dim(sigma, 0), nc = Dim(cells, 0);
-  if (!HasShape(*energy, {n}) || !HasShape(*forces, {n, 3}) || !HasShape(*virial, {n, 3, 3}))
-    return Bad(name, "results must be energy [n], forces [n, 3], virial [n, 3, 3]");
+  // parts: 1 energies and forces, 2 virial, 3 both; a part not asked for has 0 rows. The
+  // two are separate calls when both are wanted, so XLA drops the virial's when unused.
+  const bool want_ef = parts & 1, want_w = parts & 2;
+  if (parts < 1 || parts > 3) return Bad(name, "parts must be 1, 2 or 3");
+  const int64_t ne_rows = want_ef ? n : 0, nw_rows = want_w ? n : 0;
+  if (!HasShape(*energy, {ne_rows}) || !HasShape(*forces, {ne_rows, 3}) || !HasShape(*virial, {nw_rows, 3, 3}))
+    return Bad(name, "results must be energy [n], forces [n, 3], virial [n, 3, 3] (0 rows for a part not asked for)");
   const T* x = pos.typed_data();
   const int32_t* sh = shifts.typed_data();
   const T* h = cells.typed_data();
@@ -156,22 +162,27 @@ ffi::Error LjForward(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> shifts, ffi::Buf
   T* en = energy->typed_data();
   T* f = forces->typed_data();
   T* w = virial->typed_data();
-  std::fill(en, en + n, T(0));
-  std::fill(f, f + 3 * n, T(0));
-  std::fill(w, w + 9 * n, T(0));
+  std::fill(en, en + ne_rows, T(0));
+  std::fill(f, f + 3 * ne_rows, T(0));
+  std::fill(w, w + 9 * nw_rows, T(0));
   // One pass over the edges [e0, e1), with running sums of the current receiver: energy,
-  // force, virial (symmetric: 6 entries).
-  auto run = [&](int64_t e0, int64_t e1) {
+  // force, virial (symmetric: 6 entries). EF and W (compile-time) select the parts.
+  auto run = [&](auto ef_part, auto w_part, int64_t e0, int64_t e1) {
+    constexpr bool EF = decltype(ef_part)::value, W = decltype(w_part)::value;
     int64_t cur = -1;
     T ae = 0, f0 = 0, f1 = 0, f2 = 0, w00 = 0, w01 = 0, w02 = 0, w11 = 0, w12 = 0, w22 = 0;
     auto flush = [&]() {
       if (cur < 0) return;
-      en[cur] += ae;
-      f[3 * cur] += f0, f[3 * cur + 1] += f1, f[3 * cur + 2] += f2;
-      T* wr = w + 9 * cur;
-      wr[0] += w00, wr[1] += w01, wr[2] += w02;
-      wr[3] += w01, wr[4] += w11, wr[5] += w12;
-      wr[6] += w02, wr[7] += w12, wr[8] += w22;
+      if constexpr (EF) {
+        en[cur] += ae;
+        f[3 * cur] += f0, f[3 * cur + 1] += f1, f[3 * cur + 2] += f2;
+      }
+      if constexpr (W) {
+        T* wr = w + 9 * cur;
+        wr[0] += w00, wr[1] += w01, wr[2] += w02;
+        wr[3] += w01, wr[4] += w11, wr[5] += w12;
+        wr[6] += w02, wr[7] += w12, wr[8] += w22;
+      }
       ae = f0 = f1 = f2 = w00 = w01 = w02 = w11 = w12 = w22 = 0;
     };
     for (int64_t e = e0; e < e1; ++e) {
@@ -191,33 +202,46 @@ ffi::Error LjForward(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> shifts, ffi::Buf
       jaxdd::lj_pair<T>(r2, sig[ab], eps[ab], vs[ab], &v, &dv);
       // The pair's force on the receiver, +dV/dd = 2 dv d, and the virial share
       // -dv d (x) d of each atom it is credited to.
-      const T g = T(2) * dv;
-      const T g0 = g * d[0], g1 = g * d[1], g2 = g * d[2];
-      ae += T(0.5) * v;
-      f0 += g0, f1 += g1, f2 += g2;
-      const T v00 = -dv * d[0] * d[0], v01 = -dv * d[0] * d[1], v02 = -dv * d[0] * d[2];
-      const T v11 = -dv * d[1] * d[1], v12 = -dv * d[1] * d[2], v22 = -dv * d[2] * d[2];
-      w00 += v00, w01 += v01, w02 += v02, w11 += v11, w12 += v12, w22 += v22;
-      if (half) {  // the sender's half: energy, the opposite force, its virial share
-        en[s] += T(0.5) * v;
-        f[3 * s] -= g0, f[3 * s + 1] -= g1, f[3 * s + 2] -= g2;
-        T* ws = w + 9 * s;
-        ws[0] += v00, ws[1] += v01, ws[2] += v02;
-        ws[3] += v01, ws[4] += v11, ws[5] += v12;
-        ws[6] += v02, ws[7] += v12, ws[8] += v22;
+      if constexpr (EF) {
+        const T g = T(2) * dv;
+        const T g0 = g * d[0], g1 = g * d[1], g2 = g * d[2];
+        ae += T(0.5) * v;
+        f0 += g0, f1 += g1, f2 += g2;
+        if (half) {  // the sender's half: energy and the opposite force
+          en[s] += T(0.5) * v;
+          f[3 * s] -= g0, f[3 * s + 1] -= g1, f[3 * s + 2] -= g2;
+        }
+      }
+      if constexpr (W) {
+        const T v00 = -dv * d[0] * d[0], v01 = -dv * d[0] * d[1], v02 = -dv * d[0] * d[2];
+        const T v11 = -dv * d[1] * d[1], v12 = -dv * d[1] * d[2], v22 = -dv * d[2] * d[2];
+        w00 += v00, w01 += v01, w02 += v02, w11 += v11, w12 += v12, w22 += v22;
+        if (half) {  // the sender's virial share
+          T* ws = w + 9 * s;
+          ws[0] += v00, ws[1] += v01, ws[2] += v02;
+          ws[3] += v01, ws[4] += v11, ws[5] += v12;
+          ws[6] += v02, ws[7] += v12, ws[8] += v22;
+        }
       }
     }
     flush();
+  };
+  auto pass = [&](int64_t e0, int64_t e1) {
+    using Yes = std::true_type;
+    using No = std::false_type;
+    if (want_ef && want_w) run(Yes{}, Yes{}, e0, e1);
+    else if (want_ef) run(Yes{}, No{}, e0, e1);
+    else run(No{}, Yes{}, e0, e1);
   };
   // A full list sorted by receiver writes only receiver rows, each from one run of edges:
   // chunks cut between runs never write the same row, so they can run in parallel. Half
   // lists (which write senders' rows too) and unsorted lists take one pass.
   const int64_t chunks = half || !SortedByReceiver(rcv, ne) ? 1 : jaxdd::ChunkCount(pool, ne, 1 << 15);
   if (chunks == 1) {
-    run(0, ne);
+    pass(0, ne);
   } else {
     jaxdd::ParallelFor(pool, chunks, [&](int64_t c) {
-      run(RunStart(rcv, ne, ne * c / chunks), RunStart(rcv, ne, ne * (c + 1) / chunks));
+      pass(RunStart(rcv, ne, ne * c / chunks), RunStart(rcv, ne, ne * (c + 1) / chunks));
     });
   }
   return ffi::Error::Success();
@@ -431,6 +455,7 @@ ffi::Error AttentionBackward(ffi::Buffer<DT> q, ffi::Buffer<DT> k, ffi::Buffer<D
 #define JAXDD_LJ_FORWARD(SYM, DT)                                                      \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(SYM, LjForward<DT>,                                    \
                                 ffi::Ffi::Bind() JAXDD_LJ_ARGS(DT)                     \
+                                    .Attr<int64_t>("parts")                            \
                                     .Ctx<ffi::ThreadPool>()                            \
                                     .Ret<ffi::Buffer<DT>>()  /* energy */              \
                                     .Ret<ffi::Buffer<DT>>()  /* forces */              \

@@ -78,10 +78,14 @@ def _kernel(positions, shifts, cells, system, senders, receivers, mask, types, s
     n = positions.shape[0]
     dtype = positions.dtype
     suffix = _call.float_suffix(_NAME, "positions", positions)
-    return tuple(_call.call(
-        "lj_forward", suffix, [((n,), dtype), ((n, 3), dtype), ((n, 3, 3), dtype)],
-        positions, shifts, cells, system, senders, receivers, mask, types, sigma, epsilon, v_shift, cutoff,
-        half_list))
+    args = (positions, shifts, cells, system, senders, receivers, mask, types, sigma, epsilon, v_shift, cutoff,
+            half_list)
+    # Two passes, so that a program that never reads the virial (dynamics) drops its pass.
+    energies, forces, _ = _call.call("lj_forward", suffix, [((n,), dtype), ((n, 3), dtype), ((0, 3, 3), dtype)],
+                                     *args, parts=np.int64(1))
+    _, _, virial = _call.call("lj_forward", suffix, [((0,), dtype), ((0, 3), dtype), ((n, 3, 3), dtype)],
+                              *args, parts=np.int64(2))
+    return energies, forces, virial
 
 
 def _backward(args, cts):
