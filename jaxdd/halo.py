@@ -362,18 +362,28 @@ def halo_forward(x, layout: HaloLayout, routing: HaloRouting, axis_name, cell=No
     owner's row; when ``cell`` ([S, 3, 3]) is given, x are positions and each ghost gets its
     image's lattice shift. Padding rows are zero.
     """
-    buf = jnp.zeros((layout.n_local,) + x.shape[1:], x.dtype).at[: layout.n_owned].set(x)
+    # Rows are concatenated, not written into a buffer: a caller that reads only the owned
+    # rows (a slice of the concatenation) then leaves every exchange unused, and XLA drops it.
+    parts = [x]
     for e, ex in enumerate(layout.exchanges):
         sl = slice(ex.offset, ex.offset + ex.capacity)
-        vals = buf[routing.send_idx[sl]]
+        vals = jnp.concatenate(parts)[routing.send_idx[sl]]  # sends read owned rows and earlier ghosts
         if cell is not None:
             lattice = cell[routing.send_system[sl], ex.axis]  # [cap, 3]
             vals = vals + routing.wrap[e].astype(x.dtype) * lattice
         valid = routing.send_valid[sl].reshape((-1,) + (1,) * (x.ndim - 1))
         vals = jnp.where(valid, vals, 0)
-        got = jax.lax.ppermute(vals, axis_name, perm=ex.pairs)
-        buf = jax.lax.dynamic_update_slice_in_dim(buf, got, layout.n_owned + ex.offset, axis=0)
-    return buf
+        parts.append(_exchange(vals, axis_name, ex.pairs))
+    return jnp.concatenate(parts)
+
+
+def _exchange(x, axis_name, pairs):
+    """``ppermute`` along ``pairs``; an exchange every rank makes with itself (periodic
+    images along an axis the grid does not split) is a copy, with no collective. A rank
+    that sends nothing sends zeros (its slots are invalid), as ppermute gives it."""
+    if all(src == dst for src, dst in pairs):
+        return x
+    return jax.lax.ppermute(x, axis_name, perm=pairs)
 
 
 def halo_reverse(y, layout: HaloLayout, routing: HaloRouting, axis_name):
@@ -383,11 +393,8 @@ def halo_reverse(y, layout: HaloLayout, routing: HaloRouting, axis_name):
     for ex in reversed(layout.exchanges):
         sl = slice(ex.offset, ex.offset + ex.capacity)
         start = layout.n_owned + ex.offset
-        back = jax.lax.ppermute(
-            jax.lax.dynamic_slice_in_dim(buf, start, ex.capacity, axis=0),
-            axis_name,
-            perm=tuple((dst, src) for src, dst in ex.pairs),
-        )
+        back = _exchange(jax.lax.dynamic_slice_in_dim(buf, start, ex.capacity, axis=0), axis_name,
+                         tuple((dst, src) for src, dst in ex.pairs))
         valid = routing.send_valid[sl].reshape((-1,) + (1,) * (y.ndim - 1))
         buf = buf.at[routing.send_idx[sl]].add(jnp.where(valid, back, 0))
     return buf[: layout.n_owned]
