@@ -360,10 +360,12 @@ def test_a_cutoff_that_is_not_positive_and_finite_is_refused(cutoff):
 
 
 # A half list keeps each pair on one rank (the lower global id; images by their shift).
-HALF_CASES = [("triclinic", (3, 2, 1), "auto"), ("batch", (2, 2, 1), "jnp"), ("wide-shell", (8, 1, 1), "auto")]
+HALF_CASES = [("triclinic", (3, 2, 1), "auto"),
+              pytest.param("batch", (2, 2, 1), "jnp", marks=pytest.mark.slow, id="batch-jnp"),
+              pytest.param("wide-shell", (8, 1, 1), "auto", marks=pytest.mark.slow, id="wide-shell-auto")]
 
 
-@pytest.mark.parametrize("name, grid, backend", HALF_CASES, ids=[f"{n}-{b}" for n, _, b in HALF_CASES])
+@pytest.mark.parametrize("name, grid, backend", HALF_CASES)
 def test_a_half_neighbour_list_gives_the_single_device_outputs(name, grid, backend):
     config = DomainConfig(cutoff=CUTOFF, mesh=mesh_of(math.prod(grid)), grid=grid,
                           ghost_width=SYSTEMS[name].ghost_width, neighbor_backend=backend)
