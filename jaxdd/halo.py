@@ -153,11 +153,8 @@ def build_halo_plan(
     coords = rank_coords(np.arange(n_ranks), grid)  # [P, 3]
     bounds = [part.bounds(r) for r in range(n_ranks)]  # (lo, hi), each [S, 3]
     reach = ghost_width / part.spacing  # [S, 3] ghost width in frame units
-    real = part.owner >= 0
     block_width = (part.hi - part.lo) / np.asarray(grid)  # [S, 3]
-    if present is None:
-        present = np.zeros(part.lo.shape[0], bool)
-        present[np.unique(part.system[real])] = True
+    present = _present(part) if present is None else present
 
     # What a rank holds: global ids, where each row lives ("origin": (-1, row) for owned
     # atoms, (exchange, slot) for ghosts, resolved to rows once capacities are known),
@@ -311,9 +308,12 @@ def build_rank_plans(part: Partition, ghost_width: float, ranks, *, capacity_fac
     ranks see, which equals the whole plan's once maximised over every rank (what several
     processes do, each planning its own ranks, before they agree on capacities).
     """
+    ranks = tuple(int(r) for r in ranks)
+    if not ranks or any(not 0 <= r < part.n_ranks for r in ranks) or len(set(ranks)) != len(ranks):
+        raise ValueError(f"ranks must be distinct ranks of the grid {part.grid} (0 to {part.n_ranks - 1}), "
+                         f"at least one; got {ranks}")
     real = part.owner >= 0
-    present = np.zeros(part.lo.shape[0], bool)
-    present[np.unique(part.system[real])] = True
+    present = _present(part)  # of the whole partition: it sets the hops every rank plans with
     plans = []
     for r in ranks:
         near = dataclasses.replace(part, owner=np.where(near_block(part, ghost_width, r), part.owner, -1))
@@ -338,6 +338,13 @@ def build_rank_plans(part: Partition, ghost_width: float, ranks, *, capacity_fac
         overflow=needed_owned > layout.n_owned or any(n > e.capacity for n, e in zip(needed_exchange, layout.exchanges)),
         ranks=tuple(int(r) for r in ranks),
     )
+
+
+def _present(part: Partition) -> np.ndarray:
+    """[S] bool: the systems that have atoms."""
+    present = np.zeros(part.lo.shape[0], bool)
+    present[np.unique(part.system[part.owner >= 0])] = True
+    return present
 
 
 def _held(ids, origin, frac, shift) -> dict:

@@ -36,6 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .data import _is_concrete
+
 __all__ = [
     "NeighborListFormat",
     "NeighborCapacity",
@@ -428,6 +430,24 @@ def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, cap
 # --------------------------------------------------------------------------- builders
 
 
+def _check_order(order, n: int, half: bool, pbc):
+    """The two [n] int32 half-list keys, checked: only for a half list without periodic axes
+    (the keys do not tell a pair's periodic images apart)."""
+    if not half:
+        raise ValueError("order decides which row of a pair lists it; it needs half=True")
+    keys = tuple(order) if isinstance(order, (tuple, list)) else ()
+    if len(keys) != 2:
+        raise ValueError(f"order must be two [n_atoms] int32 arrays (key a, key b), got {type(order).__name__}")
+    keys = tuple(jnp.asarray(k) for k in keys)
+    for name, k in zip(("order[0]", "order[1]"), keys):
+        if k.shape != (n,) or not jnp.issubdtype(k.dtype, jnp.integer):
+            raise ValueError(f"{name} must be an integer array of shape ({n},) (one key per atom), got {k.dtype}{k.shape}")
+    if _is_concrete(pbc) and np.any(np.asarray(pbc)):
+        raise ValueError("order is for lists without periodic axes (a rank's owned and ghost rows); with a periodic "
+                         "axis use the default half-list rule (order=None)")
+    return tuple(k.astype(jnp.int32) for k in keys)
+
+
 def _check_cutoff(cutoff):
     if not (isinstance(cutoff, (int, float, np.floating, np.integer)) and math.isfinite(cutoff) and cutoff > 0):
         raise ValueError(f"cutoff must be a positive finite number, got {cutoff!r}")
@@ -464,6 +484,8 @@ def build_neighbor_list(
     positions, cell, pbc, batch_idx, atom_mask = _normalise_inputs(positions, cell, pbc, batch_idx, atom_mask)
     n = positions.shape[0]
     atom_mask = atom_mask & (batch_idx >= 0) & (batch_idx < cell.shape[0])
+    if order is not None:
+        order = _check_order(order, n, half, pbc)
 
     mask, aux = _candidates(
         positions, cell, pbc, batch_idx, atom_mask,

@@ -107,7 +107,8 @@ def rank_replan(owned: dict, frame: Frame, cfg: ReplanConfig):
     grid = layout.grid
     n_ranks = int(np.prod(grid))
     n_owned, n_sys = layout.n_owned, cfg.n_systems
-    coords = jnp.asarray(rank_coords(np.arange(n_ranks), grid), jnp.int32)  # [P, 3]
+    host_coords = rank_coords(np.arange(n_ranks), grid)  # [P, 3], for the static exchange tables
+    coords = jnp.asarray(host_coords, jnp.int32)
     rank = jax.lax.axis_index(axes)
     me = coords[rank]
     grid_a = jnp.asarray(grid)
@@ -169,16 +170,17 @@ def rank_replan(owned: dict, frame: Frame, cfg: ReplanConfig):
             count = jnp.sum(go.astype(jnp.int32))
             need_migrate = jnp.maximum(need_migrate, count)
             packed = _pack(rows, go, cfg.n_migrate)
-            perm = [(int(r), int(rank_of(_moved(c, axis, step, n), grid)))
-                    for r, c in enumerate(rank_coords(np.arange(n_ranks), grid))]
+            perm = [(int(r), int(rank_of(_moved(c, axis, step, n), grid))) for r, c in enumerate(host_coords)]
             arrived.append(jax.lax.ppermute(packed, axes, perm=perm))
         rows = dict(rows, ids=jnp.where(plus | minus, -1, rows["ids"]))
         merged = {k: jnp.concatenate([rows[k], arrived[0][k], arrived[1][k]]) for k in rows}
         need_owned = jnp.maximum(need_owned, jnp.sum((merged["ids"] >= 0).astype(jnp.int32)))
         rows = _by_id(merged, n_owned)
 
-    # 4. Owned rows sorted by global id (the host plan's order).
-    rows = _by_id(rows, n_owned)
+    # 4. Owned rows sorted by global id (the host plan's order); each migration stage above
+    # ends sorted, so only a grid without one sorts here.
+    if all(g == 1 for g in grid):
+        rows = _by_id(rows, n_owned)
     frac = rows.pop("_frac")
     rows.pop("_block")
     n_moved = jnp.sum(((rows.pop("_from") != rank) & (rows["ids"] >= 0)).astype(jnp.int32))
@@ -209,7 +211,7 @@ def rank_replan(owned: dict, frame: Frame, cfg: ReplanConfig):
         dst_of = np.full(n_ranks, -1)
         for s, t in ex.pairs:
             dst_of[s] = t
-        c_axis = rank_coords(np.arange(n_ranks), grid)[:, ex.axis] + ex.direction
+        c_axis = host_coords[:, ex.axis] + ex.direction
         wrap_of = np.where(c_axis >= grid[ex.axis], -1, np.where(c_axis < 0, 1, 0))
         dst = jnp.asarray(dst_of)[rank]
         wr = jnp.asarray(wrap_of, jnp.int32)[rank]

@@ -154,3 +154,17 @@ def test_threaded_lj_pass_equals_the_single_pass_over_an_unsorted_list():
                                  cutoff=2.5)
     for a, b in zip(ordered, shuffled):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-9)
+
+
+def test_half_list_order_keys_are_checked_naming_what_is_wrong():
+    x, system, mask = _cloud(50, 5.0, 1, np.float64)
+    eye, pbc = np.eye(3)[None], np.zeros((1, 3), bool)
+    cap = neighbor_capacity(x, eye, pbc, system, mask, cutoff=2.0)
+    keys = (np.arange(50, dtype=np.int32), np.zeros(50, np.int32))
+    with pytest.raises(ValueError, match="half=True"):
+        build_neighbor_list(x, eye, pbc, system, mask, cutoff=2.0, capacity=cap, order=keys)
+    with pytest.raises(ValueError, match=r"order\[1\].*\(50,\)"):
+        build_neighbor_list(x, eye, pbc, system, mask, cutoff=2.0, capacity=cap, half=True, order=(keys[0], keys[1][:9]))
+    with pytest.raises(ValueError, match="periodic"):
+        build_neighbor_list(x, eye * 5.0, np.ones((1, 3), bool), system, mask, cutoff=2.0, capacity=cap, half=True,
+                            order=keys)

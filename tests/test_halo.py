@@ -435,3 +435,10 @@ def test_a_new_plan_with_the_same_capacities_reuses_the_compiled_exchange():
     assert plans[0].layout == plans[1].layout
     assert not np.array_equal(plans[0].routing.send_idx, plans[1].routing.send_idx)  # a different routing
     assert len(traces) == 1
+
+
+@pytest.mark.parametrize("ranks", [(), (8,), (1, 1), (-1,)])
+def test_planning_ranks_outside_the_grid_is_refused_naming_them(ranks):
+    _, part, _ = case("cube-2x2x2")
+    with pytest.raises(ValueError, match="ranks must be distinct ranks of the grid"):
+        build_rank_plans(part, GHOST_WIDTH, ranks)

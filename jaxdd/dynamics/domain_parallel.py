@@ -36,8 +36,7 @@ from jax.sharding import PartitionSpec as P
 
 from ..data import AtomicData, Batch, as_batch
 from ..dispatch import DispatchReport
-from ..distributed import DistributedModel, _stats, nl_needs, place_ranked, rank_evaluate, rank_neighbors
-from ..distributed import _grow
+from ..distributed import DistributedModel, _grow, _stats, nl_needs, place_ranked, rank_evaluate, rank_neighbors
 from ..halo import Exchange, HaloLayout, HaloRouting, halo_forward
 from ..neighbors import NeighborCapacity
 from ..replan import ReplanConfig, frame_of, rank_replan
@@ -379,22 +378,13 @@ class DomainParallel:
         """Per-rank arrays in the batch's atom order, float64 numpy (a collective with several
         processes). Positions are unwrapped, or with ``unwrap=False`` exactly the plan's frame."""
         t = state.template
-        ids = _host(state.arrays["ids"]).reshape(-1)
-        valid = ids >= 0
+        ids = _host(state.arrays["ids"])
         out = []
         for key in keys:
-            x = _host(state.arrays[key]).astype(np.float64)
-            x = x.reshape((-1,) + x.shape[2:])
-            value = np.zeros((t.n_atoms,) + x.shape[1:])
-            value[ids[valid]] = x[valid]
+            value = _atom_order(ids, _host(state.arrays[key]), t.n_atoms)
             if key == "positions":
-                if unwrap:
-                    cell = np.asarray(t.cell, np.float64)
-                    image = np.zeros((t.n_atoms, 3))
-                    image[ids[valid]] = _host(state.arrays["image"]).reshape(-1, 3)[valid]
-                    system = np.clip(np.asarray(t.batch_idx), 0, cell.shape[0] - 1)
-                    value = value + np.einsum("vi,vij->vj", image, cell[system])
-                value = np.where(np.asarray(t.atom_mask)[:, None], value, np.asarray(t.positions, np.float64))
+                image = _atom_order(ids, _host(state.arrays["image"]), t.n_atoms) if unwrap else None
+                value = _positions(t, value, image)
             out.append(value)
         return out
 
@@ -520,21 +510,11 @@ class DomainParallel:
                             template=template, layout=_layout_of(meta["layout"]))
         else:
             held = {k: np.asarray(v) for k, v in a["ranked"].items()}
-            ids = held["ids"].reshape(-1)
-            valid = ids >= 0
-
-            def atoms(x, fill=0.0):  # per-rank rows → the batch's atom order
-                x = x.reshape((-1,) + x.shape[2:]).astype(np.float64)
-                out = np.full((template.n_atoms,) + x.shape[1:], fill)
-                out[ids[valid]] = x[valid]
-                return out
-
-            cell = np.asarray(template.cell, np.float64)
-            system = np.clip(np.asarray(template.batch_idx), 0, cell.shape[0] - 1)
-            positions = atoms(held["positions"]) + np.einsum("vi,vij->vj", atoms(held["image"]), cell[system])
-            positions = np.where(np.asarray(template.atom_mask)[:, None], positions, np.asarray(template.positions))
-            state = self._place(template, positions, atoms(held["velocities"]), atoms(held["forces"]),
-                                step=meta["step"], extra=extra, energy=energy)
+            n = template.n_atoms
+            atoms = {k: _atom_order(held["ids"], held[k], n) for k in ("positions", "image", "velocities", "forces")}
+            positions = _positions(template, atoms["positions"], atoms["image"])
+            state = self._place(template, positions, atoms["velocities"], atoms["forces"], step=meta["step"],
+                                extra=extra, energy=energy)
         state.converged = bool(meta["converged"])
         return state
 
@@ -613,6 +593,26 @@ def _padded(arrays: dict, n_owned: int, mesh) -> dict:
                                         constant_values=-1 if k == "ids" else 0) for k, v in a.items()},
                   out_shardings=ranked)
     return pad(arrays)
+
+
+def _atom_order(ids, rows, n_atoms: int) -> np.ndarray:
+    """Per-rank rows ``[P, n, ...]`` (atom ``ids`` [P, n], -1 on free rows) in the batch's atom
+    order, float64 ``[n_atoms, ...]`` (zeros for atoms no row holds)."""
+    ids = np.asarray(ids).reshape(-1)
+    rows = np.asarray(rows, np.float64).reshape((ids.size,) + np.shape(rows)[2:])
+    out = np.zeros((n_atoms,) + rows.shape[1:])
+    out[ids[ids >= 0]] = rows[ids >= 0]
+    return out
+
+
+def _positions(template: Batch, frame, image=None) -> np.ndarray:
+    """Positions [V, 3] Å from the plan's frame, unwrapped by the lattice ``image`` of each
+    atom when given; padding rows keep the batch's own positions."""
+    if image is not None:
+        cell = np.asarray(template.cell, np.float64)
+        system = np.clip(np.asarray(template.batch_idx), 0, cell.shape[0] - 1)
+        frame = frame + np.einsum("vi,vij->vj", image, cell[system])
+    return np.where(np.asarray(template.atom_mask)[:, None], frame, np.asarray(template.positions, np.float64))
 
 
 def _rank_of_atom(state: MDState) -> np.ndarray:
