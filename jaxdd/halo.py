@@ -7,7 +7,8 @@ forwarding the ghosts received in the stages before it (6 exchanges rather than 
 several hops along an axis when the ghost shell is wider than a block, and with periodic
 images of a rank's own atoms when the cell is thinner than the shell. Bounds are inclusive
 and include the receiver's own block, so an atom that sits inside a neighbour's block while
-still owned elsewhere reaches that neighbour too.
+still owned elsewhere reaches that neighbour too. :func:`build_rank_plans` plans chosen ranks
+only (one process's); :mod:`jaxdd.replan` computes the same plan on the devices.
 
 Layout of every per-atom array on a rank: ``[owned (n_owned) | ghosts of exchange 0 |
 ghosts of exchange 1 | ...]``, each region of static capacity. The static part of a plan

@@ -6,10 +6,12 @@ positions (ghosts refreshed by ``halo_forward``), evaluates the forces through t
 and advances the owned atoms. After each step the ranks agree (``pmax``) on the largest
 displacement since the plan was built; when it passes ``min(migration_hysteresis, skin/2)``
 the ghost shell may no longer hold every neighbour, so that step is discarded and the loop
-exits. The host then migrates the atoms (a new partition: each atom goes to the rank whose
-block holds it), rebuilds the plan, and the loop resumes from the discarded step. A
-neighbour list that overflows exits the same way: its capacity grows and the loop compiles
-again. No step is ever taken on an incomplete halo.
+exits. The devices then migrate the atoms (each goes to the rank whose block holds it, over
+``ppermute``) and every rank plans its halo again (:mod:`jaxdd.replan`); the host reads a
+few sizes, and plans itself only when the blocks changed beyond what the plan's exchanges
+cover. The loop resumes from the discarded step. A neighbour list that overflows exits the
+same way: its capacity grows and the loop compiles again. No step is ever taken on an
+incomplete halo.
 
 The host is visited only at those events, at thermo and trajectory output, and when the
 requested number of steps is done. Wrapping into the cell happens at rebuilds (on periodic
