@@ -16,6 +16,7 @@ from .ops import SpecError, register_op
 from .spec import CompilePolicy, DistributionSpec, MLIPSpec, OpAdapter, OutputKind
 from .neighbors import NeighborCapacity, NeighborList, build_neighbor_list, edge_vectors, neighbor_capacity, neighbor_list
 from .dynamics import FIRE, DomainParallel, Langevin, VelocityVerlet
+from .checkpoint import CheckpointError
 from . import ase  # noqa: E402  (jaxdd.ase.Calculator; the module imports ase, a core dependency)
 from . import ffi  # noqa: E402  (custom FFI kernels as named ops; the compiled library loads on first use)
 
@@ -37,6 +38,7 @@ __all__ = [
     "scatter_to_owners",
     "system_sum",
     "to_local",
+    "CheckpointError",
     "CompilePolicy",
     "DistributedModel",
     "DistributionSpec",

@@ -26,6 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._checks import integral, integral_array
+from .periodic import wrap_fractional
+
 __all__ = ["AtomicData", "Batch", "as_batch", "wrap_positions"]
 
 # Normalised Gram determinant below which the periodic lattice vectors count as parallel.
@@ -80,8 +83,9 @@ def _coerce_float(x: Any, dtype: Any) -> jax.Array | None:
     return None if x is None else jnp.asarray(x).astype(dtype)
 
 
-def _coerce_int(x: Any) -> jax.Array | None:
-    return None if x is None else jnp.asarray(x).astype(jnp.int32)
+def _coerce_int(x: Any, name: str, what: str = "entries") -> jax.Array | None:
+    # A fraction (18.7, or 17.9999999 from a conversion) is refused, never truncated.
+    return None if x is None else jnp.asarray(integral_array(name, x, what=what)).astype(jnp.int32)
 
 
 def _coerce_cell(cell: Any, n_systems: int | None, dtype: Any, owner: str) -> jax.Array:
@@ -116,7 +120,7 @@ def _coerce_atoms(owner, positions, atomic_numbers, charges, masses, velocities,
     """Per-atom fields as arrays (floats in one dtype), with their shapes checked."""
     positions = _coerce_positions(positions, _float_dtype(dtype))
     fdt = positions.dtype
-    fields = (positions, _coerce_int(atomic_numbers), _coerce_float(charges, fdt),
+    fields = (positions, _coerce_int(atomic_numbers, f"{owner}: atomic_numbers", "atoms"), _coerce_float(charges, fdt),
               _coerce_float(masses, fdt), _coerce_float(velocities, fdt))
     _check_shapes(owner, *fields)
     return fields
@@ -249,7 +253,9 @@ def wrap_positions(positions: jax.Array, cell: jax.Array, pbc: jax.Array,
     the non-periodic rows are zero or orthogonal to the periodic ones (vacuum slabs, wires,
     molecules). Each atom moves by an integer combination of periodic lattice vectors, so
     its component along non-periodic directions is untouched; atoms already inside the cell
-    (0 <= f < 1) are returned bit for bit.
+    (0 <= f < 1) are returned bit for bit, and no atom is moved onto the upper face: one a
+    rounding error below the lower face (``f > -ulp``) stays where it is, as ASE's ``wrap``
+    leaves it (see :mod:`jaxdd.periodic`).
     """
     positions = jnp.asarray(positions)
     cell = jnp.asarray(cell).astype(positions.dtype)
@@ -271,7 +277,7 @@ def wrap_positions(positions: jax.Array, cell: jax.Array, pbc: jax.Array,
     to_frac = jnp.swapaxes(periodic_rows, -1, -2) @ jnp.linalg.inv(gram)  # [S, 3, 3]
 
     frac = jnp.einsum("vi,vij->vj", positions, to_frac[sys])
-    shift = jnp.where(pbc[sys] & real[:, None], jnp.floor(frac), 0)
+    _, shift = wrap_fractional(frac, pbc[sys] & real[:, None])
     return positions - jnp.einsum("vi,vij->vj", shift, periodic_rows[sys])
 
 
@@ -479,8 +485,8 @@ class Batch:
         if n_sys == 0:
             raise ValueError(f"{owner} has no systems: cell has shape {tuple(cell.shape)}")
         pbc = _coerce_pbc(pbc, n_sys, owner)
-        batch_idx = _coerce_int(batch_idx)
-        ptr = _coerce_int(ptr)
+        batch_idx = _coerce_int(batch_idx, f"{owner}: batch_idx", "atoms")
+        ptr = _coerce_int(ptr, f"{owner}: ptr")
 
         if batch_idx is None and ptr is None:
             if n_sys != 1:
@@ -610,8 +616,8 @@ class Batch:
         Growing works on traced batches; shrinking needs concrete values, to know how many
         atoms and systems are real.
         """
-        n_atoms = int(n_atoms)
-        n_systems = self.n_systems if n_systems is None else int(n_systems)
+        n_atoms = integral("Batch.pad: n_atoms", n_atoms, minimum=0)
+        n_systems = self.n_systems if n_systems is None else integral("Batch.pad: n_systems", n_systems, minimum=0)
         v, s = self.n_atoms, self.n_systems
         if _is_concrete(self.ptr, self.system_mask):
             real_v, real_s = self.num_real_atoms(), self.num_real_systems()

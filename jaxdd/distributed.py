@@ -28,16 +28,17 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ._checks import integral
 from .adapters import AdapterRegistry
 from .context import DDContext, dd_scope
 from .data import AtomicData, Batch, as_batch
 from .dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model, warn_fallbacks
-from .driver import _check_stress_cells, _default_order, _model_config
+from .driver import _check_stress_cells, _default_order, _model_config, unpad_atoms
 from .graph_partition import STRATEGIES, block_capacity, block_neighbor_list, gathered_inputs, node_blocks
 from .halo import HaloLayout, HaloPlan, _headroom, build_halo_plan, build_rank_plans, halo_forward
 from .model import ModelOutputs
-from .neighbors import (NEIGHBOR_BACKENDS, NeighborCapacity, NeighborListFormat, local_neighbor_list,
-                        neighbor_capacity)
+from .neighbors import (NEIGHBOR_BACKENDS, NeighborCapacity, NeighborListFormat, capacity_bucket,
+                        local_neighbor_list, neighbor_capacity)
 from .partition import Partition, partition
 from .segments import per_system_sum
 from .ops import GraphParallelPolicy, HaloRefreshPolicy, HaloStoragePolicy
@@ -124,9 +125,14 @@ class DomainConfig:
         if not isinstance(mesh, Mesh):
             raise ValueError(f"DomainConfig.mesh must be a jax.sharding.Mesh or None, got {mesh!r}")
         if self.grid is not None:
-            grid = tuple(int(g) for g in self.grid)
-            if len(grid) != 3 or min(grid) < 1:
+            try:
+                grid = tuple(self.grid)
+            except TypeError:
+                grid = ()
+            if len(grid) != 3:
                 raise ValueError(f"DomainConfig.grid must be 3 positive integers, got {self.grid!r}")
+            grid = tuple(integral(f"DomainConfig.grid[{a}] (of grid={self.grid!r})", g, minimum=1)
+                         for a, g in enumerate(grid))
             if math.prod(grid) != mesh.size:
                 raise ValueError(
                     f"DomainConfig.grid {grid} has {math.prod(grid)} ranks but the mesh has {mesh.size} devices; "
@@ -281,7 +287,6 @@ class DistributedModel:
                 f"{name} provides neither per-atom energies nor 'energy' (outputs {sorted(cfg.outputs)}); "
                 "DistributedModel differentiates one of them"
             )
-        self.model = model
         self.config = domain_config
         self.spec = spec
         self.strategy = layout  # "halo" or "graph_partition"
@@ -290,6 +295,7 @@ class DistributedModel:
         self.use_node_energy = use_node
         self.ghost_width = ghost_width
         self.deep_halo = deep
+        self._model = model
         self._halo_capacity = None
         self._halo_regrowths = 0  # halo capacity growths since the last recorded call
         self._nl_capacity = None
@@ -298,16 +304,51 @@ class DistributedModel:
         self.health: PartitionHealth | None = None
 
     @property
+    def model(self):
+        """The wrapped model. Assigning another (new weights, a changed cutoff) checks that the
+        plans this DistributedModel builds still hold every neighbour it can reach."""
+        return self._model
+
+    @model.setter
+    def model(self, model) -> None:
+        self.check_ghost_width(self.ghost_width, model, what="this DistributedModel's ghost width")
+        self._model = model
+
+    def needed_ghost_width(self, model=None) -> float:
+        """The ghost shell (Å) ``model`` (default: the wrapped one) needs: its neighbour range
+        (cutoff + skin), times the halo layers of a deep halo; 0 for node blocks (no shell)."""
+        nc = _model_config(self._model if model is None else model).neighbor_config
+        if nc is None or self.strategy != "halo":
+            return 0.0
+        return self.policy.halo_layers * nc.search_cutoff if self.deep_halo else nc.search_cutoff
+
+    def check_ghost_width(self, width: float, model=None, *, what: str = "the plan's ghost width") -> None:
+        """Raise ValueError when a plan built for a ghost shell of ``width`` Å misses
+        neighbours of ``model`` (default: the wrapped one), naming both numbers.
+
+        Every path that reuses a plan (a restored checkpoint, a state of another run, a
+        changed model) goes through this check before the plan is used."""
+        need = self.needed_ghost_width(model)
+        if need > width + 1e-12:
+            name = type(self._model if model is None else model).__name__
+            raise ValueError(
+                f"{what} is {width:.6g} Å but {name} reaches {need:.6g} Å (neighbour range cutoff + skin"
+                f"{', times the halo layers' if self.deep_halo else ''}): the plan would miss neighbours; build "
+                f"the DistributedModel with DomainConfig(cutoff=..., skin=...) covering {need:.6g} Å")
+
+    @property
     def dispatch_report(self):
         """The :class:`~jaxdd.dispatch.DispatchReport` of the program the last call ran (None before a call)."""
         return self._reports.get(self._last_static)
 
     # ------------------------------------------------------------------ host side
 
-    def plan(self, batch: Batch, grid=None) -> tuple[Partition, HaloPlan]:
+    def plan(self, batch: Batch, grid=None, *, bucketed: bool = False) -> tuple[Partition, HaloPlan]:
         """Partition ``batch`` and plan its halo (growing the stored capacities if needed).
 
-        grid: the rank grid (default ``DomainConfig.grid``, else the least-surface one)."""
+        grid: the rank grid (default ``DomainConfig.grid``, else the least-surface one).
+        bucketed: round the owned rows and exchange slots up to capacity buckets
+        (:func:`~jaxdd.neighbors.capacity_bucket`), as calls of the model do."""
         cfg = self.config
         if self.strategy == "graph_partition":
             return node_blocks(batch.batch_idx, batch.atom_mask, batch.pbc, cfg.n_ranks)
@@ -329,9 +370,18 @@ class DistributedModel:
                            for e, n in zip(plan.layout.exchanges, plan.needed_exchange)))
             plan = self._plan_ranks(part, ranks, grown)
             self._halo_regrowths += 1
+        if bucketed:
+            plan = self._bucket_plan(part, ranks, plan)
         self._halo_capacity = (plan.layout.n_owned, tuple(e.capacity for e in plan.layout.exchanges))
         self._check_degenerate(part, plan)
         return part, plan
+
+    def _bucket_plan(self, part: Partition, ranks, plan: HaloPlan) -> HaloPlan:
+        """``plan`` again with its owned rows and exchange slots rounded up to capacity buckets
+        (``plan`` itself when they already are), so that differently sized systems share programs."""
+        have = (plan.layout.n_owned, tuple(e.capacity for e in plan.layout.exchanges))
+        want = (capacity_bucket(have[0]), tuple(capacity_bucket(c) for c in have[1]))
+        return plan if want == have else self._plan_ranks(part, ranks, want)
 
     def _plan_ranks(self, part: Partition, ranks, capacity) -> HaloPlan:
         """The plan of ``ranks`` (None: all) with ``capacity``; with several processes its
@@ -404,7 +454,9 @@ class DistributedModel:
         )
         # Where each global atom's owned row lands in the flattened [P * n_owned] outputs: its
         # owner's block, at its place among that owner's atoms in id order (the plan's order).
-        gather = np.full(batch.n_atoms, part.n_ranks * n_owned)  # padding atoms → a zero row
+        # Rows up to the atom count's capacity bucket (cut off again on the host), so that the
+        # program does not depend on the exact atom count.
+        gather = np.full(capacity_bucket(batch.n_atoms), part.n_ranks * n_owned)  # padding atoms → a zero row
         real = np.flatnonzero(part.owner >= 0)
         by_owner = real[np.argsort(part.owner[real], kind="stable")]
         first = np.searchsorted(part.owner[by_owner], part.owner[by_owner])
@@ -472,11 +524,11 @@ class DistributedModel:
                 f"outputs {undeclared} have no OutputKind in the spec; DistributedModel needs one to lay them "
                 "out across ranks: spec.with_output_kinds(key=OutputKind.PER_NODE or PER_GRAPH or GLOBAL)"
             )
-        part, plan = self.plan(batch)
+        part, plan = self.plan(batch, bucketed=True)
         inputs = self._inputs(batch, part, plan)
         host_pos = inputs.pop("local_positions_host")
         if self._nl_capacity is None:
-            self._nl_capacity = self._size_neighbors({**inputs, "local_positions_host": host_pos})
+            self._nl_capacity = self._size_neighbors({**inputs, "local_positions_host": host_pos}).bucketed()
         return batch, outputs, part, plan, place_inputs(inputs, self.config.mesh, plan.ranks)
 
     def _static(self, batch, outputs, plan) -> _Static:
@@ -516,9 +568,9 @@ class DistributedModel:
             if not bool(overflow):
                 self._record_health(part, plan, recompiles)
                 self._warn_once()
-                return out
+                return unpad_atoms(out, batch.n_atoms, int(inputs["gather"].shape[0]), self.spec)
             recompiles += 1
-            self._nl_capacity = self._nl_capacity.grown(_stats(needed), self.config.capacity_factor)
+            self._nl_capacity = self._nl_capacity.grown(_stats(needed), self.config.capacity_factor).bucketed()
         raise RuntimeError(f"neighbour lists still overflowed after {recompiles} capacity increases")
 
     def _warn_once(self) -> None:

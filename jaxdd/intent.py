@@ -27,6 +27,8 @@ import functools
 
 import jax
 
+from ._checks import integral
+
 __all__ = ["Scope", "OWNED", "LOCAL", "system_sum", "refresh_neighbors", "scatter_to_owners", "to_local",
            "autograd_target", "VERBS"]
 
@@ -77,7 +79,7 @@ def system_sum(values, index, n: int, scope: Scope | str = Scope.OWNED):
     """
     scope = Scope(scope)
     fn = _system_sum_owned if scope is Scope.OWNED else _system_sum_local
-    return fn(values, index, int(n))
+    return fn(values, index, integral("system_sum: n", n, minimum=0))
 
 
 def refresh_neighbors(x):

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._checks import integral
 from .ops import register_op
 
 __all__ = ["bspline_weights", "bspline_moduli", "spread", "pme_energy", "pme_sum", "influence",
@@ -84,10 +85,11 @@ def _bspline_integer_values(order: int) -> np.ndarray:
 
 
 def check_order(order) -> int:
-    if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or order < 4 or order % 2:
+    order = integral("the B-spline order", order, minimum=4)
+    if order % 2:
         raise ValueError(f"the B-spline order must be an even integer >= 4 (odd orders have zeros in their moduli), "
                          f"got {order!r}")
-    return int(order)
+    return order
 
 
 # --------------------------------------------------------------------------- single device

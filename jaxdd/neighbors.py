@@ -36,7 +36,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._checks import integral
 from .data import _is_concrete
+from .periodic import wrap_fractional
 
 __all__ = [
     "NeighborListFormat",
@@ -81,16 +83,18 @@ class NeighborCapacity:
     max_bins: int | None = None
 
     def __post_init__(self):
-        if self.max_bins is not None and int(self.max_bins) < 1:
-            raise ValueError(f"NeighborCapacity.max_bins must be >= 1 or None, got {self.max_bins}")
-        if int(self.bin_divisions) < 1:
-            raise ValueError(f"NeighborCapacity.bin_divisions must be >= 1, got {self.bin_divisions}")
-        for name in ("max_edges", "max_neighbors", "max_candidates"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"NeighborCapacity.{name} must be >= 1, got {getattr(self, name)}")
-        rng = tuple(int(r) for r in self.search_range)
-        if len(rng) != 3 or min(rng) < 1:
+        # Stored as ints (hashable, part of the jit cache key); a fraction is refused, never truncated.
+        for name in ("max_edges", "max_neighbors", "max_candidates", "bin_divisions", "max_bins"):
+            if name != "max_bins" or self.max_bins is not None:
+                object.__setattr__(self, name, integral(f"NeighborCapacity.{name}", getattr(self, name), minimum=1))
+        try:
+            rng = tuple(self.search_range)
+        except TypeError:
+            rng = ()
+        if len(rng) != 3:
             raise ValueError(f"NeighborCapacity.search_range must be 3 integers >= 1, got {self.search_range}")
+        rng = tuple(integral(f"NeighborCapacity.search_range[{a}] (of {self.search_range!r})", r, minimum=1)
+                    for a, r in enumerate(rng))
         object.__setattr__(self, "search_range", rng)
 
     def grown(self, needed: "NeighborStats", factor: float = 1.25) -> "NeighborCapacity":
@@ -116,6 +120,13 @@ class NeighborCapacity:
             search_range=tuple(max(c.search_range[a] for c in caps) for a in range(3)),
         )
 
+    def bucketed(self) -> "NeighborCapacity":
+        """This capacity with its edge, neighbour and candidate slots rounded up to
+        :func:`capacity_bucket` (search range, bin divisions and bin table unchanged)."""
+        return dataclasses.replace(self, max_edges=capacity_bucket(self.max_edges),
+                                   max_neighbors=capacity_bucket(self.max_neighbors),
+                                   max_candidates=capacity_bucket(self.max_candidates))
+
     def table_size(self, n_atoms: int) -> int:
         """Bins in the table for ``n_atoms`` atom rows."""
         return int(self.max_bins) if self.max_bins is not None else max(4096, 2 * int(n_atoms))
@@ -132,6 +143,23 @@ class NeighborCapacity:
 def _headroom(n, factor):
     n = int(n)
     return max(1, int(math.ceil(n * factor)) + (2 if n else 0))
+
+
+#: The smallest bucket: capacities below it are raised to it.
+BUCKET_MIN = 8
+
+
+def capacity_bucket(n: int, minimum: int = BUCKET_MIN) -> int:
+    """``n`` rounded up to the next capacity bucket: the smallest number >= max(n, minimum)
+    of the form 2^k or 3 * 2^k (8, 12, 16, 24, 32, 48, 64, 96, ...).
+
+    Consecutive buckets differ by a factor 1.5 or 4/3, so a bucketed capacity is at most 1.5
+    times the one asked for, and sizes from 1 to N fall into about 2 log2(N) buckets: systems
+    of different sizes that land in one bucket share one compiled program.
+    """
+    n = max(int(n), int(minimum), 1)
+    p = 1 << (n - 1).bit_length()  # smallest power of two >= n
+    return 3 * p // 4 if p >= 4 and 3 * p // 4 >= n else p
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,8 +317,7 @@ def _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, max_bin
     pos = jax.lax.stop_gradient(positions)
     frac = jnp.einsum("vi,vij->vj", pos, inv[sys_idx])
     per_atom_pbc = pbc[sys_idx]
-    wraps = jnp.where(per_atom_pbc, jnp.floor(frac), 0.0)
-    fw = frac - wraps
+    fw, wraps = wrap_fractional(frac, per_atom_pbc)
     # Wrapped positions from integers times the cell: exact on the original coordinates.
     pos_w = pos - jnp.einsum("vi,vij->vj", wraps, cell[sys_idx])
 
@@ -481,6 +508,8 @@ def build_neighbor_list(
     """
     _check_cutoff(cutoff)
     format = NeighborListFormat(format)
+    if n_receivers is not None:
+        n_receivers = integral("build_neighbor_list: n_receivers", n_receivers, minimum=0)
     positions, cell, pbc, batch_idx, atom_mask = _normalise_inputs(positions, cell, pbc, batch_idx, atom_mask)
     n = positions.shape[0]
     atom_mask = atom_mask & (batch_idx >= 0) & (batch_idx < cell.shape[0])
@@ -644,13 +673,18 @@ def neighbor_capacity(
     if not headroom >= 1.0:
         raise ValueError(f"headroom must be >= 1, got {headroom}")
     args = _normalise_inputs(positions, cell, pbc, batch_idx, atom_mask)
-    cutoff, divisions = float(cutoff), int(bin_divisions)
+    cutoff, divisions = float(cutoff), integral("neighbor_capacity: bin_divisions", bin_divisions, minimum=1)
+    if n_receivers is not None:
+        n_receivers = integral("neighbor_capacity: n_receivers", n_receivers, minimum=0)
     table = NeighborCapacity(1, 1, 1, (1, 1, 1)).table_size(args[0].shape[0])
     kw = dict(cutoff=cutoff, divisions=divisions, table=table)
     rng = tuple(int(r) for r in np.asarray(_range_stats(*args, **kw)))
     candidates = int(_candidate_stats(*args, **kw, search_range=rng, n_receivers=n_receivers))
     probe = NeighborCapacity(1, 1, _headroom(candidates, headroom), rng, divisions)
-    edges, neighbors = _pair_stats(*args, cutoff=cutoff, half=bool(half), capacity=probe, n_receivers=n_receivers)
+    # The pair count runs with bucketed candidate slots (the counts do not depend on spare
+    # slots), so configurations of similar size share its compiled program.
+    edges, neighbors = _pair_stats(*args, cutoff=cutoff, half=bool(half), capacity=probe.bucketed(),
+                                   n_receivers=n_receivers)
     return dataclasses.replace(
         probe, max_edges=_headroom(int(edges), headroom), max_neighbors=_headroom(int(neighbors), headroom)
     )

@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 
 import jax
 
+from ._checks import integral
+
 __all__ = [
     "SpecError",
     "StoragePolicy",
@@ -86,8 +88,8 @@ class HaloStoragePolicy(StoragePolicy):
     def __post_init__(self):
         _check_choice("HaloStoragePolicy", "scatter_mode", self.scatter_mode, ("halo_correction", "local"))
         _check_choice("HaloStoragePolicy", "gather_mode", self.gather_mode, ("halo_read", "local"))
-        if isinstance(self.halo_layers, bool) or not isinstance(self.halo_layers, int) or self.halo_layers < 1:
-            raise SpecError(f"HaloStoragePolicy.halo_layers must be an int >= 1, got {self.halo_layers!r}")
+        object.__setattr__(self, "halo_layers",
+                           integral("HaloStoragePolicy.halo_layers", self.halo_layers, minimum=1, error=SpecError))
 
     @property
     def deep(self) -> bool:

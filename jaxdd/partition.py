@@ -18,6 +18,7 @@ import itertools
 import numpy as np
 
 from .neighbors import effective_cell
+from .periodic import wrap_fractional
 
 __all__ = ["Partition", "choose_grid", "partition", "rank_coords", "rank_of"]
 
@@ -108,9 +109,7 @@ def partition(positions, cell, pbc, batch_idx, atom_mask, n_ranks: int, grid=Non
     spacing = 1.0 / np.linalg.norm(inv, axis=1)  # [S, 3]
     frac = np.einsum("vi,vij->vj", positions, inv[system])
     periodic = pbc[system]
-    wraps = np.where(periodic, np.floor(frac), 0.0)
-    frac = frac - wraps
-    frac = np.where(periodic & (frac >= 1.0), 0.0, frac)  # rounding of -tiny + 1
+    frac, wraps = wrap_fractional(frac, periodic)
 
     lo = np.zeros((n_sys, 3))
     hi = np.ones((n_sys, 3))
@@ -130,6 +129,9 @@ def partition(positions, cell, pbc, batch_idx, atom_mask, n_ranks: int, grid=Non
     grid = tuple(int(g) for g in grid)
 
     width = (hi - lo) / np.asarray(grid)
+    # Block b owns [lo + b·w, lo + (b+1)·w): a boundary belongs to the block above it, as
+    # floor() says; the clip keeps f == 1 - ulp (rounding of the division) and the open
+    # axes' topmost atom in the last block. The device rebuild (replan.py) computes the same.
     block = np.floor((frac - lo[system]) / width[system]).astype(np.int64)
     block = np.clip(block, 0, np.asarray(grid) - 1)
     owner = np.where(atom_mask, rank_of(block, grid), -1)

@@ -32,6 +32,7 @@ from jax.sharding import PartitionSpec as P
 from .halo import HaloLayout, HaloRouting
 from .neighbors import effective_cell
 from .partition import rank_coords, rank_of
+from .periodic import wrap_fractional
 
 __all__ = ["Frame", "ReplanConfig", "frame_of", "hops_per_axis", "rank_replan", "replan"]
 
@@ -124,9 +125,7 @@ def rank_replan(owned: dict, frame: Frame, cfg: ReplanConfig):
     pos = rows["positions"].astype(wide)
     frac = jnp.einsum("vi,vij->vj", pos, inv[sys])
     periodic = pbc[sys] & valid[:, None]
-    w = jnp.where(periodic, jnp.floor(frac), 0.0)
-    frac = frac - w
-    frac = jnp.where(periodic & (frac >= 1.0), 0.0, frac)
+    frac, w = wrap_fractional(frac, periodic)
     rows["positions"] = (pos - jnp.einsum("vi,vij->vj", w, cell[sys])).astype(owned["positions"].dtype)
     rows["image"] = rows["image"] + w.astype(rows["image"].dtype)
 
@@ -139,6 +138,7 @@ def rank_replan(owned: dict, frame: Frame, cfg: ReplanConfig):
     lo = jnp.where(pbc | ~present[:, None], 0.0, fmin)
     hi = jnp.where(pbc | ~present[:, None], 1.0, fmax + pad)
     width = (hi - lo) / grid_a
+    # The host partition's block rule: a boundary belongs to the block above it; clipped.
     block = jnp.clip(jnp.floor((frac - lo[sys]) / width[sys]), 0, grid_a - 1).astype(jnp.int32)
     rows["_frac"], rows["_block"] = frac, block
     rows["_from"] = jnp.full(valid.shape, rank, jnp.int32)

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ._checks import integral
 from .adapters import HELPER_ADAPTERS, HelperAdapter
 from .ops import POLICIES, TRANSFORMS, HaloStoragePolicy, OpHandle, SpecError, StoragePolicy, Transform, get_op
 
@@ -114,8 +115,7 @@ def _transform_map(owner: str, field: str, value: Any) -> FrozenMap:
         raise SpecError(f"{owner}.{field} must map positions (ints >= 0) to transforms, got {value!r}")
     out = {}
     for pos, tr in value.items():
-        if isinstance(pos, bool) or not isinstance(pos, int) or pos < 0:
-            raise SpecError(f"{owner}.{field}: position {pos!r} must be an int >= 0")
+        pos = integral(f"{owner}.{field}: position", pos, minimum=0, error=SpecError)
         if not isinstance(tr, Transform) or type(tr) is Transform:
             raise SpecError(
                 f"{owner}.{field}[{pos}] must be a transform ({', '.join(c.__name__ for c in TRANSFORMS.values())}), "
@@ -180,8 +180,8 @@ class CompilePolicy:
             if not finite or v < low or (strict and v == low):
                 raise SpecError(f"CompilePolicy.{field} must be a finite number {'>' if strict else '>='} {low}, got {v!r}")
             object.__setattr__(self, field, float(v))
-        if isinstance(self.max_regrowths, bool) or not isinstance(self.max_regrowths, int) or self.max_regrowths < 1:
-            raise SpecError(f"CompilePolicy.max_regrowths must be an int >= 1, got {self.max_regrowths!r}")
+        object.__setattr__(self, "max_regrowths",
+                           integral("CompilePolicy.max_regrowths", self.max_regrowths, minimum=1, error=SpecError))
         if self.force_strategy not in FORCE_STRATEGIES:
             raise SpecError(f"CompilePolicy.force_strategy must be one of {list(FORCE_STRATEGIES)}, got {self.force_strategy!r}")
         if not isinstance(self.stress_via_strain, bool):

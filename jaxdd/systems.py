@@ -16,6 +16,8 @@ import numbers
 
 import numpy as np
 
+from ._checks import integral
+
 __all__ = [
     "LAMMPS_MELT_ENERGY_PER_ATOM",
     "LJ_MELT_DENSITY",
@@ -43,9 +45,7 @@ _FCC_BASIS = np.array([[0.0, 0.0, 0.0], [0.0, 0.5, 0.5], [0.5, 0.0, 0.5], [0.5, 
 
 def _positive_int(name: str, value) -> int:
     # bool is an int subclass; True cells would be a silent 1.
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
+    return integral(name, value, minimum=1)
 
 
 def _positive_float(name: str, value) -> float:
@@ -59,12 +59,10 @@ def _positive_float(name: str, value) -> float:
 
 def _cells(n_cells) -> tuple[int, int, int]:
     """``n_cells`` as three positive ints (an int means the same count on every axis)."""
-    if isinstance(n_cells, numbers.Integral) and not isinstance(n_cells, bool):
-        n_cells = (n_cells,) * 3
     try:
         counts = tuple(n_cells)
-    except TypeError:
-        raise ValueError(f"n_cells must be a positive integer or 3 positive integers, got {n_cells!r}") from None
+    except TypeError:  # one count for every axis
+        counts = (n_cells,) * 3
     if len(counts) != 3:
         raise ValueError(f"n_cells must be a positive integer or 3 positive integers, got {n_cells!r}")
     return tuple(_positive_int("n_cells", c) for c in counts)
@@ -135,8 +133,7 @@ def lj_melt(n_cells=20, density: float = LJ_MELT_DENSITY, temperature: float | N
     a = melt_lattice_constant(density)
     if temperature is not None:
         temperature = _positive_float("temperature", temperature)
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    seed = integral("seed", seed, minimum=0)
     atoms = fcc_lattice(counts, a, symbol="Ar")
     atoms.set_masses(np.ones(len(atoms)))
     if temperature is not None:

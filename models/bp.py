@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdd._checks import integral
 from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import NeighborListFormat
 
@@ -133,18 +134,16 @@ class BehlerParrinello(eqx.Module, BaseModel):
         self.radial_eta = tuple(float(x) for x in eta)
         self.angular_eta = tuple(float(x) for x in np.atleast_1d(angular_eta))
         zeta = tuple(np.atleast_1d(zeta).tolist())
-        if not zeta or any(int(z) != z or z < 1 for z in zeta):
+        if not zeta:
             raise ValueError(f"{owner} zeta must be integers >= 1, got {zeta}")
-        self.zeta = tuple(int(z) for z in zeta)
+        self.zeta = tuple(integral(f"{owner} zeta", z, minimum=1) for z in zeta)
         if any(not (math.isfinite(x) and x > 0) for x in self.radial_eta + self.angular_eta):
             raise ValueError(f"{owner} eta values must be positive and finite")
-        self.hidden = tuple(int(h) for h in hidden)
+        self.hidden = tuple(integral(f"{owner} hidden", h, minimum=1) for h in hidden)
         self.avg_num_neighbors = float(avg_num_neighbors)
         if not (math.isfinite(self.avg_num_neighbors) and self.avg_num_neighbors > 0):
             raise ValueError(f"{owner} avg_num_neighbors must be positive, got {avg_num_neighbors!r}")
-        if int(max_neighbors) < 2:
-            raise ValueError(f"{owner} max_neighbors must be an integer >= 2, got {max_neighbors!r}")
-        self.max_neighbors = int(max_neighbors)
+        self.max_neighbors = integral(f"{owner} max_neighbors", max_neighbors, minimum=2)
         self.model_config = ModelConfig(
             outputs=frozenset({"energy", "atomic_energies", "forces", "stress"}),
             autograd_outputs=frozenset({"forces", "stress"}),

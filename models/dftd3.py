@@ -60,6 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdd._checks import integral
 from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import NeighborListFormat, edge_vectors
 from jaxdd.segments import per_system_sum
@@ -198,7 +199,7 @@ class DFTD3(eqx.Module, BaseModel):
         self.s6, self.s8, self.a1, self.a2 = (jnp.asarray(np.float64(v)) for v in (s6, s8, a1, a2))
         self.s9 = jnp.asarray(np.float64(1.0 if self.three_body else 0.0))
         if species is not None:
-            species = tuple(int(z) for z in species)
+            species = tuple(integral("DFTD3 species", z, minimum=1) for z in species)
             if not species or len(set(species)) != len(species) or not all(1 <= z <= MAX_ELEMENT for z in species):
                 raise ValueError(f"DFTD3 species must be distinct atomic numbers from 1 to {MAX_ELEMENT}, got {species}")
         self.species = species

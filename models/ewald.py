@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdd._checks import integral
 from jaxdd.model import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.neighbors import edge_vectors
 from jaxdd.segments import per_system_sum
@@ -181,8 +182,8 @@ class Ewald(eqx.Module, BaseModel):
         self.alpha, self.kmax = ewald_parameters(cutoff, accuracy)
         self.accuracy = float(accuracy)
         if kmax_index is not None:
-            kmax_index = tuple(int(m) for m in kmax_index)
-            if len(kmax_index) != 3 or min(kmax_index) < 0:
+            kmax_index = tuple(integral("Ewald kmax_index", m, minimum=0) for m in kmax_index)
+            if len(kmax_index) != 3:
                 raise ValueError(f"Ewald kmax_index must be three integers >= 0, got {kmax_index!r}")
         self.sizes = HostSizes(kmax_index, fixed=kmax_index is not None)
         self.model_config = ModelConfig(

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdd._checks import integral
 from jaxdd.ffi import attention
 from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import edge_vectors
@@ -71,9 +72,9 @@ class GraphTransformer(eqx.Module, BaseModel):
         cutoff = check_cutoff(cutoff, owner)
         if backend not in BACKENDS:
             raise ValueError(f"{owner} backend must be one of {list(BACKENDS)}, got {backend!r}")
-        self.features, self.n_layers, self.backend = int(features), int(n_layers), backend
-        if self.features < 1 or self.n_layers < 1:
-            raise ValueError(f"{owner} needs features >= 1 and n_layers >= 1")
+        self.features = integral(f"{owner} features", features, minimum=1)
+        self.n_layers = integral(f"{owner} n_layers", n_layers, minimum=1)
+        self.backend = backend
         self.model_config = ModelConfig(
             outputs=frozenset({"energy", "atomic_energies", "forces", "stress"}),
             autograd_outputs=frozenset({"forces", "stress"}),

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdd._checks import integral
 from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import NeighborListFormat, edge_vectors
 from jaxdd.segments import per_system_sum
@@ -72,7 +73,7 @@ class LennardJones(eqx.Module, BaseModel):
         format: NeighborListFormat = NeighborListFormat.COO,
     ):
         if species is not None:
-            species = tuple(int(z) for z in species)
+            species = tuple(integral("LennardJones species", z, minimum=1) for z in species)
             if len(set(species)) != len(species) or min(species, default=1) < 1:
                 raise ValueError(f"LennardJones species must be distinct atomic numbers >= 1, got {species}")
         self.sigma = jnp.asarray(_param("sigma", sigma, species))

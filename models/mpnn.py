@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import jraph
 import numpy as np
 
+from jaxdd._checks import integral
 from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import edge_vectors
 
@@ -133,11 +134,9 @@ class SchNet(eqx.Module, BaseModel):
         owner = "SchNet"
         self.species = check_species(species, owner)
         cutoff = check_cutoff(cutoff, owner)
-        self.features = int(features)
-        self.n_rbf = int(n_rbf)
-        self.n_interactions = int(n_interactions)
-        if self.features < 2 or self.n_rbf < 2 or self.n_interactions < 1:
-            raise ValueError(f"{owner} needs features >= 2, n_rbf >= 2 and n_interactions >= 1")
+        self.features = integral(f"{owner} features", features, minimum=2)
+        self.n_rbf = integral(f"{owner} n_rbf", n_rbf, minimum=2)
+        self.n_interactions = integral(f"{owner} n_interactions", n_interactions, minimum=1)
         self.avg_num_neighbors = float(avg_num_neighbors)
         if not (math.isfinite(self.avg_num_neighbors) and self.avg_num_neighbors > 0):
             raise ValueError(f"{owner} avg_num_neighbors must be positive, got {avg_num_neighbors!r}")

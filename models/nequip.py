@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdd._checks import integral
 from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import edge_vectors
 
@@ -133,11 +134,11 @@ class NequIP(eqx.Module, BaseModel):
         if hidden.count("0e") < 1:
             raise ValueError(f"{owner} hidden_irreps must contain scalars 0e, got {hidden}")
         self.hidden_irreps = str(hidden)
-        self.n_layers = int(n_layers)
-        self.n_basis = int(n_basis)
-        self.envelope_p = int(envelope_p)
-        if self.n_layers < 1 or self.n_basis < 1 or self.envelope_p < 2:
-            raise ValueError(f"{owner} needs n_layers >= 1, n_basis >= 1 and envelope_p >= 2")
+        self.n_layers = integral(f"{owner} n_layers", n_layers, minimum=1)
+        self.n_basis = integral(f"{owner} n_basis", n_basis, minimum=1)
+        self.envelope_p = integral(f"{owner} envelope_p", envelope_p, minimum=2)
+        radial_hidden = integral(f"{owner} radial_hidden", radial_hidden, minimum=1)
+        readout_hidden = integral(f"{owner} readout_hidden", readout_hidden, minimum=1)
         self.avg_num_neighbors = float(avg_num_neighbors)
         if not (math.isfinite(self.avg_num_neighbors) and self.avg_num_neighbors > 0):
             raise ValueError(f"{owner} avg_num_neighbors must be positive, got {avg_num_neighbors!r}")

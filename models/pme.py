@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdd import mesh as _mesh
+from jaxdd._checks import integral
 from jaxdd.model import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.segments import per_system_sum
 
@@ -82,8 +83,8 @@ class PME(eqx.Module, BaseModel):
         self.distributed_fft = bool(distributed_fft)
         if mesh is not None:
             try:
-                mesh = tuple(int(k) for k in mesh)
-            except (TypeError, ValueError):
+                mesh = tuple(integral("PME mesh", k, minimum=1) for k in mesh)
+            except TypeError:
                 raise ValueError(f"PME mesh must be three integers (K1, K2, K3) or None, got {mesh!r}") from None
             if len(mesh) != 3 or min(mesh) < self.order:
                 raise ValueError(f"PME mesh must be three integers >= the B-spline order {self.order}, got {mesh!r}")

@@ -8,6 +8,8 @@ import numbers
 
 import numpy as np
 
+from jaxdd._checks import integral
+
 __all__ = ["species_table", "check_species", "check_cutoff", "validate_species", "neighbor_inputs"]
 
 
@@ -20,7 +22,7 @@ def species_table(species):
 
 def check_species(species, owner):
     """``species`` as a tuple of distinct atomic numbers >= 1; ValueError naming ``owner`` otherwise."""
-    species = tuple(int(z) for z in species)
+    species = tuple(integral(f"{owner} species", z, minimum=1) for z in species)
     if not species or len(set(species)) != len(species) or min(species) < 1:
         raise ValueError(f"{owner} species must be distinct atomic numbers >= 1, got {species}")
     return species

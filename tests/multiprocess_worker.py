@@ -4,14 +4,18 @@
 
 TASK is ``models`` (the LJ and a message-passing model through ``DistributedModel``),
 ``md`` (50 NVE steps of an LJ crystal under ``DomainParallel``, checkpointed after 25),
-or ``restart`` (the last 25 steps again, from that checkpoint). Process 0 writes what it
-computed to ``OUT/<task>.npz``; every process sees the whole mesh and feeds its own devices.
+``restart`` (the last 25 steps again, from that checkpoint), or ``fail-CAUSE`` (two
+``DistributedModel`` calls, process 1 failing between them by CAUSE: ``exception``,
+``exit`` (``sys.exit(3)``), ``sigkill`` or ``sigint``; it writes the time to ``OUT/failed``).
+Process 0 writes what it computed to ``OUT/<task>.npz``; every process sees the whole mesh
+and feeds its own devices.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -73,6 +77,21 @@ def md(out_dir: Path, die: bool) -> dict:
     return final(engine, state)
 
 
+def fail(out_dir: Path, cause: str) -> dict:
+    dm = DistributedModel(LennardJones(1.0, 1.0, 2.5), DomainConfig(2.5))
+    first = dm(lj_crystal(), ("energy",))
+    if jax.process_index() == 1:
+        (out_dir / "failed").write_text(f"{time.time()}\n")
+        if cause == "exception":
+            raise RuntimeError("process 1 fails between two calls")
+        if cause == "exit":
+            sys.exit(3)
+        os.kill(os.getpid(), {"sigkill": signal.SIGKILL, "sigint": signal.SIGINT}[cause])
+        time.sleep(60)  # ended by the signal before this
+    second = dm(lj_crystal(), ("energy",))  # process 0 waits here for process 1
+    return dict(first=np.asarray(first["energy"]), second=np.asarray(second["energy"]))
+
+
 def restart(out_dir: Path) -> dict:
     engine = md_engine()
     state = engine.run(engine.restore(out_dir / "checkpoint"), 25)
@@ -92,7 +111,9 @@ def main() -> int:
     die = "--die-after-checkpoint" in sys.argv[3:]
     print(f"process {jax.process_index()} of {jax.process_count()}: devices {jax.local_devices()} "
           f"of {len(jax.devices())}", flush=True)
-    result = {"models": lambda: models(out_dir), "md": lambda: md(out_dir, die), "restart": lambda: restart(out_dir)}[task]()
+    tasks = {"models": lambda: models(out_dir), "md": lambda: md(out_dir, die), "restart": lambda: restart(out_dir),
+             "fail": lambda: fail(out_dir, task.partition("-")[2])}
+    result = tasks[task.partition("-")[0]]()
     if jax.process_index() == 0:
         np.savez(out_dir / f"{task}.npz", **result)
     print(f"process {jax.process_index()}: {task} done", flush=True)

@@ -162,6 +162,29 @@ def test_atomic_number_zero_is_refused_for_real_atoms():
         AtomicData(np.zeros((2, 3)), [1, 0])
 
 
+@pytest.mark.parametrize("make", [AtomicData, lambda x, z: Batch(x, z, cell=np.zeros((3, 3)))])
+@pytest.mark.parametrize("z", [18.7, 17.9999999])
+def test_fractional_atomic_numbers_are_refused_naming_the_atom_and_value_not_truncated(make, z):
+    with pytest.raises(ValueError, match=rf"atomic_numbers must be whole numbers; atoms \[1\] have \[{z}\]"):
+        make(np.zeros((2, 3)), np.array([18.0, z]))
+
+
+def test_whole_float_and_numpy_integer_atomic_numbers_are_accepted():
+    for z in (np.array([18.0, 1.0]), np.array([18, 1], np.int64), [np.int16(18), 1]):
+        data = AtomicData(np.zeros((2, 3)), z)
+        assert data.atomic_numbers.dtype == jnp.int32 and data.atomic_numbers.tolist() == [18, 1]
+
+
+def test_fractional_batch_index_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"batch_idx must be whole numbers; atoms \[1\] have \[0.5\]"):
+        Batch(np.zeros((2, 3)), [1, 1], cell=np.zeros((2, 3, 3)), batch_idx=[0.0, 0.5])
+
+
+def test_pad_refuses_a_fractional_capacity():
+    with pytest.raises(ValueError, match="n_atoms must be an integer >= 0, got 4.5"):
+        Batch.from_data(AtomicData(np.zeros((2, 3)), [1, 1])).pad(4.5)
+
+
 def test_singular_periodic_cell_names_system_and_axes():
     cell = np.array([[3.0, 0.0, 0.0], [6.0, 0.0, 0.0], [0.0, 0.0, 3.0]])
     with pytest.raises(ValueError, match=r"system 0 is singular on its periodic axes \[0, 1, 2\]"):

@@ -392,9 +392,14 @@ def test_halo_layers_round_trips_through_json():
     assert "halo_layers" not in SPEC_MPNN_HALO.to_json()
 
 
-def test_halo_layers_must_be_a_positive_int():
-    with pytest.raises(jaxdd.SpecError, match="halo_layers"):
-        HaloStoragePolicy(halo_layers=0)
+@pytest.mark.parametrize("layers", [0, 1.5, True])
+def test_halo_layers_must_be_a_positive_int(layers):
+    with pytest.raises(jaxdd.SpecError, match=f"halo_layers must be an integer >= 1, got {layers}"):
+        HaloStoragePolicy(halo_layers=layers)
+
+
+def test_halo_layers_given_as_a_whole_float_are_stored_as_an_int():
+    assert type(HaloStoragePolicy(halo_layers=2.0).halo_layers) is int
 
 
 # ----------------------------------------------------------------------------- control flow and named ops

@@ -353,6 +353,17 @@ def test_grid_with_a_rank_count_other_than_the_device_count_is_refused():
         DomainConfig(cutoff=CUTOFF, mesh=mesh_of(4), grid=(2, 1, 1))
 
 
+@pytest.mark.parametrize("grid, bad", [((2.5, 2, 1), r"grid\[0\].* got 2.5"), ((2, 1, True), r"grid\[2\].* got True")])
+def test_a_grid_entry_that_is_not_a_whole_number_is_refused_naming_it_not_truncated(grid, bad):
+    with pytest.raises(ValueError, match=f"DomainConfig.{bad}"):
+        DomainConfig(cutoff=CUTOFF, mesh=mesh_of(4), grid=grid)
+
+
+def test_a_grid_of_whole_floats_and_numpy_integers_is_stored_as_ints():
+    config = DomainConfig(cutoff=CUTOFF, mesh=mesh_of(4), grid=(2.0, np.int64(2), 1))
+    assert config.grid == (2, 2, 1) and all(type(g) is int for g in config.grid)
+
+
 @pytest.mark.parametrize("cutoff", [0.0, -1.0, float("nan"), float("inf")])
 def test_a_cutoff_that_is_not_positive_and_finite_is_refused(cutoff):
     with pytest.raises(ValueError, match="cutoff"):

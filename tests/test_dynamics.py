@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import math
+import re
+import shutil
 
 import ase.io
 import jax
@@ -197,6 +199,42 @@ def test_restore_refuses_a_different_integrator(tmp_path):
         md_on((2, 1, 1), VelocityVerlet(0.001)).restore(tmp_path / "ck")
 
 
+@pytest.fixture(scope="module")
+def saved_checkpoint(tmp_path_factory):
+    """One small checkpoint (2 ranks), copied by each test that damages it."""
+    md = md_on((2, 1, 1))
+    return md.save(tmp_path_factory.mktemp("saved") / "ck", md.init(melt()))
+
+
+def _cut_short(file):
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+
+# (damage done to a copy of the checkpoint, the file or folder the error must name, what it must say)
+DAMAGES = {
+    "empty md.json": (lambda ck: (ck / "md.json").write_text(""), "md.json", "is empty"),
+    "truncated md.json": (lambda ck: _cut_short(ck / "md.json"), "md.json", "is not valid JSON"),
+    "md.json without a field": (lambda ck: (ck / "md.json").write_text('{"step": 3}'), "md.json", "has no field"),
+    "deleted arrays folder": (lambda ck: shutil.rmtree(ck / "arrays"), "arrays", "is missing"),
+    "truncated array metadata": (lambda ck: _cut_short(ck / "arrays" / "_METADATA"), "arrays/_METADATA",
+                                 "is not valid JSON"),
+    "removed array manifest": (lambda ck: (ck / "arrays" / "manifest.ocdbt").unlink(), "arrays/manifest.ocdbt",
+                               "is missing"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_restoring_a_damaged_checkpoint_names_the_file_and_what_is_wrong(saved_checkpoint, tmp_path, damage):
+    make, name, problem = DAMAGES[damage]
+    if not (saved_checkpoint / name).exists():
+        pytest.skip(f"this orbax writes no {name}")
+    ck = shutil.copytree(saved_checkpoint, tmp_path / "ck")
+    make(ck)
+    with pytest.raises(jaxdd.CheckpointError, match=f"damaged checkpoint: {re.escape(str(ck / name))} {problem}.*"
+                                                     "restore an intact copy"):
+        md_on((2, 1, 1)).restore(ck)
+
+
 # ----------------------------------------------------------------------------- thermo and output
 
 
@@ -294,7 +332,9 @@ def test_a_time_step_too_large_for_the_skin_is_named():
 
 
 @pytest.mark.parametrize("kwargs, match", [(dict(n_steps=-1), "n_steps"), (dict(n_steps=5, trajectory="x.xyz"),
-                                                                             "trajectory_every")])
+                                                                             "trajectory_every"),
+                                           (dict(n_steps=2.5), "n_steps must be an integer >= 0, got 2.5"),
+                                           (dict(n_steps=5, thermo_every=True), "thermo_every .* got True")])
 def test_bad_run_arguments_are_named(kwargs, match):
     md = md_on((2, 1, 1))
     state = md.init(melt())

@@ -206,6 +206,7 @@ def test_atoms_of_an_unlisted_species_are_named():
         (dict(sigma=[[1.0, 2.0], [1.0, 1.0]], species=(1, 2)), "symmetric"),
         (dict(sigma=[1.0, 2.0]), "scalar"),
         (dict(species=(1, 1)), "distinct"),
+        (dict(species=(1, 2.5)), "species must be an integer >= 1, got 2.5"),
     ],
 )
 def test_bad_parameters_are_refused(kwargs, match):

@@ -207,6 +207,19 @@ def test_neighbor_list_grows_an_overflowing_capacity_and_finds_every_pair():
     assert int(nl.n_edges) == len(ase_neighbor_list("i", atoms, 2.5))
 
 
+@pytest.mark.parametrize("field, value", [("max_edges", 100.5), ("max_candidates", True), ("bin_divisions", 1.9),
+                                          ("max_bins", 4096.2)])
+def test_a_capacity_that_is_not_a_whole_number_is_refused_naming_it_not_truncated(field, value):
+    fields = dict(max_edges=100, max_neighbors=10, max_candidates=50, search_range=(1, 1, 1)) | {field: value}
+    with pytest.raises(ValueError, match=f"NeighborCapacity.{field} must be an integer >= 1, got {value}"):
+        NeighborCapacity(**fields)
+
+
+def test_a_fractional_search_range_is_refused_naming_the_axis():
+    with pytest.raises(ValueError, match=r"NeighborCapacity.search_range\[1\].* got 2.5"):
+        NeighborCapacity(100, 10, 50, (1, 2.5, 1))
+
+
 def test_new_positions_with_the_same_capacity_do_not_recompile():
     atoms = fcc(3)
     cap = neighbor_capacity(atoms.positions, atoms.cell.array, atoms.pbc, cutoff=2.5, headroom=1.5)

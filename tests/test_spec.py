@@ -629,7 +629,7 @@ def test_lambda_replacement_is_allowed_but_cannot_be_saved(tmp_path):
         ("growth_factor", 1.0),
         ("growth_factor", float("inf")),
         ("max_regrowths", 0),
-        ("max_regrowths", 2.0),
+        ("max_regrowths", 2.5),
         ("force_strategy", "guess"),
         ("stress_via_strain", 1),
     ],

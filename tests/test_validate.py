@@ -10,7 +10,7 @@ import pytest
 import jaxdd
 from jaxdd.distributed import DistributedModel, DomainConfig
 from jaxdd.spec import SPEC_MPNN_HALO, OutputKind
-from jaxdd.validate import diagnose, diff, halo_completeness, trace_and_validate
+from jaxdd.validate import ModelFactoryError, diagnose, diff, halo_completeness, trace_and_validate
 from test_dispatch import CUTOFF, SYSTEM, Plain, mesh_for, random_system
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -151,6 +151,11 @@ def test_sharded_runs_move_to_a_child_process_when_devices_are_short():
 def test_child_process_needs_an_importable_factory():
     with pytest.raises(ValueError, match="module:qualname"):
         trace_and_validate(lambda: make_mpnn(), SYSTEM, world_size=2, devices="subprocess")
+
+
+def test_a_factory_that_returns_no_model_is_refused_naming_it():
+    with pytest.raises(ModelFactoryError, match="model factory .*returned 42 .*not a model wrapper"):
+        trace_and_validate(lambda: 42, SYSTEM)
 
 
 def test_unregistered_op_is_diagnosed():

@@ -12,6 +12,7 @@ import pytest
 import jaxdd
 from jaxdd.distributed import DistributedModel, DomainConfig
 from jaxdd.spec import MLIPSpec
+from jaxdd.validate.__main__ import main
 from test_dispatch import CUTOFF, SYSTEM, mesh_for
 from test_validate import make_mpnn
 
@@ -71,3 +72,30 @@ def test_spec_option_validates_the_graph_parallel_preset():
 def test_usage_errors_exit_2(args):
     proc = cli(*args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
+
+
+def raising_factory():
+    raise RuntimeError("the weights file is gone")
+
+
+def number_factory():
+    return 42
+
+
+@pytest.mark.parametrize("factory, cause", [
+    ("test_validate_cli:raising_factory", "raised RuntimeError: the weights file is gone"),
+    ("test_validate_cli:number_factory", "returned 42 (int), not a model wrapper"),
+])
+def test_a_factory_that_builds_no_model_is_a_usage_error_on_one_line(factory, cause, capsys):
+    assert main([factory, "--builtin", "molecules"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: model factory") and factory in err and cause in err and err.count("\n") == 1
+
+
+def test_an_unreadable_sample_file_is_a_usage_error_naming_it(tmp_path, capsys):
+    empty = tmp_path / "empty.xyz"
+    empty.write_text("")
+    assert main(["--sample", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot read the sample file {empty}: ") and "Empty file" in err
+    assert err.count("\n") == 1

@@ -180,7 +180,8 @@ def test_atoms_of_an_unlisted_species_are_named(name):
 
 
 @pytest.mark.parametrize("factory", [BehlerParrinello, SchNet, NequIP])
-@pytest.mark.parametrize("kwargs, match", [(dict(species=(1, 1)), "distinct"), (dict(cutoff=0.0), "cutoff")])
+@pytest.mark.parametrize("kwargs, match", [(dict(species=(1, 1)), "distinct"), (dict(cutoff=0.0), "cutoff"),
+                                           (dict(species=(1, 7.9999999)), "species must be an integer >= 1, got 7.99")])
 def test_bad_constructor_arguments_are_refused(factory, kwargs, match):
     with pytest.raises(ValueError, match=match):
         factory(**kwargs)

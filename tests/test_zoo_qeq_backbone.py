@@ -106,6 +106,19 @@ def test_checkpoint_refuses_a_mismatched_wrapper(tmp_path):
         checkpoint.load(path, like=ChargeEquilibration(features=8))
 
 
+@pytest.mark.parametrize("damage, name, problem", [
+    (lambda ck: (ck / "params" / "_METADATA").write_text('{"tree_metadata": {'), "_METADATA", "is not valid JSON"),
+    (lambda ck: (ck / "params" / "manifest.ocdbt").unlink(), "manifest.ocdbt", "is missing"),
+], ids=["truncated metadata", "removed manifest"])
+def test_loading_a_damaged_checkpoint_names_the_file_not_a_mismatch(tmp_path, damage, name, problem):
+    path = checkpoint.save(tmp_path / "qeq", ChargeEquilibration())
+    if not (path / "params" / name).exists():
+        pytest.skip(f"this orbax writes no {name}")
+    damage(path)
+    with pytest.raises(jaxdd.CheckpointError, match=f"{path / 'params' / name} {problem}"):
+        checkpoint.load(path, like=ChargeEquilibration())
+
+
 def test_checkpoint_never_overwrites(tmp_path):
     checkpoint.save(tmp_path / "ck", ChargeEquilibration())
     with pytest.raises(FileExistsError):

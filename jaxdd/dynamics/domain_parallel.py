@@ -36,6 +36,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from .._checks import integral
 from ..data import AtomicData, Batch, as_batch
 from ..dispatch import DispatchReport
 from ..distributed import DistributedModel, _grow, _stats, nl_needs, place_ranked, rank_evaluate, rank_neighbors
@@ -43,7 +44,7 @@ from ..halo import Exchange, HaloLayout, HaloRouting, halo_forward
 from ..neighbors import NeighborCapacity
 from ..replan import ReplanConfig, frame_of, rank_replan
 from .integrators import FIRE, KB_EV_PER_K, Langevin, RankState, StepContext, VelocityVerlet
-from .io import ExtXYZWriter, Progress
+from .io import ExtXYZWriter, Progress, read_md_arrays, read_md_json
 
 __all__ = ["DomainParallel", "MDState", "RunStats"]
 
@@ -61,7 +62,8 @@ class MDState:
     vectors wrapping removed, ``velocities``, ``forces``, ``ids`` global atom index or -1,
     ``system``, ``inv_mass``, ``reference`` the positions the plan was built from, and the
     atoms' ``atomic_numbers``, ``masses`` and ``charges``); ``fixed`` is the plan (routing,
-    the local rows' batch, cell); ``layout`` its static shape.
+    the local rows' batch, cell); ``layout`` its static shape; ``ghost_width`` (Å) the
+    ghost shell the plan was built for, checked against the model before the plan is used.
     """
 
     step: int
@@ -72,6 +74,7 @@ class MDState:
     template: Batch
     layout: object = None
     converged: bool = False
+    ghost_width: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,7 +224,7 @@ class DomainParallel:
         if not self._n_migrate:  # sized once; it grows when a rebuild needs more (a new program)
             self._n_migrate = 8 + n_owned // 8
         return MDState(step=step, energy=energy, extra=extra, arrays=arrays, fixed=fixed, template=template,
-                       layout=plan.layout)
+                       layout=plan.layout, ghost_width=dm.ghost_width)
 
     def _with_forces(self, state: MDState) -> MDState:
         for _ in range(self._max_regrowths()):
@@ -266,7 +269,7 @@ class DomainParallel:
             raise ValueError("a trajectory needs trajectory_every > 0 (steps between frames)")
         writer = ExtXYZWriter(trajectory) if isinstance(trajectory, (str, Path)) else trajectory
         log = log if log is not None else _print_thermo
-        state = dataclasses.replace(state)
+        state = self._fitting(dataclasses.replace(state))
         marks = [m for m in (thermo_every, trajectory_every) if m]
         show = progress and jax.process_index() == 0
         bar = Progress(n_steps, int(np.asarray(state.template.atom_mask).sum())) if show else None
@@ -357,13 +360,23 @@ class DomainParallel:
             fits = needed[0] <= layout.n_owned and all(n <= e.capacity for n, e in zip(needed[1], layout.exchanges))
             if fits and int(report["migrate"]) <= self._n_migrate:
                 self._migrations += int(report["migrated"])
-                return dataclasses.replace(state, arrays=arrays, fixed={**state.fixed, **plan}, layout=layout)
+                return dataclasses.replace(state, arrays=arrays, fixed={**state.fixed, **plan}, layout=layout,
+                                           ghost_width=dm.ghost_width)  # the width self._frame plans
             factor = dm.config.capacity_factor
             self._n_migrate = max(self._n_migrate, _grow(int(report["migrate"]), factor))
             layout = _grown(layout, needed, factor)
             dm._halo_capacity = (layout.n_owned, tuple(e.capacity for e in layout.exchanges))
             self._recompiles += 1
         raise RuntimeError("the halo plan still overflowed after repeated capacity increases")
+
+    def _fitting(self, state: MDState) -> MDState:
+        """``state`` on a plan that holds every neighbour of this model: a plan built for a
+        narrower ghost shell (another run's state, a checkpoint, a model since changed) is
+        planned again on the host, and its forces evaluated with this model."""
+        dm = self.dist_model
+        if state.ghost_width is not None and dm.needed_ghost_width() <= state.ghost_width + 1e-12:
+            return state
+        return self._with_forces(self._rebuild_on_host(state))
 
     def _rebuild_on_host(self, state: MDState) -> MDState:
         """The plan computed on the host from the gathered atoms (a partition afresh)."""
@@ -459,6 +472,7 @@ class DomainParallel:
             n_ranks=dm.config.n_ranks, grid=list(self.grid), layout=_layout_json(state.layout),
             halo_capacity=[dm._halo_capacity[0], list(dm._halo_capacity[1])], n_migrate=self._n_migrate,
             nl_capacity=dataclasses.asdict(dm._nl_capacity), extra=sorted(state.extra),
+            ghost_width=state.ghost_width, model=_fingerprint(dm.model),
         )
         if jax.process_index() == 0:  # orbax coordinates the arrays; the small files need one writer
             (path / "md.json").write_text(json.dumps(meta, indent=1))
@@ -469,30 +483,22 @@ class DomainParallel:
     def restore(self, path) -> MDState:
         """The state saved at ``path``. On the rank grid it was saved from, every rank reads
         back its own rows and plan, so the run continues bit for bit; on another, the saved
-        atoms are read whole and partitioned afresh (the trajectory then agrees to round-off)."""
-        import orbax.checkpoint as ocp
-
+        atoms are read whole and partitioned afresh (the trajectory then agrees to round-off).
+        A damaged checkpoint raises :class:`jaxdd.CheckpointError` naming the file at fault."""
         path = Path(path).absolute()
-        if not (path / "md.json").exists():
-            raise FileNotFoundError(f"{path} holds no dynamics checkpoint (no md.json)")
-        meta = json.loads((path / "md.json").read_text())
-        kind = meta["integrator"]["kind"]
-        saved = _INTEGRATORS[kind](**{k: v for k, v in meta["integrator"].items() if k != "kind"})
+        meta, saved = read_md_json(path, _INTEGRATORS)  # CheckpointError naming a damaged file
         if saved != self.integrator:
             raise ValueError(f"the checkpoint was written with {saved!r}, this DomainParallel runs {self.integrator!r}; "
                              "restore it with the same integrator")
         dm = self.dist_model
+        if np.dtype(meta["dtype"]) == np.float64 and not jax.config.jax_enable_x64:
+            raise ValueError(f"{path} holds a float64 run but JAX runs in float32 here; enable float64 before "
+                             "restoring: jax.config.update('jax_enable_x64', True)")
         mesh = dm.config.mesh
         same = meta["n_ranks"] == dm.config.n_ranks and (dm.config.grid is None or list(dm.config.grid) == meta["grid"])
         ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
         replicated = NamedSharding(mesh, P())
-        checkpointer = ocp.StandardCheckpointer()
-        shapes = checkpointer.metadata(path / "arrays")
-        shapes = getattr(getattr(shapes, "item_metadata", shapes), "tree", shapes)
-        target = {group: jax.tree_util.tree_map(
-            lambda m, group=group: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=(
-                ranked if group == "ranked" and same else replicated)), shapes[group]) for group in shapes}
-        a = checkpointer.restore(path / "arrays", target)
+        a = read_md_arrays(path / "arrays", lambda group: ranked if group == "ranked" and same else replicated)
         dtype = np.dtype(meta["dtype"])
         fields = {k: np.asarray(v) for k, v in a["template"].items()}
         template = Batch.unchecked(**{k: jnp.asarray(fields[k], dtype) if k in _FLOAT_FIELDS else jnp.asarray(fields[k])
@@ -500,6 +506,7 @@ class DomainParallel:
                                    velocities=None, neighbors=None)
         extra = dict(a["extra"])
         energy = a["energy"]
+        dm.model.validate_input(template)  # the saved atoms' species and fields suit this model
         if same:
             self.grid = tuple(meta["grid"])
             dm._halo_capacity = (meta["halo_capacity"][0], tuple(meta["halo_capacity"][1]))
@@ -509,7 +516,7 @@ class DomainParallel:
             self._frame = jax.device_put(_frame(template, dm.ghost_width), replicated)
             arrays, fixed = _unflat_plan(a["ranked"], template, replicated)
             state = MDState(step=meta["step"], energy=energy, extra=extra, arrays=arrays, fixed=fixed,
-                            template=template, layout=_layout_of(meta["layout"]))
+                            template=template, layout=_layout_of(meta["layout"]), ghost_width=meta.get("ghost_width"))
         else:
             held = {k: np.asarray(v) for k, v in a["ranked"].items()}
             n = template.n_atoms
@@ -518,7 +525,30 @@ class DomainParallel:
             state = self._place(template, positions, atoms["velocities"], atoms["forces"], step=meta["step"],
                                 extra=extra, energy=energy)
         state.converged = bool(meta["converged"])
+        if meta.get("model") != _fingerprint(dm.model):
+            # Another model (weights, cutoff) than the one that wrote the checkpoint: its plan is
+            # checked (planned again if too narrow) and its energy and forces are this model's.
+            fitting = self._fitting(state)
+            state = fitting if fitting is not state else self._with_forces(state)
         return state
+
+
+def _fingerprint(model) -> dict:
+    """What identifies a model in a checkpoint: its class, neighbour range and a digest of
+    its array leaves (its weights)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for leaf in jax.tree_util.tree_leaves(model):
+        if isinstance(leaf, (jax.Array, np.ndarray)):
+            a = np.asarray(leaf)
+            digest.update(f"{a.dtype}{a.shape}".encode())
+            digest.update(np.ascontiguousarray(a).tobytes())
+        elif isinstance(leaf, (bool, int, float, str)):
+            digest.update(repr(leaf).encode())
+    nc = model.model_config.neighbor_config
+    return dict(kind=type(model).__name__, search_cutoff=None if nc is None else float(nc.search_cutoff),
+                digest=digest.hexdigest())
 
 
 _OPTIONAL_FIELDS = ("charges", "masses")
@@ -659,9 +689,7 @@ def _kinetic(arrays, n_sys: int):
 
 
 def _count(name, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-    return int(value)
+    return integral(name, value, minimum=0)
 
 
 def _print_thermo(step: int, thermo: dict) -> None:

@@ -23,6 +23,8 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from .._checks import integral
+
 __all__ = ["RankState", "StepContext", "VelocityVerlet", "Langevin", "FIRE", "KB_EV_PER_K"]
 
 KB_EV_PER_K = 8.617333262e-5  # Boltzmann constant (eV/K), as ase.units.kB
@@ -115,8 +117,7 @@ class Langevin(_NoConvergence):
         object.__setattr__(self, "temperature", _check("Langevin", "temperature", self.temperature, allow_zero=True))
         object.__setattr__(self, "friction", _check("Langevin", "friction", self.friction, allow_zero=True))
         object.__setattr__(self, "kB", _check("Langevin", "kB", self.kB))
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"Langevin.seed must be a non-negative integer, got {self.seed!r}")
+        object.__setattr__(self, "seed", integral("Langevin.seed", self.seed, minimum=0))
 
     def noise(self, ctx: StepContext, dtype) -> jax.Array:
         """Standard normal [n, 3], keyed by (seed, step, atom id)."""
@@ -162,8 +163,7 @@ class FIRE:
     def __post_init__(self):
         for name in ("fmax", "dt", "dt_max", "max_step", "f_inc", "f_dec", "alpha_start", "f_alpha"):
             object.__setattr__(self, name, _check("FIRE", name, getattr(self, name)))
-        if isinstance(self.n_min, bool) or not isinstance(self.n_min, int) or self.n_min < 0:
-            raise ValueError(f"FIRE.n_min must be a non-negative integer, got {self.n_min!r}")
+        object.__setattr__(self, "n_min", integral("FIRE.n_min", self.n_min, minimum=0))
 
     def init(self, n_systems, dtype) -> dict:
         return dict(dt=jnp.full((n_systems,), self.dt, dtype), alpha=jnp.full((n_systems,), self.alpha_start, dtype),

@@ -11,7 +11,7 @@ Command line: ``python -m jaxdd.validate MODULE:FACTORY``.
 from .compare import KeyDiff, compare_outputs, diff
 from .diagnostics import HelperRecorder, diagnose, halo_completeness, helper_diagnostics, watched_modules
 from .report import Attempt, HaloCompleteness, HelperDiagnostic, TraceReport
-from .runner import FIX_RULES, trace_and_validate
+from .runner import FIX_RULES, ModelFactoryError, trace_and_validate
 
 __all__ = [
     "Attempt",
@@ -20,6 +20,7 @@ __all__ = [
     "HelperDiagnostic",
     "HelperRecorder",
     "KeyDiff",
+    "ModelFactoryError",
     "TraceReport",
     "compare_outputs",
     "diagnose",

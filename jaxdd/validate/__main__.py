@@ -5,14 +5,17 @@
 
 With no arguments it validates the built-in Lennard-Jones example on the ``lj-fcc``
 sample. Exit status: 0 when the distributed model matches, 1 when it does not, 2 for a
-usage error. The sharded runs use this process's accelerators when there are at least
-``--world-size`` of them, otherwise virtual CPU devices.
+usage error — bad options, a factory that cannot be imported, raises or returns no model,
+a sample or spec that cannot be read — with one line on stderr saying what and why. The
+sharded runs use this process's accelerators when there are at least ``--world-size`` of
+them, otherwise virtual CPU devices.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -43,6 +46,9 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.world_size is not None and args.world_size < 1:
         _parser().error("--world-size must be >= 1")
+    for name in ("atol", "rtol"):
+        if not (math.isfinite(getattr(args, name)) and getattr(args, name) >= 0):
+            _parser().error(f"--{name} must be a finite number >= 0, got {getattr(args, name)}")
     import jax
 
     from ..launch import initialize
@@ -67,7 +73,7 @@ def main(argv=None) -> int:
     from ..data import Batch
     from ..ops import SpecError
     from .examples import sample
-    from .runner import trace_and_validate
+    from .runner import ModelFactoryError, trace_and_validate
 
     factory = args.factory or DEFAULT_FACTORY
     dtype = np.float64 if args.dtype == "float64" else np.float32
@@ -83,15 +89,16 @@ def main(argv=None) -> int:
             data = Batch.from_ase(ase.io.read(args.sample, index=":"), dtype=dtype)
         else:
             data = sample(args.builtin or DEFAULT_SAMPLE, dtype)
-    except (OSError, ValueError) as exc:
-        print(f"error: cannot read the sample: {exc}", file=sys.stderr)
+    except Exception as exc:  # whatever the reader raises (an unknown format, an empty file): a usage error
+        where = f"file {args.sample}" if args.sample else f"'{args.builtin or DEFAULT_SAMPLE}'"
+        print(f"error: cannot read the sample {where}: {_one_line(exc)}", file=sys.stderr)
         return 2
     try:
         start = _spec(args.spec)
         report = trace_and_validate(factory, data, world_size=args.world_size, atol=args.atol, rtol=args.rtol,
                                     progress=lambda line: print(line, file=log, flush=True), spec=start)
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (SpecError, ModelFactoryError) as exc:  # no spec, or no model, to validate
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
     if args.save_spec and primary:
         report.spec.save(args.save_spec)
@@ -99,6 +106,13 @@ def main(argv=None) -> int:
     if primary:
         print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
     return 0 if report.ok else 1
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line: its message (its type when it has none), newlines folded."""
+    text = " ".join(str(exc).split())
+    name = type(exc).__name__
+    return text if isinstance(exc, (ValueError, OSError)) and text else f"{name}: {text}" if text else name
 
 
 def _spec(name_or_path):

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
+from .._checks import integral
 from ..adapters import reference_of, resolve_reference
 from ..data import Batch, as_batch
 from ..dispatch import DispatchReport, DispatchWarning, Runtime, call_model
@@ -28,10 +29,15 @@ from .compare import compare_outputs
 from .diagnostics import HelperRecorder, diagnose, halo_completeness, helper_diagnostics, watched_modules
 from .report import Attempt, HaloCompleteness, TraceReport
 
-__all__ = ["trace_and_validate", "FIX_RULES"]
+__all__ = ["trace_and_validate", "FIX_RULES", "ModelFactoryError"]
 
 FIX_RULES = ("halo_correction_to_local", "add_all_reduce", "drop_extra_all_reduce")
 _AUTOGRAD = ("energy", "forces", "stress")
+
+
+class ModelFactoryError(ValueError):
+    """The model factory cannot build a model: it raised, or returned something that is not a
+    model wrapper. The message names the factory and the cause."""
 
 
 @dataclasses.dataclass
@@ -78,11 +84,9 @@ def trace_and_validate(
     graph-parallel strategy.
     """
     factory, factory_ref = _resolve_factory(model_factory)
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
-    if max_fix_attempts < 0:
-        raise ValueError(f"max_fix_attempts must be >= 0, got {max_fix_attempts!r}")
-    model = factory()
+    world_size = integral("world_size", world_size, minimum=1)
+    max_fix_attempts = integral("max_fix_attempts", max_fix_attempts, minimum=0)
+    model = _build_model(factory, factory_ref or repr(model_factory))
     cfg = _model_config(model)
     batch = as_batch(sample_batch)
     outputs = cfg.check_outputs(_default_order(cfg.active_outputs) if outputs is None else outputs)
@@ -155,6 +159,25 @@ def _resolve_factory(model_factory):
     if not callable(model_factory):
         raise ValueError(f"model_factory must be a callable or a 'module:qualname' string, got {model_factory!r}")
     return model_factory, reference_of(model_factory)
+
+
+def _build_model(factory, name: str):
+    """``factory()``, checked to be a model wrapper; ModelFactoryError naming ``name`` otherwise."""
+    try:
+        model = factory()
+    except Exception as exc:
+        cause = (str(exc).strip().splitlines() or [""])[0]
+        raise ModelFactoryError(f"model factory {name} raised {type(exc).__name__}"
+                                + (f": {cause}" if cause else "") + "; fix it so that it builds the model") from exc
+    try:
+        _model_config(model)
+    except ValueError:
+        shown = repr(model)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise ModelFactoryError(f"model factory {name} returned {shown} ({type(model).__name__}), not a model "
+                                "wrapper: it has no ModelConfig in .model_config; return an instance of a "
+                                "jaxdd.BaseModel subclass") from None
+    return model
 
 
 def _with_neighbors(model, batch: Batch) -> Batch:
