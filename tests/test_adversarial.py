@@ -37,6 +37,7 @@ import jaxdd
 from jaxdd.distributed import DistributedModel, DomainConfig
 from jaxdd.dynamics import DomainParallel, VelocityVerlet
 from jaxdd.models.lj import LennardJones
+from jaxdd.models.lj_kernel import LennardJonesKernel
 
 pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
 
@@ -313,26 +314,46 @@ def mesh_of(n):
     return Mesh(np.asarray(jax.devices()[:n]), ("dd",), axis_types=(AxisType.Auto,))
 
 
-# One DistributedModel per grid, shared by the cases: systems of one shape reuse its programs.
+VARIANTS = {
+    "lj": MODEL,
+    "lj-half-list": LennardJones(1.0, 1.0, CUTOFF, shift=True, half_list=True),
+    "lj-fused-kernel": LennardJonesKernel(1.0, 1.0, CUTOFF, shift=True, half_list=True),
+}
+
+
+# One DistributedModel per grid and model, shared by the cases: systems of one shape reuse
+# its compiled programs.
 @functools.lru_cache(maxsize=None)
-def dist_model(grid) -> DistributedModel:
-    return DistributedModel(MODEL, DomainConfig(CUTOFF, mesh=mesh_of(math.prod(grid)), grid=grid))
+def dist_model(grid, variant="lj") -> DistributedModel:
+    return DistributedModel(VARIANTS[variant], DomainConfig(CUTOFF, mesh=mesh_of(math.prod(grid)), grid=grid))
 
 
 DEFAULT_GRID = (3, 2, 1)
 SLOW_GRIDS = [(1, 1, 1), (2, 1, 1), (2, 2, 2)]
+# The default suite: the cases the wrap rule was written for, all of one shape (one program).
+DEFAULT_CASES = ["cell-face-minus-1e-17", "cell-face-minus-1e-300", "cell-corner-minus-1e-17", "cell-face-at-L",
+                 "block-face-half-minus-1-ulp", "lattice-minus-1e-17", "atom-7-cells-outside"]
 
 
-def every_case_on(grids, slow):
-    marks = [pytest.mark.slow] if slow else []
-    return [pytest.param(name, grid, marks=marks, id=f"{name}-{'x'.join(map(str, grid))}")
-            for grid in grids for name in CASES]
+def grid_id(grid) -> str:
+    return "x".join(map(str, grid))
+
+
+def cases_on(grid, variant="lj", names=None):
+    """Parameters (name, grid, variant); the default cases on the default grid and plain LJ
+    run by default, the others in the slow set."""
+    params = []
+    for name in (CASES if names is None else names):
+        default = grid == DEFAULT_GRID and variant == "lj" and name in DEFAULT_CASES
+        params.append(pytest.param(name, grid, variant, marks=() if default else pytest.mark.slow,
+                                   id=f"{name}-{grid_id(grid)}-{variant}"))
+    return params
 
 
 # ------------------------------------------------------------------ one device against ASE
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [n if n in DEFAULT_CASES else pytest.param(n, marks=pytest.mark.slow) for n in CASES])
 def test_single_device_equals_ase(name):
     data = data_of(name)
     got = single_device(name)
@@ -355,10 +376,12 @@ def test_the_suite_has_at_least_forty_cases():
 # ------------------------------------------------------------------ DistributedModel
 
 
-@pytest.mark.parametrize("name, grid", every_case_on([DEFAULT_GRID], slow=False) + every_case_on(SLOW_GRIDS, slow=True))
-def test_distributed_model_equals_one_device(name, grid):
-    got = dist_model(grid)(data_of(name), outputs_of(name))
-    assert_close(got, single_device(name), outputs_of(name), label=f"{name} on {grid}: ")
+@pytest.mark.parametrize("name, grid, variant", [
+    *cases_on(DEFAULT_GRID), *(p for g in SLOW_GRIDS for p in cases_on(g)),
+    *cases_on(DEFAULT_GRID, "lj-half-list"), *cases_on(DEFAULT_GRID, "lj-fused-kernel")])
+def test_distributed_model_equals_one_device(name, grid, variant):
+    got = dist_model(grid, variant)(data_of(name), outputs_of(name))
+    assert_close(got, single_device(name), outputs_of(name), label=f"{name} on {grid} ({variant}): ")
 
 
 # ------------------------------------------------------------------ dynamics
@@ -408,17 +431,14 @@ def dynamics(grid) -> DomainParallel:
 
 
 DYNAMICS = [n for n, c in CASES.items() if c.dynamics]
-WRAP_CASES = ["cell-face-minus-1e-17", "cell-corner-minus-1e-300", "lattice-minus-1e-17", "triclinic-30-degrees"]
+# On a second grid: the cases whose geometry differs most (the others share their arithmetic).
+DYNAMICS_2x2x2 = ["cell-corner-minus-1e-17", "lattice-minus-1e-17", "triclinic-30-degrees", "slab-periodic-in-x-and-y",
+                  "cluster-in-a-large-periodic-box", "cell-thinner-than-the-cutoff"]
 
 
-def dynamics_cases():
-    params = [pytest.param(n, DEFAULT_GRID, id=f"{n}-3x2x1") for n in WRAP_CASES]
-    params += [pytest.param(n, g, marks=pytest.mark.slow, id=f"{n}-{'x'.join(map(str, g))}")
-               for g in [DEFAULT_GRID, (2, 2, 2)] for n in DYNAMICS if not (g == DEFAULT_GRID and n in WRAP_CASES)]
-    return params
-
-
-@pytest.mark.parametrize("name, grid", dynamics_cases())
+@pytest.mark.slow
+@pytest.mark.parametrize("name, grid", [pytest.param(n, g, id=f"{n}-{grid_id(g)}") for g, names in
+                                        [(DEFAULT_GRID, DYNAMICS), ((2, 2, 2), DYNAMICS_2x2x2)] for n in names])
 def test_fifty_steps_with_device_rebuilds_follow_the_single_device_trajectory(name, grid):
     md = dynamics(grid)
     state = md.run(md.init(with_velocities(data_of(name))), STEPS)
@@ -439,3 +459,134 @@ def test_a_run_restored_halfway_ends_where_the_uninterrupted_run_ends(name, tmp_
     resumed = md.run(md.restore(tmp_path / "ck"), STEPS - STEPS // 2)
     straight = md.run(half, STEPS - STEPS // 2)
     np.testing.assert_array_equal(np.asarray(md.gather(resumed).positions), np.asarray(md.gather(straight).positions))
+
+
+# ------------------------------------------------------------------ a device rebuild at the face
+
+
+def three_atoms() -> jaxdd.Batch:
+    """A heavy atom a rounding error below x = 0 (it stays there), its partner across the
+    periodic face, and a fast atom that forces plan rebuilds on the devices."""
+    atoms = ase.Atoms("Ar3", positions=[[-4e-17, 6.0, 6.0], [10.8, 6.0, 6.0], [3.0, 3.0, 3.0]],
+                      cell=np.diag([12.0] * 3), pbc=True)
+    data = jaxdd.Batch.from_ase([atoms])
+    return data.replace(masses=jax.numpy.asarray([1e30, 1.0, 1.0]),
+                        velocities=jax.numpy.asarray([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 8.0, 0.0]]))
+
+
+def test_a_device_rebuild_keeps_an_atom_a_rounding_error_below_the_face_where_it_is():
+    data = three_atoms()
+    dm = DistributedModel(MODEL, DomainConfig(CUTOFF, skin=SKIN, mesh=mesh_of(2), grid=(2, 1, 1)))
+    md = DomainParallel(dm, VelocityVerlet(DT), kB=1.0)
+    state = md.run(md.init(data), 20)
+    assert md.last_run.rebuilds >= 2 and md.last_run.host_rebuilds == 0
+    frame = md.gather(state)
+    # Its pair across the face is still there (about -0.9 eV), and nothing sits at x = L.
+    want = jaxdd.compute(MODEL, frame, ("energy", "forces"))
+    assert_close(dict(energy=state.energy, forces=md.forces(state)), want, ("energy", "forces"))
+    assert float(want["energy"][0]) < -0.5
+    assert abs(np.asarray(frame.positions)[0, 0] + 4e-17) < 1e-30  # not at L = 12 Å
+
+
+# ------------------------------------------------------------------ plans reused with another model
+
+
+def melt_md(cutoff, skin=SKIN) -> DomainParallel:
+    model = LennardJones(1.0, 1.0, cutoff, shift=True)
+    dm = DistributedModel(model, DomainConfig(cutoff, skin=skin, mesh=mesh_of(2), grid=(2, 1, 1)))
+    return DomainParallel(dm, VelocityVerlet(DT), kB=1.0)
+
+
+@functools.lru_cache(maxsize=None)
+def narrow_checkpoint(tmp_dir) -> str:
+    """A checkpoint written by a run whose model reaches 1.6 + 0.3 Å."""
+    md = melt_md(1.6)
+    state = md.run(md.init(with_velocities(data_of("cell-face-minus-1e-17"))), 3)
+    md.save(f"{tmp_dir}/narrow", state)
+    return f"{tmp_dir}/narrow"
+
+
+@pytest.fixture(scope="module")
+def narrow(tmp_path_factory):
+    return narrow_checkpoint(str(tmp_path_factory.mktemp("plans")))
+
+
+def test_a_checkpoint_restored_with_a_longer_ranged_model_is_planned_again_and_equals_one_device(narrow):
+    md = melt_md(CUTOFF)
+    state = md.restore(narrow)
+    assert state.ghost_width == pytest.approx(CUTOFF + SKIN)
+    want = jaxdd.compute(MODEL, md.gather(state), ("energy", "forces"))
+    assert_close(dict(energy=state.energy, forces=md.forces(state)), want, ("energy", "forces"))
+
+
+def test_a_state_of_a_shorter_ranged_run_is_planned_again_before_it_is_used(narrow):
+    short = melt_md(1.6)
+    state = short.restore(narrow)
+    md = melt_md(CUTOFF)
+    after = md.run(state, 2)
+    assert md.last_run.host_rebuilds >= 1
+    want = jaxdd.compute(MODEL, md.gather(after), ("energy", "forces"))
+    assert_close(dict(energy=after.energy, forces=md.forces(after)), want, ("energy", "forces"))
+
+
+def test_a_model_reaching_past_the_ghost_shell_cannot_be_swapped_in():
+    dm = dist_model(DEFAULT_GRID)
+    with pytest.raises(ValueError, match=r"ghost width is 2\.5 Å but LennardJones reaches 3\.2 Å"):
+        dm.model = LennardJones(1.0, 1.0, 3.2)
+    assert dm.model is MODEL
+    dm.model = LennardJones(1.1, 1.0, CUTOFF, shift=True)  # new parameters, same reach: fine
+    dm.model = MODEL
+
+
+# ------------------------------------------------------------------ a sweep of boundary placements
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+# The unrattled lattice has planes of atoms on the cell faces and on the block faces of 2
+# and 3 ranks per axis (multiples of A/2). Each drawn atom is moved off its site, axis by
+# axis, by 0, ±1 ulp, ±1e-17, ±1e-300 or whole cells, so it sits on or just beside a face.
+OFFSETS = ["0", "+ulp", "-ulp", "+1e-17", "-1e-17", "+1e-300", "-1e-300", "+2L", "-3L"]
+
+
+def placed(x, offset) -> float:
+    if offset.endswith("ulp"):
+        return float(np.nextafter(x, np.inf if offset[0] == "+" else -np.inf))
+    if offset.endswith("L"):
+        return x + float(offset[:-1]) * L
+    return x + float(offset)
+
+
+@st.composite
+def placements(draw):
+    """Up to three atoms, each with an offset per axis."""
+    atoms = draw(st.lists(st.integers(0, 4 * N ** 3 - 1), min_size=1, max_size=3, unique=True))
+    return [(i, [draw(st.sampled_from(OFFSETS)) for _ in range(3)]) for i in atoms]
+
+
+@functools.lru_cache(maxsize=None)
+def lattice_plan(grid):
+    from test_replan import host
+
+    batch = jaxdd.Batch.from_ase([cube(rattle=0.0)])
+    part, plan = host(batch, np.asarray(batch.positions), grid, CUTOFF + SKIN)
+    return batch, part, plan
+
+
+@pytest.mark.slow
+@settings(max_examples=25)
+@given(placements())
+def test_boundary_placements_agree_between_host_plan_device_rebuild_and_one_device(moves):
+    from test_replan import assert_rebuild_equals_host_plan
+
+    batch, part, plan = lattice_plan(DEFAULT_GRID)
+    positions = np.asarray(batch.positions).copy()
+    for i, offsets in moves:
+        positions[i] = [placed(x, o) for x, o in zip(positions[i], offsets)]
+    owned, after = assert_rebuild_equals_host_plan(batch, part, plan, positions, DEFAULT_GRID, CUTOFF + SKIN)
+    assert np.all(np.abs(owned["positions"][owned["ids"] >= 0]) < L)  # never wrapped onto the upper face
+    assert np.all((after.frac >= 0) & (after.frac < 1))
+    data = batch.replace(positions=jax.numpy.asarray(positions))
+    want = jaxdd.compute(MODEL, data, ("energy", "forces", "stress"))
+    got = dist_model(DEFAULT_GRID)(data, ("energy", "forces", "stress"))
+    assert_close(got, want, ("energy", "forces", "stress"), label=f"{moves}: ")

@@ -59,11 +59,9 @@ def roomy(plan, factor=2):
     return (factor * plan.layout.n_owned, tuple(factor * e.capacity for e in plan.layout.exchanges))
 
 
-@pytest.mark.parametrize("name", MOVED)
-def test_a_device_rebuild_equals_the_host_plan_of_the_moved_atoms(name):
-    batch, part, before = case(name)
-    _, grid, width = CASES[name]
-    positions = moved(batch)
+def assert_rebuild_equals_host_plan(batch, part, before, positions, grid, width):
+    """Rebuild ``before`` on the devices with the atoms at ``positions`` and check it against
+    the host plan of those positions: rows, routing, needs, each atom's data and wrap."""
     after_part, after = host(batch, positions, grid, width, capacity=roomy(before))
     rows = {k: np.concatenate([v, np.zeros((v.shape[0], after.layout.n_owned - v.shape[1]) + v.shape[2:], v.dtype)
                                - (k == "ids")], axis=1)
@@ -86,6 +84,14 @@ def test_a_device_rebuild_equals_the_host_plan_of_the_moved_atoms(name):
     wrapped = positions - np.einsum("vi,vij->vj", after_part.wraps, cell[after_part.system])
     np.testing.assert_allclose(owned["positions"][valid], wrapped[ids[valid]], rtol=0, atol=1e-12)
     assert report["migrated"] == int(np.sum(after_part.owner != part.owner))
+    return owned, after_part
+
+
+@pytest.mark.parametrize("name", MOVED)
+def test_a_device_rebuild_equals_the_host_plan_of_the_moved_atoms(name):
+    batch, part, before = case(name)
+    _, grid, width = CASES[name]
+    assert_rebuild_equals_host_plan(batch, part, before, moved(batch), grid, width)
 
 
 def test_exchanges_that_no_longer_fit_are_reported_with_the_sizes_that_do():

@@ -269,13 +269,13 @@ class DomainParallel:
             raise ValueError("a trajectory needs trajectory_every > 0 (steps between frames)")
         writer = ExtXYZWriter(trajectory) if isinstance(trajectory, (str, Path)) else trajectory
         log = log if log is not None else _print_thermo
-        state = self._fitting(dataclasses.replace(state))
         marks = [m for m in (thermo_every, trajectory_every) if m]
         show = progress and jax.process_index() == 0
         bar = Progress(n_steps, int(np.asarray(state.template.atom_mask).sum())) if show else None
         rebuilds0, recompiles0, migrations0, host0 = (self._rebuilds, self._recompiles, self._migrations,
                                                       self._host_rebuilds)
         start, done = time.perf_counter(), 0
+        state = self._fitting(dataclasses.replace(state))
         if writer is not None and writer.frames == 0:
             writer.write(self, state)
         while done < n_steps and not state.converged:
@@ -376,6 +376,7 @@ class DomainParallel:
         dm = self.dist_model
         if state.ghost_width is not None and dm.needed_ghost_width() <= state.ghost_width + 1e-12:
             return state
+        self._rebuilds += 1
         return self._with_forces(self._rebuild_on_host(state))
 
     def _rebuild_on_host(self, state: MDState) -> MDState:
