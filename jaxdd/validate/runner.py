@@ -414,7 +414,9 @@ def _next_action(report: TraceReport, world_size: int) -> str:
     halo = first.halo_completeness
     if halo is not None and not halo.matches:
         return (f"FAIL — the halo misses neighbours of atoms {list(halo.atoms)[:10]}: no spec change can recover "
-                "missing edges; widen the ghost shell (DomainConfig.ghost_width >= cutoff + skin) or fix the sample")
+                "missing edges. The engine builds ghost shells of at least the model's declared neighbour range "
+                "(cutoff + skin), so either the model reads neighbours beyond its declared range (declare the true "
+                "range in its NeighborConfig) or the decomposition lost these atoms: report it with the sample")
     undeclared = [h for a in report.attempts for h in a.helper_diagnostics if not h.declared]
     if undeclared:
         return (f"FAIL — undeclared per-system helper {undeclared[0].helper}: declare a PythonAdapter for it on "
