@@ -206,6 +206,9 @@ def build_halo_plan(
                     frac = src["frac"].copy()
                     frac[:, axis] += wraps[r]
                     lo, hi = bounds[dst]
+                    # Inclusive on both sides: an atom exactly ghost-width from the block (or on
+                    # its face) is sent. Sending one atom too many is harmless (the model masks by
+                    # distance); missing one that a rounding puts on the bound would lose a pair.
                     sel = (
                         (part.pbc[sys, axis] | (wraps[r] == 0))
                         & (frac[:, axis] >= lo[sys, axis] - reach[sys, axis])

@@ -222,6 +222,7 @@ def rank_replan(owned: dict, frame: Frame, cfg: ReplanConfig):
         lo_d = lo[s_sys, ex.axis] + c_dst * width[s_sys, ex.axis]
         hi_d = lo[s_sys, ex.axis] + (c_dst + 1) * width[s_sys, ex.axis]
         r_ax = reach[s_sys, ex.axis]
+        # Inclusive bounds, as the host plan's (halo.build_halo_plan): an atom on the bound is sent.
         sel = (sends & (l_ids[src] >= 0) & (pbc[s_sys, ex.axis] | (wr == 0))
                & (fa >= lo_d - r_ax) & (fa <= hi_d + r_ax))
         count = jnp.sum(sel.astype(jnp.int32))
