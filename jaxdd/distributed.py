@@ -28,12 +28,13 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from . import programs
 from ._checks import integral
 from .adapters import AdapterRegistry
 from .context import DDContext, dd_scope
 from .data import AtomicData, Batch, as_batch
 from .dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model, warn_fallbacks
-from .driver import _check_stress_cells, _default_order, _model_config, unpad_atoms
+from .driver import _check_stress_cells, _default_order, _model_config, bucketed_atoms, unpad_atoms
 from .graph_partition import STRATEGIES, block_capacity, block_neighbor_list, gathered_inputs, node_blocks
 from .halo import HaloLayout, HaloPlan, _headroom, build_halo_plan, build_rank_plans, halo_forward
 from .model import ModelOutputs
@@ -298,6 +299,7 @@ class DistributedModel:
         self._model = model
         self._halo_capacity = None
         self._halo_regrowths = 0  # halo capacity growths since the last recorded call
+        self._bucketed_capacity = {}  # bucketed halo capacity by exchange pattern, see _bucket_plan
         self._nl_capacity = None
         self._reports = _ReportSink()
         self._last_static = None
@@ -351,7 +353,8 @@ class DistributedModel:
         (:func:`~jaxdd.neighbors.capacity_bucket`), as calls of the model do."""
         cfg = self.config
         if self.strategy == "graph_partition":
-            return node_blocks(batch.batch_idx, batch.atom_mask, batch.pbc, cfg.n_ranks)
+            blocks = node_blocks(batch.batch_idx, batch.atom_mask, batch.pbc, cfg.n_ranks)
+            return _bucket_blocks(*blocks) if bucketed else blocks
         part = partition(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
                          cfg.n_ranks, grid=grid if grid is not None else cfg.grid)
         # With several processes each plans only the ranks on its own devices; they agree on
@@ -377,10 +380,16 @@ class DistributedModel:
         return part, plan
 
     def _bucket_plan(self, part: Partition, ranks, plan: HaloPlan) -> HaloPlan:
-        """``plan`` again with its owned rows and exchange slots rounded up to capacity buckets
-        (``plan`` itself when they already are), so that differently sized systems share programs."""
-        have = (plan.layout.n_owned, tuple(e.capacity for e in plan.layout.exchanges))
-        want = (capacity_bucket(have[0]), tuple(capacity_bucket(c) for c in have[1]))
+        """``plan`` again with its owned rows and exchange slots rounded up to capacity buckets,
+        and never below those of the last plan with the same exchanges (``plan`` itself when it
+        has them already), so that differently sized systems share programs."""
+        layout = plan.layout
+        have = (layout.n_owned, tuple(e.capacity for e in layout.exchanges))
+        shape = (layout.grid, tuple((e.axis, e.direction, e.hop, e.pairs) for e in layout.exchanges))
+        last = self._bucketed_capacity.get(shape, (0, (0,) * len(have[1])))
+        want = (max(last[0], capacity_bucket(have[0])),
+                tuple(max(a, capacity_bucket(c)) for a, c in zip(last[1], have[1])))
+        self._bucketed_capacity[shape] = want
         return plan if want == have else self._plan_ranks(part, ranks, want)
 
     def _plan_ranks(self, part: Partition, ranks, capacity) -> HaloPlan:
@@ -456,7 +465,7 @@ class DistributedModel:
         # owner's block, at its place among that owner's atoms in id order (the plan's order).
         # Rows up to the atom count's capacity bucket (cut off again on the host), so that the
         # program does not depend on the exact atom count.
-        gather = np.full(capacity_bucket(batch.n_atoms), part.n_ranks * n_owned)  # padding atoms → a zero row
+        gather = np.full(bucketed_atoms(batch), part.n_ranks * n_owned)  # padding atoms → a zero row
         real = np.flatnonzero(part.owner >= 0)
         by_owner = real[np.argsort(part.owner[real], kind="stable")]
         first = np.searchsorted(part.owner[by_owner], part.owner[by_owner])
@@ -561,6 +570,7 @@ class DistributedModel:
 
     def __call__(self, data: AtomicData | Batch, outputs: Iterable[str] | str | None = None) -> ModelOutputs:
         """Evaluate the model distributed; same keys, shapes and atom order as ``jaxdd.compute``."""
+        programs.check()  # a long-lived process: drop jaxdd's programs when its code mappings crowd
         batch, outputs, part, plan, inputs = self._prepare(data, outputs)
         recompiles = 0
         for _ in range(self.spec.compile.max_regrowths if self.spec.compile else 8):
@@ -594,6 +604,21 @@ class DistributedModel:
             recompiles=recompiles + self._halo_regrowths,
         )
         self._halo_regrowths = 0
+
+
+def _bucket_blocks(part: Partition, plan: HaloPlan) -> tuple[Partition, HaloPlan]:
+    """Node blocks with their rows padded (id -1) up to the capacity bucket of the block size."""
+    n, m = plan.layout.n_owned, capacity_bucket(plan.layout.n_owned)
+    if m == n:
+        return part, plan
+
+    def pad(x, fill):
+        return np.concatenate([x, np.full((x.shape[0], m - n) + x.shape[2:], fill, x.dtype)], axis=1)
+
+    routing = dataclasses.replace(plan.routing, row_ids=pad(plan.routing.row_ids, -1),
+                                  row_shifts=pad(plan.routing.row_shifts, 0))
+    return part, dataclasses.replace(plan, layout=dataclasses.replace(plan.layout, n_owned=m), routing=routing,
+                                     local_ids=pad(plan.local_ids, -1), local_shifts=pad(plan.local_shifts, 0))
 
 
 def _per_rank(plan: HaloPlan, values) -> np.ndarray:
@@ -781,6 +806,7 @@ def nl_needs(nl, axes) -> tuple[jax.Array, dict]:
     return jax.lax.pmax(nl.overflow.astype(jnp.int32), axes) > 0, needed
 
 
+@programs.track
 @eqx.filter_jit
 def _run(model, inputs, static: _Static):
     axes = tuple(static.mesh.axis_names)

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import programs
 from .data import AtomicData, Batch, as_batch
 from .model import BaseModel, ModelConfig, ModelOutputs
 from .neighbors import NeighborCapacity, build_neighbor_list, capacity_bucket, neighbor_capacity
@@ -123,6 +124,7 @@ def _select(out, outputs, model) -> ModelOutputs:
     return ModelOutputs({k: out[k] for k in outputs})
 
 
+@programs.track
 @eqx.filter_jit
 def _run(model, batch, outputs, capacity):
     nl = neighbor_list_for(model, batch, capacity) if capacity is not None else None
@@ -156,6 +158,7 @@ def compute(
     model.validate_input(batch)
     if "stress" in outputs:
         _check_stress_cells(batch)
+    programs.check()  # a long-lived process: drop jaxdd's programs when its code mappings crowd
     n_atoms = batch.n_atoms
     batch = pad_atoms(batch, bucketed_atoms(batch))
     nc = cfg.neighbor_config

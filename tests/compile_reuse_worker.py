@@ -1,12 +1,17 @@
 """Many differently sized structures through one process, without clearing any cache.
 
-Run by tests/test_compile_reuse.py in a fresh interpreter (``python tests/compile_reuse_worker.py
---structures N --paths compute,ase,dist``): Lennard-Jones argon (fcc supercells and jittered
-random cells, strained and sheared, 1 to ``--max-atoms`` atoms) is evaluated by
-``jaxdd.compute``, by ``jaxdd.ase.Calculator`` and by a ``DistributedModel`` on virtual CPU
-devices; every result is compared with ASE's own Lennard-Jones calculator. Prints one JSON
-object: per path the ``/proc/self/maps`` line count and the compilation count after each
-structure, the programs each jaxdd entry point holds, and the largest deviation from ASE.
+Run by tests/test_compile_reuse.py in a fresh interpreter::
+
+    python tests/compile_reuse_worker.py --structures N [--reps 2,2,2] [--paths compute,ase,dist]
+
+Lennard-Jones argon (cubic fcc supercells of 1 to ``--max-reps`` cells per axis, up to ``--vacancies`` of
+the atoms removed, strained and rattled; at most ``--max-atoms`` atoms) is evaluated by
+``jaxdd.compute`` (energy, forces, stress), by ``jaxdd.ase.Calculator`` (energy, forces) and
+by a ``DistributedModel`` on 4 virtual CPU devices (energy, forces, stress); every result is
+compared with ASE's own Lennard-Jones calculator. Prints one JSON object with, per path and
+per structure: the ``/proc/self/maps`` line count, the programs the path's jaxdd entry point
+compiled, and the bucket key of the call (what its compiled program depends on); plus the
+times jaxdd dropped its programs and the largest deviation from ASE.
 """
 
 from __future__ import annotations
@@ -18,11 +23,10 @@ import sys
 import warnings
 
 DEVICES = 4
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(DEVICES))
+os.environ["JAX_NUM_CPU_DEVICES"] = str(DEVICES)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
-import jax.monitoring  # noqa: E402
 import numpy as np  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
@@ -30,20 +34,13 @@ jax.config.update("jax_enable_x64", True)
 from ase import Atoms  # noqa: E402
 from ase.build import bulk  # noqa: E402
 from ase.calculators.lj import LennardJones as AseLJ  # noqa: E402
+from ase.stress import full_3x3_to_voigt_6_stress  # noqa: E402
 
 import jaxdd  # noqa: E402
+from jaxdd import distributed, driver, programs  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
 
 SIGMA, EPSILON, CUTOFF = 3.4, 0.0104, 8.5
-COMPILES = [0]
-
-
-def _count(event, duration, **_):
-    if event == "/jax/core/compile/backend_compile_duration":
-        COMPILES[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count)
 
 
 def maps() -> int:
@@ -51,98 +48,101 @@ def maps() -> int:
         return sum(1 for _ in f)
 
 
-def structures(n: int, max_atoms: int, min_atoms: int = 1, seed: int = 0) -> list[Atoms]:
-    """``n`` argon structures of ``min_atoms``..``max_atoms`` atoms in varying cells: strained
-    fcc supercells and jittered grids in random triclinic cells, at argon's density."""
+def structures(n: int, max_atoms: int, vacancies: float, reps=None, max_reps: int = 4, seed: int = 0) -> list[Atoms]:
+    """``n`` argon structures: cubic fcc supercells (``reps`` cells per axis, default random
+    1..``max_reps``), up to a fraction ``vacancies`` of the atoms removed, strained by up to 2 %
+    and rattled."""
     rng = np.random.default_rng(seed)
     out = []
     while len(out) < n:
-        if len(out) % 2 == 0:
-            reps = tuple(int(r) for r in rng.integers(1, 5, size=3))
-            if not min_atoms <= 4 * np.prod(reps) <= max_atoms:
-                continue
-            atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(reps)
-        else:
-            k = int(rng.integers(min_atoms, max_atoms + 1))
-            shape = np.maximum(1, np.round(np.cbrt(k) * rng.uniform(0.6, 1.5, 3))).astype(int)
-            while np.prod(shape) < k:
-                shape[np.argmin(shape)] += 1
-            grid = np.stack(np.meshgrid(*[np.arange(s) for s in shape], indexing="ij"), -1).reshape(-1, 3)
-            sites = grid[rng.permutation(len(grid))[:k]] + rng.uniform(-0.1, 0.1, (k, 3))
-            spacing = 3.76  # Å: argon's density, one atom per cube of this side
-            cell = np.diag(shape * spacing)
-            atoms = Atoms(f"Ar{k}", scaled_positions=(sites + 0.5) / shape, cell=cell, pbc=True)
-        shear = np.eye(3) + np.triu(rng.uniform(-0.15, 0.15, (3, 3)), 1) + np.diag(rng.uniform(-0.04, 0.04, 3))
-        atoms.set_cell(atoms.cell.array @ shear, scale_atoms=True)
+        r = tuple(int(x) for x in rng.integers(1, max_reps + 1, size=3)) if reps is None else reps
+        atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(r)
+        keep = len(atoms) - int(rng.integers(0, int(vacancies * len(atoms)) + 1))
+        if not 1 <= keep <= max_atoms:
+            continue
+        atoms = atoms[np.sort(rng.permutation(len(atoms))[:keep])]
+        atoms.set_cell(atoms.cell.array @ (np.eye(3) + rng.uniform(-0.02, 0.02, (3, 3))), scale_atoms=True)
         atoms.rattle(0.05, seed=int(rng.integers(1 << 30)))
         out.append(atoms)
     return out
 
 
-def reference(atoms: Atoms):
-    calc = AseLJ(sigma=SIGMA, epsilon=EPSILON, rc=CUTOFF, smooth=False)
-    return calc.get_potential_energy(atoms), calc.get_forces(atoms), calc.get_stress(atoms)
+def deviation(atoms: Atoms, energy, forces, stress=None) -> float:
+    """Largest difference from ASE's Lennard-Jones (energy relative, forces in eV/Å, stress in eV/Å³)."""
+    ref = AseLJ(sigma=SIGMA, epsilon=EPSILON, rc=CUTOFF, smooth=False)
+    e0 = ref.get_potential_energy(atoms)
+    dev = max(abs(energy - e0) / max(1.0, abs(e0)), float(np.max(np.abs(forces - ref.get_forces(atoms)))))
+    return dev if stress is None else max(dev, float(np.max(np.abs(stress - ref.get_stress(atoms)))))
 
 
-def deviation(got, ref) -> float:
-    e, f, s = got
-    e0, f0, s0 = ref
-    return max(abs(e - e0) / max(1.0, abs(e0)), float(np.max(np.abs(f - f0), initial=0.0)),
-               float(np.max(np.abs(s - s0))))
+def compute_key(data, capacity=None):
+    """What a ``jaxdd.compute`` program depends on here: the atom rows and the neighbour capacity."""
+    batch = jaxdd.as_batch(data)
+    batch = driver.pad_atoms(batch, driver.bucketed_atoms(batch))
+    if capacity is None:
+        capacity = jaxdd.neighbor_capacity(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
+                                           cutoff=CUTOFF, headroom=1.0).bucketed()
+    return hash((batch.n_atoms, capacity))
 
 
 def run(path: str, atoms_list, model) -> dict:
-    from ase.stress import full_3x3_to_voigt_6_stress
-
+    held = driver._run._cached._cache_size if path != "dist" else distributed._run._cached._cache_size
     if path == "dist":
-        mesh = jaxdd.distributed.default_mesh(jax.devices()[:DEVICES])
+        mesh = distributed.default_mesh(jax.devices()[:DEVICES])
         dist = jaxdd.DistributedModel(model, jaxdd.DomainConfig(CUTOFF, mesh=mesh))
     calc = jaxdd.ase.Calculator(model) if path == "ase" else None
-    record = dict(maps=[], compiles=[], worst=0.0)
+    record = dict(maps=[], new_programs=[], keys=[], releases=[], regrowths=[], worst=0.0)
     for atoms in atoms_list:
+        before, releases = held(), programs.releases
+        data = jaxdd.AtomicData.from_ase(atoms)
         if path == "ase":
             a = atoms.copy()
             a.calc = calc
-            got = a.get_potential_energy(), a.get_forces(), a.get_stress()
+            forces = a.get_forces()  # energy and forces in one evaluation
+            record["worst"] = max(record["worst"], deviation(atoms, a.get_potential_energy(), forces))
+            key = compute_key(data, calc._capacity)
         else:
-            data = jaxdd.AtomicData.from_ase(atoms)
             if path == "compute":
                 out = jaxdd.compute(model, data, ("energy", "forces", "stress"))
+                key = compute_key(data)
             else:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)  # small cells: every rank holds every atom
                     out = dist(data, ("energy", "forces", "stress"))
-            got = (float(out["energy"][0]), np.asarray(out["forces"]),
-                   full_3x3_to_voigt_6_stress(np.asarray(out["stress"][0])))
-            assert got[1].shape == (len(atoms), 3)
-        record["worst"] = max(record["worst"], deviation(got, reference(atoms)))
+                key = hash((distributed._key(dist._last_static), jaxdd.neighbors.capacity_bucket(len(atoms))))
+            forces = np.asarray(out["forces"])
+            assert forces.shape == (len(atoms), 3)
+            stress = full_3x3_to_voigt_6_stress(np.asarray(out["stress"][0]))
+            record["worst"] = max(record["worst"], deviation(atoms, float(out["energy"][0]), forces, stress))
+        dropped = programs.releases != releases
+        record["new_programs"].append(held() - (0 if dropped else before))
+        record["releases"].append(programs.releases)
+        record["regrowths"].append(dist.health.recompiles if path == "dist" else 0)
+        record["keys"].append(key)
         record["maps"].append(maps())
-        record["compiles"].append(COMPILES[0])
     return record
 
 
-def programs() -> dict:
-    from jaxdd import distributed, driver, neighbors
-
-    return dict(compute=driver._run._cached._cache_size(), dist=distributed._run._cached._cache_size(),
-                sizing=sum(f._cache_size() for f in (neighbors._range_stats, neighbors._candidate_stats,
-                                                     neighbors._pair_stats)))
-
-
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--structures", type=int, default=300)
     ap.add_argument("--max-atoms", type=int, default=200)
-    ap.add_argument("--min-atoms", type=int, default=1)
+    ap.add_argument("--vacancies", type=float, default=0.1, help="largest fraction of atoms removed")
+    ap.add_argument("--reps", default=None, help="cells per axis, e.g. 2,2,2 (default: random 1..max-reps)")
+    ap.add_argument("--max-reps", type=int, default=4)
     ap.add_argument("--paths", default="compute,ase,dist")
+    ap.add_argument("--map-fraction", type=float, default=None, help="jaxdd.programs.MAP_FRACTION to use")
     args = ap.parse_args(argv)
-    atoms_list = structures(args.structures, args.max_atoms, args.min_atoms)
+    if args.map_fraction is not None:
+        programs.MAP_FRACTION = args.map_fraction
+    reps = None if args.reps is None else tuple(int(r) for r in args.reps.split(","))
+    atoms_list = structures(args.structures, args.max_atoms, args.vacancies, reps, args.max_reps)
     model = LennardJones(sigma=SIGMA, epsilon=EPSILON, cutoff=CUTOFF, shift=True)
-    result = dict(start_maps=maps(), max_map_count=int(open("/proc/sys/vm/max_map_count").read()),
-                  sizes=[len(a) for a in atoms_list])
+    with open("/proc/sys/vm/max_map_count") as f:
+        result = dict(start_maps=maps(), max_map_count=int(f.read()), map_limit=programs.map_limit(),
+                      sizes=[len(a) for a in atoms_list])
     for path in args.paths.split(","):
         result[path] = run(path, atoms_list, model)
-    result["programs"] = programs()
     print(json.dumps(result))
 
 
