@@ -49,7 +49,6 @@ MODEL = LennardJones(1.0, 1.0, CUTOFF, shift=True)
 LATTICE = 1.6796  # fcc, the LJ melt's density
 N = 3  # fcc cells per axis of the base cube (108 atoms, L = 5.04 = 2 cutoffs)
 L = N * LATTICE
-TINY = (1e-17, 1e-300)
 
 
 # ------------------------------------------------------------------ geometries

@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jaxdd
 from jaxdd.data import wrap_positions
 from jaxdd.partition import partition
 from jaxdd.periodic import wrap_fractional
