@@ -23,7 +23,7 @@ from ase.stress import full_3x3_to_voigt_6_stress
 
 from .data import AtomicData, as_batch
 from .distributed import DistributedModel
-from .driver import compute
+from .driver import bucketed_atoms, compute, pad_atoms, program_capacity
 from .model import BaseModel, ModelConfig
 from .neighbors import neighbor_capacity
 from .spec import OutputKind
@@ -145,12 +145,12 @@ class Calculator(_AseCalculator):
             return compute(self.model, data, keys, capacity=self._capacity)
 
     def _size(self, data: AtomicData, nc):
+        # Sized on the atom rows compute runs with, and rounded up to capacity buckets, so
+        # that structures of similar size share one compiled program.
         b = as_batch(data)
-        cap = neighbor_capacity(b.positions, b.cell, b.pbc, b.batch_idx, b.atom_mask,
-                                cutoff=nc.search_cutoff, half=nc.half_list, headroom=_HEADROOM)
-        if nc.max_neighbors is not None:
-            cap = dataclasses.replace(cap, max_neighbors=max(cap.max_neighbors, nc.max_neighbors))
-        return cap
+        b = pad_atoms(b, bucketed_atoms(b))
+        return program_capacity(neighbor_capacity(b.positions, b.cell, b.pbc, b.batch_idx, b.atom_mask,
+                                                  cutoff=nc.search_cutoff, half=nc.half_list, headroom=_HEADROOM), nc)
 
     def _model_config(self) -> ModelConfig:
         return (self.model.model if self.distributed else self.model).model_config

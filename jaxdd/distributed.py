@@ -28,17 +28,18 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from . import programs
 from ._checks import integral
 from .adapters import AdapterRegistry
 from .context import DDContext, dd_scope
 from .data import AtomicData, Batch, as_batch
 from .dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model, warn_fallbacks
-from .driver import _check_stress_cells, _default_order, _model_config
+from .driver import _check_stress_cells, _default_order, _model_config, bucketed_atoms, unpad_atoms
 from .graph_partition import STRATEGIES, block_capacity, block_neighbor_list, gathered_inputs, node_blocks
 from .halo import HaloLayout, HaloPlan, _headroom, build_halo_plan, build_rank_plans, halo_forward
 from .model import ModelOutputs
-from .neighbors import (NEIGHBOR_BACKENDS, NeighborCapacity, NeighborListFormat, local_neighbor_list,
-                        neighbor_capacity)
+from .neighbors import (NEIGHBOR_BACKENDS, NeighborCapacity, NeighborListFormat, capacity_bucket,
+                        local_neighbor_list, neighbor_capacity)
 from .partition import Partition, partition
 from .segments import per_system_sum
 from .ops import GraphParallelPolicy, HaloRefreshPolicy, HaloStoragePolicy
@@ -298,6 +299,7 @@ class DistributedModel:
         self._model = model
         self._halo_capacity = None
         self._halo_regrowths = 0  # halo capacity growths since the last recorded call
+        self._bucketed_capacity = {}  # bucketed halo capacity by exchange pattern, see _bucket_plan
         self._nl_capacity = None
         self._reports = _ReportSink()
         self._last_static = None
@@ -322,14 +324,19 @@ class DistributedModel:
             return 0.0
         return self.policy.halo_layers * nc.search_cutoff if self.deep_halo else nc.search_cutoff
 
+    def ghost_width_covers(self, width: float | None, model=None) -> bool:
+        """Whether a plan built for a ghost shell of ``width`` Å (None: unknown) holds every
+        neighbour of ``model`` (default: the wrapped one)."""
+        return width is not None and self.needed_ghost_width(model) <= width + 1e-12
+
     def check_ghost_width(self, width: float, model=None, *, what: str = "the plan's ghost width") -> None:
         """Raise ValueError when a plan built for a ghost shell of ``width`` Å misses
         neighbours of ``model`` (default: the wrapped one), naming both numbers.
 
         Every path that reuses a plan (a restored checkpoint, a state of another run, a
         changed model) goes through this check before the plan is used."""
-        need = self.needed_ghost_width(model)
-        if need > width + 1e-12:
+        if not self.ghost_width_covers(width, model):
+            need = self.needed_ghost_width(model)
             name = type(self._model if model is None else model).__name__
             raise ValueError(
                 f"{what} is {width:.6g} Å but {name} reaches {need:.6g} Å (neighbour range cutoff + skin"
@@ -343,13 +350,16 @@ class DistributedModel:
 
     # ------------------------------------------------------------------ host side
 
-    def plan(self, batch: Batch, grid=None) -> tuple[Partition, HaloPlan]:
+    def plan(self, batch: Batch, grid=None, *, bucketed: bool = False) -> tuple[Partition, HaloPlan]:
         """Partition ``batch`` and plan its halo (growing the stored capacities if needed).
 
-        grid: the rank grid (default ``DomainConfig.grid``, else the least-surface one)."""
+        grid: the rank grid (default ``DomainConfig.grid``, else the least-surface one).
+        bucketed: round the owned rows and exchange slots up to capacity buckets
+        (:func:`~jaxdd.neighbors.capacity_bucket`), as calls of the model do."""
         cfg = self.config
         if self.strategy == "graph_partition":
-            return node_blocks(batch.batch_idx, batch.atom_mask, batch.pbc, cfg.n_ranks)
+            blocks = node_blocks(batch.batch_idx, batch.atom_mask, batch.pbc, cfg.n_ranks)
+            return _bucket_blocks(*blocks) if bucketed else blocks
         part = partition(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
                          cfg.n_ranks, grid=grid if grid is not None else cfg.grid)
         # With several processes each plans only the ranks on its own devices; they agree on
@@ -368,9 +378,24 @@ class DistributedModel:
                            for e, n in zip(plan.layout.exchanges, plan.needed_exchange)))
             plan = self._plan_ranks(part, ranks, grown)
             self._halo_regrowths += 1
+        if bucketed:
+            plan = self._bucket_plan(part, ranks, plan)
         self._halo_capacity = (plan.layout.n_owned, tuple(e.capacity for e in plan.layout.exchanges))
         self._check_degenerate(part, plan)
         return part, plan
+
+    def _bucket_plan(self, part: Partition, ranks, plan: HaloPlan) -> HaloPlan:
+        """``plan`` again with its owned rows and exchange slots rounded up to capacity buckets,
+        and never below those of the last plan with the same exchanges (``plan`` itself when it
+        has them already), so that differently sized systems share programs."""
+        layout = plan.layout
+        have = (layout.n_owned, tuple(e.capacity for e in layout.exchanges))
+        shape = (layout.grid, tuple((e.axis, e.direction, e.hop, e.pairs) for e in layout.exchanges))
+        last = self._bucketed_capacity.get(shape, (0, (0,) * len(have[1])))
+        want = (max(last[0], capacity_bucket(have[0])),
+                tuple(max(a, capacity_bucket(c)) for a, c in zip(last[1], have[1])))
+        self._bucketed_capacity[shape] = want
+        return plan if want == have else self._plan_ranks(part, ranks, want)
 
     def _plan_ranks(self, part: Partition, ranks, capacity) -> HaloPlan:
         """The plan of ``ranks`` (None: all) with ``capacity``; with several processes its
@@ -443,7 +468,9 @@ class DistributedModel:
         )
         # Where each global atom's owned row lands in the flattened [P * n_owned] outputs: its
         # owner's block, at its place among that owner's atoms in id order (the plan's order).
-        gather = np.full(batch.n_atoms, part.n_ranks * n_owned)  # padding atoms → a zero row
+        # Rows up to the atom count's capacity bucket (cut off again on the host), so that the
+        # program does not depend on the exact atom count.
+        gather = np.full(bucketed_atoms(batch), part.n_ranks * n_owned)  # padding atoms → a zero row
         real = np.flatnonzero(part.owner >= 0)
         by_owner = real[np.argsort(part.owner[real], kind="stable")]
         first = np.searchsorted(part.owner[by_owner], part.owner[by_owner])
@@ -511,11 +538,11 @@ class DistributedModel:
                 f"outputs {undeclared} have no OutputKind in the spec; DistributedModel needs one to lay them "
                 "out across ranks: spec.with_output_kinds(key=OutputKind.PER_NODE or PER_GRAPH or GLOBAL)"
             )
-        part, plan = self.plan(batch)
+        part, plan = self.plan(batch, bucketed=True)
         inputs = self._inputs(batch, part, plan)
         host_pos = inputs.pop("local_positions_host")
         if self._nl_capacity is None:
-            self._nl_capacity = self._size_neighbors({**inputs, "local_positions_host": host_pos})
+            self._nl_capacity = self._size_neighbors({**inputs, "local_positions_host": host_pos}).bucketed()
         return batch, outputs, part, plan, place_inputs(inputs, self.config.mesh, plan.ranks)
 
     def _static(self, batch, outputs, plan) -> _Static:
@@ -548,6 +575,7 @@ class DistributedModel:
 
     def __call__(self, data: AtomicData | Batch, outputs: Iterable[str] | str | None = None) -> ModelOutputs:
         """Evaluate the model distributed; same keys, shapes and atom order as ``jaxdd.compute``."""
+        programs.check()  # a long-lived process: drop jaxdd's programs when its code mappings crowd
         batch, outputs, part, plan, inputs = self._prepare(data, outputs)
         recompiles = 0
         for _ in range(self.spec.compile.max_regrowths if self.spec.compile else 8):
@@ -555,9 +583,9 @@ class DistributedModel:
             if not bool(overflow):
                 self._record_health(part, plan, recompiles)
                 self._warn_once()
-                return out
+                return unpad_atoms(out, batch.n_atoms, int(inputs["gather"].shape[0]), self.spec)
             recompiles += 1
-            self._nl_capacity = self._nl_capacity.grown(_stats(needed), self.config.capacity_factor)
+            self._nl_capacity = self._nl_capacity.grown(_stats(needed), self.config.capacity_factor).bucketed()
         raise RuntimeError(f"neighbour lists still overflowed after {recompiles} capacity increases")
 
     def _warn_once(self) -> None:
@@ -581,6 +609,21 @@ class DistributedModel:
             recompiles=recompiles + self._halo_regrowths,
         )
         self._halo_regrowths = 0
+
+
+def _bucket_blocks(part: Partition, plan: HaloPlan) -> tuple[Partition, HaloPlan]:
+    """Node blocks with their rows padded (id -1) up to the capacity bucket of the block size."""
+    n, m = plan.layout.n_owned, capacity_bucket(plan.layout.n_owned)
+    if m == n:
+        return part, plan
+
+    def pad(x, fill):
+        return np.concatenate([x, np.full((x.shape[0], m - n) + x.shape[2:], fill, x.dtype)], axis=1)
+
+    routing = dataclasses.replace(plan.routing, row_ids=pad(plan.routing.row_ids, -1),
+                                  row_shifts=pad(plan.routing.row_shifts, 0))
+    return part, dataclasses.replace(plan, layout=dataclasses.replace(plan.layout, n_owned=m), routing=routing,
+                                     local_ids=pad(plan.local_ids, -1), local_shifts=pad(plan.local_shifts, 0))
 
 
 def _per_rank(plan: HaloPlan, values) -> np.ndarray:
@@ -768,6 +811,7 @@ def nl_needs(nl, axes) -> tuple[jax.Array, dict]:
     return jax.lax.pmax(nl.overflow.astype(jnp.int32), axes) > 0, needed
 
 
+@programs.track
 @eqx.filter_jit
 def _run(model, inputs, static: _Static):
     axes = tuple(static.mesh.axis_names)

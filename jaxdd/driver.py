@@ -9,6 +9,11 @@ the wrapper, and derives the outputs listed in ``autograd_outputs`` itself:
   positions and the cell together: R' = R (I + ε), h' = h (I + ε).
 
 Overflowing capacities grow on the host and the call is retried; pairs are never dropped.
+
+Compiled programs are shared between systems of similar size: the atom rows are padded (on
+the host, masked) up to :func:`~jaxdd.neighbors.capacity_bucket` of the atom count, and the
+neighbour capacities ``compute`` sizes or grows are rounded up to buckets too, so a process
+evaluating many differently sized structures compiles one program per bucket, not per size.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import programs
 from .data import AtomicData, Batch, as_batch
 from .model import BaseModel, ModelConfig, ModelOutputs
-from .neighbors import NeighborCapacity, build_neighbor_list, neighbor_capacity
+from .neighbors import NeighborCapacity, NeighborListFormat, build_neighbor_list, capacity_bucket, neighbor_capacity
+from .spec import MLIPSpec, OutputKind
 
 __all__ = ["compute", "energy_and_derivatives", "neighbor_list_for"]
 
@@ -117,6 +124,7 @@ def _select(out, outputs, model) -> ModelOutputs:
     return ModelOutputs({k: out[k] for k in outputs})
 
 
+@programs.track
 @eqx.filter_jit
 def _run(model, batch, outputs, capacity):
     nl = neighbor_list_for(model, batch, capacity) if capacity is not None else None
@@ -150,20 +158,90 @@ def compute(
     model.validate_input(batch)
     if "stress" in outputs:
         _check_stress_cells(batch)
+    programs.check()  # a long-lived process: drop jaxdd's programs when its code mappings crowd
+    n_atoms = batch.n_atoms
+    batch = pad_atoms(batch, bucketed_atoms(batch))
     nc = cfg.neighbor_config
     if nc is not None and capacity is None:
-        capacity = neighbor_capacity(
+        capacity = program_capacity(neighbor_capacity(
             batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
             cutoff=nc.search_cutoff, half=nc.half_list, headroom=1.0,
-        )
-        if nc.max_neighbors is not None:
-            capacity = dataclasses.replace(capacity, max_neighbors=max(capacity.max_neighbors, nc.max_neighbors))
+        ), nc)
     for _ in range(max_rebuilds + 1):
         out, overflow, nl = _run(model, batch, outputs, capacity)
         if not bool(overflow):
-            return out
-        capacity = capacity.grown(nl.stats())
+            return unpad_atoms(out, n_atoms, batch.n_atoms, getattr(model, "distribution_spec", None))
+        capacity = program_capacity(capacity.grown(nl.stats()), nc)
     raise RuntimeError(f"neighbour list still overflowed after {max_rebuilds} rebuilds (capacity {capacity})")
+
+
+def program_capacity(capacity: NeighborCapacity, nc) -> NeighborCapacity:
+    """The neighbour capacity a program is compiled for: ``capacity`` rounded up to buckets
+    (:meth:`NeighborCapacity.bucketed`), with at least the model's ``max_neighbors`` slots. A COO
+    list has no neighbour slots, so there ``max_neighbors`` (unused) is not kept in the program's key."""
+    capacity = capacity.bucketed()
+    slots = capacity.max_neighbors if NeighborListFormat(nc.format) is NeighborListFormat.MATRIX else 1
+    return dataclasses.replace(capacity, max_neighbors=max(slots, nc.max_neighbors or 1))
+
+
+def bucketed_atoms(batch: Batch) -> int:
+    """The atom rows ``compute`` runs ``batch`` with: :func:`~jaxdd.neighbors.capacity_bucket`
+    of its atom count, or the count itself when the batch has as many systems as that (a
+    per-atom output could then not be told from a per-system one)."""
+    n = capacity_bucket(batch.n_atoms)
+    return batch.n_atoms if batch.n_systems >= n else n
+
+
+def pad_atoms(batch: Batch, n_atoms: int) -> Batch:
+    """``batch`` with padding atom rows appended up to ``n_atoms``, built on the host (no
+    program is compiled for it). Padding rows are as :meth:`Batch.pad` makes them: position 0,
+    atomic number 0, ``atom_mask`` False, ``batch_idx`` = n_systems, masses 1."""
+    v, s = batch.n_atoms, batch.n_systems
+    if n_atoms <= v:
+        return batch
+
+    def fit(x, fill):
+        if x is None:
+            return None
+        x = np.asarray(x)
+        return jax.device_put(np.concatenate([x, np.full((n_atoms - v,) + x.shape[1:], fill, x.dtype)]))
+
+    return Batch.unchecked(
+        positions=fit(batch.positions, 0), atomic_numbers=fit(batch.atomic_numbers, 0), cell=batch.cell,
+        pbc=batch.pbc, batch_idx=fit(batch.batch_idx, s), ptr=batch.ptr, atom_mask=fit(batch.atom_mask, False),
+        system_mask=batch.system_mask, charges=fit(batch.charges, 0), masses=fit(batch.masses, 1),
+        velocities=fit(batch.velocities, 0), neighbors=None,
+    )
+
+
+def unpad_atoms(out: ModelOutputs, n_atoms: int, n_padded: int, spec=None) -> ModelOutputs:
+    """Per-atom outputs of a run on ``n_padded`` rows cut back to the first ``n_atoms``, on the
+    host. An output is per-atom when ``spec`` (an MLIPSpec or None) declares it PER_NODE, or,
+    undeclared, when its leading axis has ``n_padded`` entries (``forces``, ``atomic_energies``)."""
+    if n_padded == n_atoms:
+        return out
+    kept = {}
+    for key, value in out.items():
+        kind = spec.kind_of(key) if isinstance(spec, MLIPSpec) else OutputKind.UNKNOWN
+        per_atom = kind is OutputKind.PER_NODE or (kind is OutputKind.UNKNOWN and getattr(value, "ndim", 0) >= 1
+                                                   and value.shape[0] == n_padded)
+        if per_atom:
+            value = _first_rows(value, n_atoms)
+        kept[key] = value
+    return ModelOutputs(kept)
+
+
+def _first_rows(value, n: int):
+    """The first ``n`` rows of an array, cut on the host and placed as the array was: on the same
+    devices if it was committed to them (a replicated output of several processes included),
+    else uncommitted, so that it combines with other arrays as the uncut one did."""
+    if not isinstance(value, jax.Array):
+        return value[:n]
+    local = value if value.is_fully_addressable else value.addressable_data(0)  # replicated: whole
+    host = np.asarray(local)[:n]
+    if not value.committed:
+        return jax.device_put(host)
+    return jax.make_array_from_callback(host.shape, value.sharding, lambda index: host[index])
 
 
 def _default_order(keys) -> tuple[str, ...]:

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import programs
 from ._checks import integral
 from .data import _is_concrete
 from .periodic import wrap_fractional
@@ -618,11 +619,13 @@ def local_neighbor_list(positions, batch_idx, atom_mask, *, n_systems: int, cuto
                      needed_candidates=zero, needed_range=jnp.zeros(3, jnp.int32), needed_bins=zero)
 
 
+@programs.track
 @jax.jit(static_argnames=("cutoff", "divisions", "table"))
 def _range_stats(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, table):
     return _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, table)["need"]
 
 
+@programs.track
 @jax.jit(static_argnames=("cutoff", "divisions", "table", "search_range", "n_receivers"))
 def _candidate_stats(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, table, search_range, n_receivers):
     g = _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, table)
@@ -631,6 +634,7 @@ def _candidate_stats(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisio
     return jnp.max(jnp.sum(count, axis=1), initial=0)
 
 
+@programs.track
 @jax.jit(static_argnames=("cutoff", "half", "capacity", "n_receivers"))
 def _pair_stats(positions, cell, pbc, batch_idx, atom_mask, cutoff, half, capacity, n_receivers):
     mask, _ = _candidates(
@@ -690,7 +694,7 @@ def neighbor_capacity(
     )
 
 
-_build_jit = jax.jit(build_neighbor_list, static_argnames=("cutoff", "capacity", "half", "format"))
+_build_jit = programs.track(jax.jit(build_neighbor_list, static_argnames=("cutoff", "capacity", "half", "format")))
 
 
 def neighbor_list(

@@ -4,6 +4,13 @@ import os
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The suite checks numbers, not speed, and spends most of its time compiling: XLA's CPU backend
+# compiles it without LLVM's optimisation passes (a third less time; no pass reassociates
+# floating point, so the numbers agree with an optimised build to rounding). Child processes
+# the tests start inherit the flag. JAXDD_TEST_XLA_OPTIMIZE=1 keeps XLA's default level.
+_flags = os.environ.get("XLA_FLAGS", "")
+if os.environ.get("JAXDD_TEST_XLA_OPTIMIZE", "0") != "1" and "xla_backend_optimization_level" not in _flags:
+    os.environ["XLA_FLAGS"] = (_flags + " --xla_backend_optimization_level=0").strip()
 
 import jax  # noqa: E402
 
@@ -32,3 +39,32 @@ def _release_compiled_programs():
     yield
     jax.clear_caches()
     gc.collect()
+
+
+def _mappings() -> int:
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+def _map_limit() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read()) // 3
+    except (OSError, ValueError):
+        return 1 << 62
+
+
+@pytest.fixture(autouse=True)
+def _bound_code_mappings():
+    """Within a module too: drop the compiled programs once the mappings pass a third of the limit.
+
+    A long module (the adversarial suite's slow set compiles a program per geometry, grid and
+    path) would otherwise reach ``vm.max_map_count`` on its own and XLA would crash mid-compile.
+    """
+    yield
+    if _mappings() > _map_limit():
+        jax.clear_caches()
+        gc.collect()

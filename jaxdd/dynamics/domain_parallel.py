@@ -374,7 +374,7 @@ class DomainParallel:
         narrower ghost shell (another run's state, a checkpoint, a model since changed) is
         planned again on the host, and its forces evaluated with this model."""
         dm = self.dist_model
-        if state.ghost_width is not None and dm.needed_ghost_width() <= state.ghost_width + 1e-12:
+        if dm.ghost_width_covers(state.ghost_width):
             return state
         self._rebuilds += 1
         return self._with_forces(self._rebuild_on_host(state))
