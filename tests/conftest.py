@@ -68,3 +68,11 @@ def _bound_code_mappings():
     if _mappings() > _map_limit():
         jax.clear_caches()
         gc.collect()
+
+
+def pytest_xdist_auto_num_workers(config):
+    """Workers for ``-n auto``: one per core, at most 4 (each holds 8 virtual devices and its
+    own compiled programs, up to ~3 GB); JAXDD_TEST_WORKERS sets the number."""
+    if os.environ.get("JAXDD_TEST_WORKERS"):
+        return int(os.environ["JAXDD_TEST_WORKERS"])
+    return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 4))
