@@ -70,6 +70,7 @@ def _bound_code_mappings():
         gc.collect()
 
 
+@pytest.hookimpl(optionalhook=True)  # without pytest-xdist (-p no:xdist) the hook is unknown
 def pytest_xdist_auto_num_workers(config):
     """Workers for ``-n auto``: one per core, at most 4 (each holds 8 virtual devices and its
     own compiled programs, up to ~3 GB); JAXDD_TEST_WORKERS sets the number."""
