@@ -54,6 +54,23 @@ def default_mesh(devices=None) -> Mesh:
     return Mesh(np.asarray(devices), ("dd",), axis_types=(AxisType.Auto,))
 
 
+def _mesh_for(grid) -> Mesh:
+    """The default mesh: every device, or the first prod(grid) of them for a grid that names
+    fewer ranks (one process only: with several, each must hold devices of the mesh)."""
+    devices = jax.devices()
+    if grid is None or math.prod(grid) == len(devices):
+        return default_mesh(devices)
+    n = math.prod(grid)
+    if n > len(devices):
+        raise ValueError(f"DomainConfig.grid {grid} has {n} ranks but there are only {len(devices)} devices; "
+                         "choose a grid whose product is at most the device count (or grid=None)")
+    if jax.process_count() > 1:
+        raise ValueError(f"DomainConfig.grid {grid} has {n} ranks but the {jax.process_count()} processes hold "
+                         f"{len(devices)} devices; with several processes the grid must use every device "
+                         "(or pass mesh=default_mesh(devices) naming them)")
+    return default_mesh(devices[:n])
+
+
 def _positive(name, value, *, allow_zero=False):
     ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
     ok = ok and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
@@ -74,10 +91,11 @@ class DomainConfig:
     """How a system is cut into spatial domains.
 
     cutoff: interaction range of the model (Å). mesh: the device mesh (default: all
-    devices, 1-D); any mesh shape works, ranks are its devices in row-major order.
-    skin: extra neighbour range (Å). ghost_width: ghost shell width (Å, default
-    cutoff + skin; never below the cutoff). grid: rank grid (Px, Py, Pz) whose product is the
-    device count (default: the one with the least halo surface). strategy: ``"halo"`` (spatial
+    devices, 1-D, or the first Px·Py·Pz of them when ``grid`` names fewer ranks); any mesh
+    shape works, ranks are its devices in row-major order. skin: extra neighbour range (Å).
+    ghost_width: ghost shell width (Å, default cutoff + skin; never below the cutoff).
+    grid: rank grid (Px, Py, Pz) whose product is the mesh's device count (default: the one
+    with the least halo surface). strategy: ``"halo"`` (spatial
     domains with a ghost shell) or ``"graph_partition"`` (contiguous node blocks, node
     features all-gathered per layer; see :mod:`jaxdd.graph_partition`); None (default):
     graph_partition when the spec's policy is :class:`~jaxdd.ops.GraphParallelPolicy`, else halo.
@@ -122,9 +140,9 @@ class DomainConfig:
             "migration_hysteresis", self.migration_hysteresis, allow_zero=True)
         if skin > 0 and hyst >= skin:
             raise ValueError(f"DomainConfig.migration_hysteresis = {hyst} must be below the skin {skin}")
-        mesh = default_mesh() if self.mesh is None else self.mesh
-        if not isinstance(mesh, Mesh):
-            raise ValueError(f"DomainConfig.mesh must be a jax.sharding.Mesh or None, got {mesh!r}")
+        if self.mesh is not None and not isinstance(self.mesh, Mesh):
+            raise ValueError(f"DomainConfig.mesh must be a jax.sharding.Mesh or None, got {self.mesh!r}")
+        grid = None
         if self.grid is not None:
             try:
                 grid = tuple(self.grid)
@@ -134,10 +152,13 @@ class DomainConfig:
                 raise ValueError(f"DomainConfig.grid must be 3 positive integers, got {self.grid!r}")
             grid = tuple(integral(f"DomainConfig.grid[{a}] (of grid={self.grid!r})", g, minimum=1)
                          for a, g in enumerate(grid))
+        mesh = self.mesh if self.mesh is not None else _mesh_for(grid)
+        if grid is not None:
             if math.prod(grid) != mesh.size:
                 raise ValueError(
                     f"DomainConfig.grid {grid} has {math.prod(grid)} ranks but the mesh has {mesh.size} devices; "
-                    "choose a grid whose product is the device count (or grid=None)"
+                    "choose a grid whose product is the mesh's device count, or leave mesh=None: the first "
+                    "Px*Py*Pz devices are then used"
                 )
             object.__setattr__(self, "grid", grid)
         object.__setattr__(self, "cutoff", cutoff)
@@ -174,6 +195,8 @@ class PartitionHealth:
     grid: rank grid. owned, ghost: [P] owned rows and ghost rows (periodic images counted
     each) per rank. remote: [P] atoms of which a rank holds no row at all. capacities: owned rows, ghost rows, neighbour-list edges.
     recompiles: compilations caused by capacity growth (halo or neighbour list) in the last call.
+    devices: devices the ranks run on, of ``devices_present`` that JAX sees (fewer when the
+    grid names fewer ranks than there are devices).
     """
 
     grid: tuple[int, int, int]
@@ -184,10 +207,14 @@ class PartitionHealth:
     ghost_capacity: int
     edge_capacity: int
     recompiles: int
+    devices: int | None = None
+    devices_present: int | None = None
 
     def __str__(self) -> str:
         rows = [f"grid {self.grid}: owned/ghost/remote atoms per rank (capacities {self.owned_capacity}/"
                 f"{self.ghost_capacity} rows, {self.edge_capacity} edges); recompiles {self.recompiles}"]
+        if self.devices is not None and self.devices_present is not None and self.devices < self.devices_present:
+            rows.append(f"  runs on {self.devices} of the {self.devices_present} devices (the first {self.devices})")
         for r, (o, g, m) in enumerate(zip(self.owned, self.ghost, self.remote)):
             rows.append(f"  rank {r}: {o} / {g} / {m}")
         return "\n".join(rows)
@@ -607,6 +634,8 @@ class DistributedModel:
             ghost_capacity=plan.layout.n_ghost,
             edge_capacity=self._nl_capacity.max_edges,
             recompiles=recompiles + self._halo_regrowths,
+            devices=self.config.n_ranks,
+            devices_present=jax.device_count(),
         )
         self._halo_regrowths = 0
 

@@ -249,10 +249,14 @@ def _default_order(keys) -> tuple[str, ...]:
     return tuple(first + sorted(set(keys) - set(first)))
 
 
-def _check_stress_cells(batch: Batch) -> None:
+def systems_without_volume(batch: Batch) -> np.ndarray:
+    """Indices of the real systems of ``batch`` whose cell has zero volume (no stress there)."""
     volume = np.abs(np.linalg.det(np.asarray(batch.cell)))
-    real = np.asarray(batch.system_mask)
-    flat = np.flatnonzero(real & ~(volume > 0))
+    return np.flatnonzero(np.asarray(batch.system_mask) & ~(volume > 0))
+
+
+def _check_stress_cells(batch: Batch) -> None:
+    flat = systems_without_volume(batch)
     if flat.size:
         raise ValueError(
             f"stress needs a cell of non-zero volume, but system(s) {flat[:8].tolist()} have a degenerate cell; "

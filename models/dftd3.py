@@ -8,7 +8,8 @@ damping). The expressions and the conventions below are those of simple-dftd3 (t
 
 Everything is evaluated in atomic units (bohr, hartree) and converted at the boundary:
 positions and cells in Å, energies in eV, forces in eV/Å, stress in eV/Å³, with the CODATA
-2018 constants simple-dftd3 uses (:data:`BOHR` Å per bohr, :data:`HARTREE` eV per hartree).
+2018 constants simple-dftd3 uses (:data:`BOHR` Å per bohr, :data:`HARTREE` eV per hartree, from
+:mod:`jaxdd.constants`).
 
 For atoms A, B at distance r (bohr):
 
@@ -61,6 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdd._checks import integral
+from jaxdd.constants import BOHR, HARTREE
 from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import NeighborListFormat, edge_vectors
 from jaxdd.segments import per_system_sum
@@ -69,9 +71,6 @@ from .species import neighbor_inputs
 
 __all__ = ["DFTD3", "FUNCTIONALS", "BOHR", "HARTREE", "MAX_ELEMENT", "reference_tables"]
 
-#: Å per bohr and eV per hartree, CODATA 2018 (the values of mctc-lib, used by simple-dftd3).
-BOHR = 0.529177210903
-HARTREE = 27.211386245988
 
 #: The tables cover H (1) to Pu (94).
 MAX_ELEMENT = 94

@@ -10,8 +10,9 @@ For charges q_i (e) at positions r_i (Å) in a periodic cell of volume V (Å³)
     E_self  = -k α / √π Σ_i q_i²
     E_background = -π k Q² / (2 V α²),   Q = Σ_i q_i
 
-with k = 14.399645 eV Å / e² (:data:`COULOMB`). Energies are in eV, forces in eV/Å, stress
-in eV/Å³ (forces and stress are the framework's derivatives of the energy).
+with k = 14.3996454784 eV Å / e² (:data:`COULOMB`, CODATA 2018, from :mod:`jaxdd.constants`).
+Energies are in eV, forces in eV/Å, stress in eV/Å³ (forces and stress are the framework's
+derivatives of the energy).
 
 Accuracy: one parameter ``accuracy`` (ε) sets both truncations. The splitting parameter is
 α = √(-ln ε) / r_c (Å⁻¹), so erfc(α r_c) ≈ ε, and the reciprocal cutoff is
@@ -42,13 +43,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdd._checks import integral
+from jaxdd.constants import COULOMB
 from jaxdd.model import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.neighbors import edge_vectors
 from jaxdd.segments import per_system_sum
 
 __all__ = ["Ewald", "COULOMB", "ewald_parameters", "HostSizes"]
 
-COULOMB = 14.399645  # eV Å / e²
 
 
 def ewald_parameters(cutoff: float, accuracy: float) -> tuple[float, float]:

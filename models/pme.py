@@ -1,9 +1,9 @@
 """Smooth particle-mesh Ewald (Essmann et al., J. Chem. Phys. 103, 8577 (1995)).
 
 The energy has the terms of :mod:`jaxdd.models.ewald` (same units: e, Å, eV; Coulomb
-constant k = 14.399645 eV Å / e²); only the reciprocal sum is approximated. Charges are
-spread onto a periodic K1 × K2 × K3 mesh with cardinal B-splines of order p (default 6,
-even, >= 4), Fourier transformed, and
+constant k = 14.3996454784 eV Å / e², :data:`jaxdd.constants.COULOMB`); only the reciprocal sum
+is approximated. Charges are spread onto a periodic K1 × K2 × K3 mesh with cardinal B-splines
+of order p (default 6, even, >= 4), Fourier transformed, and
 
     E_recip = k / (2π V) Σ_{m ≠ 0} exp(-π² |m|² / α²) / |m|² · B(m) |F(Q)(m)|²
 

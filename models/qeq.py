@@ -12,11 +12,12 @@ the batch has none). The energy is
 
     E = Σ_i [ε(h_i) + χ_i q_i + ½ J_i q_i²] + ½ Σ_{i≠j, r<r_c} k q_i q_j erf(r/σ) / r · f_c(r)
 
-with k = 14.3996 eV Å / e² and a cosine envelope f_c. The per-molecule sums go through
-:func:`jaxdd.models.qeq_helpers.mol_sum`, a helper that assumes contiguous molecules; the
-spec declares a :class:`~jaxdd.PythonAdapter` that swaps it for :func:`distributed_mol_sum`
-under decomposition. Outputs: ``energy`` [S] eV, ``atomic_energies`` [V] eV, ``charges`` [V] e
-(per node), ``forces`` [V, 3] eV/Å and ``stress`` [S, 3, 3] eV/Å³ from autodiff.
+with k = 14.3996454784 eV Å / e² (CODATA 2018, :data:`jaxdd.constants.COULOMB`) and a cosine
+envelope f_c. The per-molecule sums go through :func:`jaxdd.models.qeq_helpers.mol_sum`, a
+helper that assumes contiguous molecules; the spec declares a :class:`~jaxdd.PythonAdapter`
+that swaps it for :func:`distributed_mol_sum` under decomposition. Outputs: ``energy`` [S] eV,
+``atomic_energies`` [V] eV, ``charges`` [V] e (per node), ``forces`` [V, 3] eV/Å and ``stress``
+[S, 3, 3] eV/Å³ from autodiff.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdd.constants import COULOMB
 from jaxdd.model import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.neighbors import edge_vectors
 
@@ -39,7 +41,6 @@ def _normal(key, shape, dtype):
 
 __all__ = ["ChargeEquilibration", "distributed_mol_sum", "COULOMB"]
 
-COULOMB = 14.399645  # eV Å / e²
 
 
 def distributed_mol_sum(values, mol_idx, n_molecules):

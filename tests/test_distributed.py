@@ -348,9 +348,24 @@ def test_ghost_width_below_the_cutoff_is_refused_naming_ghost_width():
         DomainConfig(cutoff=CUTOFF, ghost_width=2.0, mesh=mesh_of(1))
 
 
-def test_grid_with_a_rank_count_other_than_the_device_count_is_refused():
-    with pytest.raises(ValueError, match="grid"):
+def test_grid_with_a_rank_count_other_than_the_device_count_of_a_given_mesh_is_refused():
+    with pytest.raises(ValueError, match=r"grid \(2, 1, 1\) has 2 ranks but the mesh has 4 devices.*mesh=None"):
         DomainConfig(cutoff=CUTOFF, mesh=mesh_of(4), grid=(2, 1, 1))
+
+
+def test_a_grid_smaller_than_the_machine_runs_on_the_first_devices_and_equals_compute():
+    config = DomainConfig(cutoff=CUTOFF, grid=(2, 1, 1))  # no mesh, 8 devices present
+    assert list(config.mesh.devices.flat) == jax.devices()[:2]
+    model = DistributedModel(LJ, config)
+    assert_matches(as_numpy(model(data("fcc-cube", "small"), KEYS)), reference("fcc-cube", "small"))
+    assert (model.health.devices, model.health.devices_present) == (2, len(jax.devices()))
+    assert f"runs on 2 of the {len(jax.devices())} devices" in str(model.health)
+
+
+def test_a_grid_larger_than_the_machine_is_refused_naming_the_device_count():
+    n = len(jax.devices())
+    with pytest.raises(ValueError, match=f"grid \\(4, 2, 2\\) has 16 ranks but there are only {n} devices"):
+        DomainConfig(cutoff=CUTOFF, grid=(4, 2, 2))
 
 
 @pytest.mark.parametrize("grid, bad", [((2.5, 2, 1), r"grid\[0\].* got 2.5"), ((2, 1, True), r"grid\[2\].* got True")])

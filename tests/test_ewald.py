@@ -1,7 +1,8 @@
 """Specification of Ewald electrostatics (``jaxdd.models.ewald.Ewald``).
 
 Physics against outside references: Madelung constants of NaCl, CsCl and zincblende (per
-nearest-neighbour distance, unit charges) to 1e-8, and pymatgen's ``EwaldSummation`` on
+nearest-neighbour distance, unit charges) to 1e-8, Madelung energies at accuracy 1e-12 against
+the CODATA 2018 Coulomb constant to 1e-10, and pymatgen's ``EwaldSummation`` on
 rattled triclinic cells, neutral and charged (uniform background). Under decomposition the
 outputs equal ``jaxdd.compute``: energy to 1e-10 relative, forces and stress to 1e-9 absolute.
 
@@ -16,6 +17,7 @@ import math
 import warnings
 
 import ase.build
+import ase.units
 import jax
 from jax.test_util import check_grads
 import jax.numpy as jnp
@@ -139,6 +141,22 @@ def test_madelung_constant_to_1e_8(name):
     assert madelung_of(energy, name) == pytest.approx(MADELUNG[name][2], rel=1e-8)
 
 
+@pytest.mark.parametrize("name", list(MADELUNG))
+def test_madelung_energy_at_accuracy_1e_12_is_that_of_the_codata_2018_coulomb_constant_to_1e_10(name):
+    # E = -M k / r0 for the two-ion cell; k = e / (4π ε0 Å) from ASE's CODATA 2018 units (an
+    # outside value): a constant written to fewer digits is off by ~3e-8 here.
+    units = ase.units.create_units("2018")
+    k = units["_e"] / (4 * math.pi * units["_eps0"] * 1e-10)
+    _, r0, madelung = MADELUNG[name]
+    assert precise_crystal_energies()[list(MADELUNG).index(name)] == pytest.approx(-madelung * k / r0, rel=1e-10)
+
+
+@functools.cache
+def precise_crystal_energies() -> np.ndarray:
+    batch = Batch.from_data_list([crystal(name) for name in MADELUNG])
+    return np.asarray(jaxdd.compute(Ewald(CUTOFF, accuracy=1e-12), batch, ("energy",))["energy"])
+
+
 def test_forces_vanish_on_the_sites_of_perfect_crystals():
     for name in MADELUNG:
         np.testing.assert_allclose(ewald_outputs()["forces"][rows_of(name)], 0.0, atol=1e-10)
@@ -147,7 +165,8 @@ def test_forces_vanish_on_the_sites_of_perfect_crystals():
 @pytest.mark.parametrize("name", list(SYSTEMS))
 def test_energy_and_forces_match_pymatgen_ewald_summation(name):
     energy, forces = pymatgen_reference(SYSTEMS[name]())
-    # pymatgen's Coulomb constant is 14.39964548 eV Å / e², ours 14.399645: 3e-8 apart.
+    # pymatgen's Coulomb constant (14.39964548 eV Å / e²) is 1e-10 from ours; the tolerance is
+    # that of the Ewald accuracy 1e-8.
     assert ewald_outputs()["energy"][index_of(name)] == pytest.approx(energy, rel=1e-7)
     np.testing.assert_allclose(ewald_outputs()["forces"][rows_of(name)], forces, rtol=0, atol=1e-6)
 

@@ -153,6 +153,25 @@ def test_child_process_needs_an_importable_factory():
         trace_and_validate(lambda: make_mpnn(), SYSTEM, world_size=2, devices="subprocess")
 
 
+def test_the_guides_device_spelling_runs_the_ranks_on_that_platforms_devices():
+    report = trace_and_validate(make_mpnn, SYSTEM, world_size=2, device="cpu:0", atol=1e-9, rtol=1e-10)
+    assert report.ok, report.summary()
+    assert report.devices == "2 cpu device(s) in this process"
+
+
+@pytest.mark.parametrize("device", ["cuda:0", "gpu"])
+def test_the_guides_cuda_device_without_gpus_is_refused_showing_the_jaxdd_form(device):
+    if jax.devices()[0].platform == "gpu":
+        pytest.skip("this process has GPUs")
+    with pytest.raises(ValueError, match=f"device='{device}' asks for world_size=2 ranks.*devices='subprocess'"):
+        trace_and_validate(make_mpnn, SYSTEM, world_size=2, device=device)
+
+
+def test_a_device_that_names_no_platform_is_refused_naming_the_jaxdd_form():
+    with pytest.raises(ValueError, match="device must be like 'cuda:0'.*got 'cuda0'.*devices='auto'"):
+        trace_and_validate(make_mpnn, SYSTEM, world_size=2, device="cuda0")
+
+
 def test_a_factory_that_returns_no_model_is_refused_naming_it():
     with pytest.raises(ModelFactoryError, match="model factory .*returned 42 .*not a model wrapper"):
         trace_and_validate(lambda: 42, SYSTEM)

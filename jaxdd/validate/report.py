@@ -89,7 +89,9 @@ class TraceReport:
     """ok: the distributed model matches. spec: the working spec (the closest one on failure).
     attempts: every spec tried, in order. next_action: one line starting ``OK —`` or ``FAIL —``.
     fix_applied: the auto-fix rule that made it pass, or None. devices: where the sharded runs
-    happened (e.g. "8 virtual CPU devices in a child process")."""
+    happened (e.g. "8 virtual CPU devices in a child process"). left_out: outputs of the model
+    not compared because the sample's systems cannot have them, each with the reason (stress
+    of systems without a cell)."""
 
     ok: bool
     spec: MLIPSpec
@@ -98,9 +100,11 @@ class TraceReport:
     fix_applied: str | None = None
     devices: str = ""
     reference_counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    left_out: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def summary(self) -> str:
         rows = [self.next_action, f"sharded runs: {self.devices}"]
+        rows += [f"not compared: {k} ({why})" for k, why in self.left_out.items()]
         rows += ["  " + a.line() for a in self.attempts]
         last = self.attempts[-1] if self.attempts else None
         if last is not None:
@@ -117,4 +121,5 @@ class TraceReport:
     def to_dict(self) -> dict:
         return {"ok": self.ok, "next_action": self.next_action, "fix_applied": self.fix_applied,
                 "devices": self.devices, "spec": self.spec.to_dict(), "reference_counts": dict(self.reference_counts),
+                "left_out": dict(self.left_out),
                 "attempts": [a.to_dict() for a in self.attempts]}

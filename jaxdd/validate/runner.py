@@ -21,7 +21,7 @@ from .._checks import integral
 from ..adapters import reference_of, resolve_reference
 from ..data import Batch, as_batch
 from ..dispatch import DispatchReport, DispatchWarning, Runtime, call_model
-from ..driver import _default_order, _model_config, compute
+from ..driver import _default_order, _model_config, compute, systems_without_volume
 from ..neighbors import neighbor_list
 from ..ops import HaloStoragePolicy, SpecError
 from ..spec import SPEC_MPNN_HALO, MLIPSpec, OutputKind
@@ -60,6 +60,7 @@ def trace_and_validate(
     *,
     world_size: int = 2,
     devices="auto",
+    device: str | None = None,
     atol: float = 1e-5,
     rtol: float = 1e-4,
     auto_fix: bool = True,
@@ -75,6 +76,10 @@ def trace_and_validate(
     (needed when the sharded runs happen in a child process). sample_batch: AtomicData or Batch.
     devices: "auto" (this process's devices when there are ``world_size`` of them, else
     ``world_size`` virtual CPU devices in a child process), "subprocess", or a list of devices.
+    device: the PyTorch guide's spelling, ``"cuda:0"``, ``"gpu:1"``, ``"cpu"`` (instead of
+    ``devices``): ``world_size`` devices of that platform from that index; JAX runs one rank per
+    device, so a GPU platform needs ``world_size`` GPUs, and ``"cpu"`` without enough CPU devices
+    runs virtual ones in a child process.
     atol, rtol: an output passes when its partition-invariant difference is within either.
     outputs: keys to compare (default: the model's active outputs). watch: module names whose
     functions are watched for undeclared per-system reductions (default: the modules the
@@ -86,14 +91,29 @@ def trace_and_validate(
     factory, factory_ref = _resolve_factory(model_factory)
     world_size = integral("world_size", world_size, minimum=1)
     max_fix_attempts = integral("max_fix_attempts", max_fix_attempts, minimum=0)
+    if device is not None:
+        if not (isinstance(devices, str) and devices == "auto"):
+            raise ValueError(f"pass devices or device, not both (got devices={devices!r}, device={device!r})")
+        devices = _devices_for(device, world_size)
     model = _build_model(factory, factory_ref or repr(model_factory))
     cfg = _model_config(model)
     batch = as_batch(sample_batch)
-    outputs = cfg.check_outputs(_default_order(cfg.active_outputs) if outputs is None else outputs)
+    left_out = {}
+    if outputs is None:
+        # The model's outputs, less those the sample's systems cannot have (said in the report).
+        outputs = cfg.check_outputs(_default_order(cfg.active_outputs))
+        flat = systems_without_volume(batch) if "stress" in outputs else ()
+        if len(flat):
+            outputs = tuple(k for k in outputs if k != "stress")
+            left_out["stress"] = (f"system(s) {np.asarray(flat)[:8].tolist()}{' ...' if len(flat) > 8 else ''} "
+                                  "have no cell of non-zero volume")
+    else:
+        outputs = cfg.check_outputs(outputs)
     say = progress or (lambda line: None)
 
     if spec is not None and not isinstance(spec, MLIPSpec):
         raise ValueError(f"spec must be an MLIPSpec or None, got {spec!r}")
+    run, where = _runner(model, factory_ref, batch, outputs, world_size, devices)  # bad devices: before any run
     given = spec is not None
     spec = spec if given else model.distribution_spec
     try:
@@ -108,7 +128,6 @@ def trace_and_validate(
     watch = watched_modules(model) if watch is None else tuple(watch)
     calls = _record_helpers(model, batch, watch)
     ref_counts = _single_device_counts(model, batch)
-    run, where = _runner(model, factory_ref, batch, outputs, world_size, devices)
 
     rationale = ("the given spec" if given else "the model's distribution_spec" if spec is not None
                  else "default halo spec (SPEC_MPNN_HALO)")
@@ -142,7 +161,7 @@ def trace_and_validate(
     passed = [a for a in attempts if a.passed]
     best = passed[0] if passed else min(attempts, key=lambda a: (a.error is not None, a.max_rel_diff))
     report = TraceReport(ok=bool(passed), spec=best.spec, attempts=attempts, next_action="", fix_applied=fix,
-                         devices=where, reference_counts=ref_counts)
+                         devices=where, reference_counts=ref_counts, left_out=left_out)
     report.next_action = _next_action(report, world_size)
     return report
 
@@ -219,6 +238,35 @@ def _single_device_counts(model, batch: Batch) -> dict[str, int]:
 
 
 # --------------------------------------------------------------------------- sharded runs
+
+
+_PLATFORMS = {"cuda": "gpu", "rocm": "gpu", "gpu": "gpu", "cpu": "cpu", "tpu": "tpu"}
+
+
+def _devices_for(device: str, world_size: int):
+    """The ``devices`` of :func:`trace_and_validate` for a ``device`` string as the PyTorch guide
+    writes it (``"cuda:0"``, ``"gpu"``, ``"cpu:0"``): ``world_size`` devices of that platform,
+    from that index; ``"subprocess"`` for CPU when this process has too few CPU devices."""
+    name, _, index = str(device).partition(":")
+    platform = _PLATFORMS.get(name.strip().lower())
+    if platform is None or (index and not index.strip().isdigit()):
+        raise ValueError(f"device must be like 'cuda:0', 'gpu', 'cpu' or 'tpu:0', got {device!r}; the jaxdd form is "
+                         "devices='auto', devices='subprocess' or devices=[jax devices]")
+    start = int(index) if index else 0
+    try:
+        present = jax.devices(platform)
+    except RuntimeError:
+        present = []
+    chosen = present[start:start + world_size]
+    if len(chosen) == world_size:
+        return chosen
+    if platform == "cpu":
+        return "subprocess"  # virtual CPU ranks in a child process, as devices="auto" does
+    raise ValueError(
+        f"device={device!r} asks for world_size={world_size} ranks from {platform} device {start}, but this process has "
+        f"{len(present)} {platform} device(s): JAX runs one rank per device (it has no virtual ranks on one GPU). "
+        f"On a machine with {world_size} of them pass devices=jax.devices('{platform}')[:{world_size}]; to validate "
+        "without them, devices='subprocess' runs the ranks on virtual CPU devices")
 
 
 def _runner(model, factory_ref, batch, outputs, world_size, devices):
