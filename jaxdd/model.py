@@ -15,6 +15,7 @@ by the framework from its ``energy``; the wrapper itself must not take gradients
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import numbers
 import operator
@@ -203,14 +204,28 @@ class ModelOutputs(Mapping):
         return cls(zip(keys, values))
 
 
+def _takes_one_positional(sig: inspect.Signature) -> bool:
+    """Whether a bound ``forward`` takes exactly one positional argument (the guide's ``data``)."""
+    params = list(sig.parameters.values())
+    return (len(params) == 1 and params[0].default is inspect.Parameter.empty
+            and params[0].kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+
+
+def _as_outputs(raw) -> "ModelOutputs":
+    return raw if isinstance(raw, ModelOutputs) else ModelOutputs(raw)
+
+
 class BaseModel:
     """Mixin for model wrappers.
 
     A subclass provides ``model_config`` (a :class:`ModelConfig`), ``adapt_input`` (Batch →
     keyword arguments of the inner model) and either an inner callable ``model`` or its own
     ``forward(**inputs)``. ``adapt_output`` turns the inner model's return into
-    :class:`ModelOutputs`. Optional hooks: ``validate_input`` (host-side checks of a Batch
-    before anything is traced), ``distribution_spec`` and ``distributed_setup``.
+    :class:`ModelOutputs`. The PyTorch guide's ``forward(self, data)``, which calls
+    ``adapt_input`` and ``adapt_output`` itself, works too: when ``forward`` takes one positional
+    argument and not the keywords ``adapt_input`` returns, it is called with the batch.
+    Optional hooks: ``validate_input`` (host-side checks of a Batch before anything is
+    traced), ``distribution_spec`` and ``distributed_setup``.
     """
 
     model_config: ModelConfig
@@ -230,7 +245,23 @@ class BaseModel:
         return raw if isinstance(raw, ModelOutputs) else ModelOutputs(raw)
 
     def __call__(self, data, **kwargs) -> ModelOutputs:
-        return self.adapt_output(self.forward(**self.adapt_input(data, **kwargs)), data)
+        sig = inspect.signature(self.forward)
+        takes_data = _takes_one_positional(sig)
+        if takes_data and not kwargs and type(self).adapt_input is BaseModel.adapt_input:
+            return _as_outputs(self.forward(data))  # the guide's forward(self, data), no adapt_input
+        inputs = self.adapt_input(data, **kwargs)
+        try:
+            sig.bind(**inputs)
+        except TypeError as exc:
+            if takes_data and not kwargs:
+                # The PyTorch guide's form: forward(self, data) adapts the input and the output itself.
+                return _as_outputs(self.forward(data))
+            raise TypeError(
+                f"{type(self).__name__}.forward{sig} cannot take the inputs adapt_input returns "
+                f"({sorted(inputs)}): {exc}. Write forward(self, **inputs) (or with those keyword names), or "
+                "forward(self, data) as the PyTorch guide does, calling adapt_input and adapt_output itself"
+            ) from None
+        return self.adapt_output(self.forward(**inputs), data)
 
     def validate_input(self, data) -> None:
         """Host-side checks of a concrete Batch; raise ValueError naming the atom or field."""

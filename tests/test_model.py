@@ -213,6 +213,71 @@ def test_a_wrapper_with_an_inner_model_and_adapt_input_works_through_call():
     assert out["energy"] == 6.0
 
 
+class GuideForm(BaseModel):
+    """A wrapper as the PyTorch guide writes it: forward(self, data) adapts input and output."""
+
+    model_config = ModelConfig(outputs=frozenset({"energy"}))
+
+    def __init__(self):
+        self.model = lambda x, y: {"energy": x * y}
+        self.adapted = 0
+
+    def adapt_input(self, data, **kwargs):
+        return {"x": data["a"], "y": data["b"]}
+
+    def adapt_output(self, raw, data):
+        self.adapted += 1
+        return dict(raw)
+
+    def forward(self, data):
+        return self.adapt_output(self.model(**self.adapt_input(data)), data)
+
+
+def test_the_guides_forward_of_data_is_called_with_the_batch_and_adapts_the_output_once():
+    model = GuideForm()
+    out = model({"a": 2.0, "b": 3.0})
+    assert isinstance(out, ModelOutputs) and out["energy"] == 6.0
+    assert model.adapted == 1
+
+
+def test_the_guides_forward_of_data_works_without_an_adapt_input():
+    class NoAdapter(BaseModel):
+        model_config = ModelConfig(outputs=frozenset({"energy"}))
+
+        def forward(self, data):
+            return {"energy": data["a"] + 1.0}
+
+    assert NoAdapter()({"a": 2.0})["energy"] == 3.0
+
+
+def test_a_forward_of_one_input_named_as_adapt_input_returns_it_takes_it_by_keyword():
+    class OneInput(BaseModel):
+        model_config = ModelConfig(outputs=frozenset({"energy"}))
+
+        def adapt_input(self, data, **kwargs):
+            return {"x": data["a"] * 10.0}
+
+        def forward(self, x):
+            return {"energy": x}
+
+    assert OneInput()({"a": 2.0})["energy"] == 20.0
+
+
+def test_a_forward_that_cannot_take_the_adapted_inputs_is_refused_showing_both_forms():
+    class Mismatch(BaseModel):
+        model_config = ModelConfig(outputs=frozenset({"energy"}))
+
+        def adapt_input(self, data, **kwargs):
+            return {"positions": data["a"]}
+
+        def forward(self, coords, species):
+            return {"energy": coords}
+
+    with pytest.raises(TypeError, match=r"Mismatch.forward\(coords, species\) cannot take .*\['positions'\].*"
+                                        r"forward\(self, \*\*inputs\).*forward\(self, data\)"):
+        Mismatch()({"a": 2.0})
+
+
 def test_a_wrapper_with_neither_forward_nor_model_is_refused_naming_its_class():
     class Neither(BaseModel):
         model_config = ModelConfig(outputs=frozenset({"energy"}))
