@@ -385,8 +385,9 @@ class DistributedModel:
         (:func:`~jaxdd.neighbors.capacity_bucket`), as calls of the model do."""
         cfg = self.config
         if self.strategy == "graph_partition":
-            blocks = node_blocks(batch.batch_idx, batch.atom_mask, batch.pbc, cfg.n_ranks)
-            return _bucket_blocks(*blocks) if bucketed else blocks
+            # Node blocks keep their exact size: padded block rows gave wrong NequIP energies on
+            # molecules over 8 ranks (tests/test_graph_parallel.py, slow set).
+            return node_blocks(batch.batch_idx, batch.atom_mask, batch.pbc, cfg.n_ranks)
         part = partition(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
                          cfg.n_ranks, grid=grid if grid is not None else cfg.grid)
         # With several processes each plans only the ranks on its own devices; they agree on
@@ -638,21 +639,6 @@ class DistributedModel:
             devices_present=jax.device_count(),
         )
         self._halo_regrowths = 0
-
-
-def _bucket_blocks(part: Partition, plan: HaloPlan) -> tuple[Partition, HaloPlan]:
-    """Node blocks with their rows padded (id -1) up to the capacity bucket of the block size."""
-    n, m = plan.layout.n_owned, capacity_bucket(plan.layout.n_owned)
-    if m == n:
-        return part, plan
-
-    def pad(x, fill):
-        return np.concatenate([x, np.full((x.shape[0], m - n) + x.shape[2:], fill, x.dtype)], axis=1)
-
-    routing = dataclasses.replace(plan.routing, row_ids=pad(plan.routing.row_ids, -1),
-                                  row_shifts=pad(plan.routing.row_shifts, 0))
-    return part, dataclasses.replace(plan, layout=dataclasses.replace(plan.layout, n_owned=m), routing=routing,
-                                     local_ids=pad(plan.local_ids, -1), local_shifts=pad(plan.local_shifts, 0))
 
 
 def _per_rank(plan: HaloPlan, values) -> np.ndarray:
