@@ -382,7 +382,8 @@ class DistributedModel:
 
         grid: the rank grid (default ``DomainConfig.grid``, else the least-surface one).
         bucketed: round the owned rows and exchange slots up to capacity buckets
-        (:func:`~jaxdd.neighbors.capacity_bucket`), as calls of the model do."""
+        (:func:`~jaxdd.neighbors.capacity_bucket`), as calls of the model do (halo strategy
+        only: node blocks keep their exact size)."""
         cfg = self.config
         if self.strategy == "graph_partition":
             # Node blocks keep their exact size: padded block rows gave wrong NequIP energies on

@@ -51,7 +51,6 @@ from jaxdd.segments import per_system_sum
 __all__ = ["Ewald", "COULOMB", "ewald_parameters", "HostSizes"]
 
 
-
 def ewald_parameters(cutoff: float, accuracy: float) -> tuple[float, float]:
     """(α Å⁻¹, k_max Å⁻¹) for a real-space cutoff r_c (Å) and a relative accuracy ε in (0, 1)."""
     if isinstance(cutoff, bool) or not isinstance(cutoff, (int, float)) or not 0.0 < cutoff < math.inf:

@@ -42,7 +42,6 @@ def _normal(key, shape, dtype):
 __all__ = ["ChargeEquilibration", "distributed_mol_sum", "COULOMB"]
 
 
-
 def distributed_mol_sum(values, mol_idx, n_molecules):
     """The per-molecule sum under decomposition: each atom counted once, summed over ranks."""
     from jaxdd import system_sum

@@ -27,6 +27,8 @@ import gc  # noqa: E402
 
 import pytest  # noqa: E402
 
+from jaxdd import programs  # noqa: E402
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
@@ -39,14 +41,6 @@ def _release_compiled_programs():
     yield
     jax.clear_caches()
     gc.collect()
-
-
-def _mappings() -> int:
-    try:
-        with open("/proc/self/maps", "rb") as f:
-            return sum(1 for _ in f)
-    except OSError:
-        return 0
 
 
 def _map_limit() -> int:
@@ -65,7 +59,7 @@ def _bound_code_mappings():
     path) would otherwise reach ``vm.max_map_count`` on its own and XLA would crash mid-compile.
     """
     yield
-    if _mappings() > _map_limit():
+    if (programs.mapped() or 0) > _map_limit():
         jax.clear_caches()
         gc.collect()
 
