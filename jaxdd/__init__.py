@@ -8,7 +8,7 @@ from .distributed import DistributedModel, DomainConfig
 from .driver import compute, energy_and_derivatives
 from .adapters import AdapterRegistry, JitAdapter, MethodAdapter, ModuleForwardAdapter, PythonAdapter
 from .context import DDContext, current_dd_context
-from .dispatch import DispatchError, DispatchReport, DispatchWarning
+from .dispatch import DispatchError, DispatchReport, DispatchWarning, register_rule
 from .intent import LOCAL, OWNED, Scope, autograd_target, refresh_neighbors, scatter_to_owners, system_sum, to_local
 from .data import AtomicData, Batch, as_batch
 from .model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig, NeighborListFormat
@@ -56,6 +56,7 @@ __all__ = [
     "PythonAdapter",
     "SpecError",
     "register_op",
+    "register_rule",
     "AtomicData",
     "Batch",
     "BaseModel",

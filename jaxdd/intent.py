@@ -3,7 +3,8 @@
 Each verb is a small named ``jax.jit`` (``"jaxdd::<verb>"``) whose body is the
 single-device meaning, so outside a DD scope every verb is that plain computation (an
 identity, or a ``segment_sum``). Under :class:`~jaxdd.DistributedModel` the dispatch
-recognises the name and applies the distributed meaning instead:
+recognises the name and applies the distributed meaning instead (the rules registered
+under these names in :mod:`jaxdd.dispatch.rules.verbs`):
 
 =====================  ===============================  ==========================================
 verb                   single device                    under decomposition

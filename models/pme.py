@@ -15,12 +15,12 @@ from each batch's cells (:meth:`PME.validate_input`): K_a covers the reciprocal 
 |k| < k_max with :data:`MESH_MARGIN` times the Nyquist minimum, rounded up to a size the
 distributed FFT can cut: a multiple of 24, which fits every rank grid whose Px and Py·Pz divide
 24 (all grids of up to 8 ranks, and e.g. (3, 2, 1) or (2, 3, 2); see
-:func:`jaxdd.mesh.mesh_problems`). Other grids need a ``mesh`` that fits them.
+:func:`jaxdd.pme_grid.mesh_problems`). Other grids need a ``mesh`` that fits them.
 
 Two ways to run under decomposition (the model's ``distribution_spec`` follows the choice):
 
 - ``distributed_fft=True`` (default): the mesh is distributed, each rank holding one block
-  (:mod:`jaxdd.mesh`): O(mesh / P) memory per rank. Spec: ``SPEC_PME_HALO``.
+  (:mod:`jaxdd.pme_grid`): O(mesh / P) memory per rank. Spec: ``SPEC_PME_HALO``.
 - ``distributed_fft=False``: the PyTorch system's way: each rank spreads its owned atoms
   onto the whole mesh, the meshes are all-reduced and every rank transforms the whole mesh.
   Spec: ``SPEC_PME_HALO`` with an :class:`~jaxdd.spec.OpAdapter` for
@@ -38,7 +38,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdd import mesh as _mesh
+from jaxdd import pme_grid
 from jaxdd._checks import integral
 from jaxdd.model import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.segments import per_system_sum
@@ -79,7 +79,7 @@ class PME(eqx.Module, BaseModel):
                  order: int = 6):
         self.alpha, self.kmax = ewald_parameters(cutoff, accuracy)
         self.accuracy = float(accuracy)
-        self.order = _mesh.check_order(order)
+        self.order = pme_grid.check_order(order)
         self.distributed_fft = bool(distributed_fft)
         if mesh is not None:
             try:
@@ -110,7 +110,7 @@ class PME(eqx.Module, BaseModel):
         if self.distributed_fft:
             return SPEC_PME_HALO
         return SPEC_PME_HALO.with_custom_ops(OpAdapter(
-            _mesh.spread_op, arg_transforms={i: SliceOwned() for i in range(4)},
+            pme_grid.spread_op, arg_transforms={i: SliceOwned() for i in range(4)},
             output_transforms={0: AllReduceSum(replicated_consumer=True)}))
 
     def mesh_for(self, cells) -> tuple[int, int, int]:
@@ -137,13 +137,13 @@ class PME(eqx.Module, BaseModel):
         system = jnp.clip(batch_idx, 0, n_systems - 1)
         recip, volume = reciprocal(cell.astype(dtype))
         frac = jnp.einsum("vi,vai->va", positions, recip[system])
-        base, weights = _mesh.bspline_weights(frac * jnp.asarray(shape, dtype), self.order)
-        moduli = tuple(jnp.asarray(_mesh.bspline_moduli(k, self.order), dtype) for k in shape)
+        base, weights = pme_grid.bspline_weights(frac * jnp.asarray(shape, dtype), self.order)
+        moduli = tuple(jnp.asarray(pme_grid.bspline_moduli(k, self.order), dtype) for k in shape)
         if self.distributed_fft:
-            mesh_sum = _mesh.pme_energy(q, weights, base, system, recip, volume, self.alpha, moduli)
+            mesh_sum = pme_grid.pme_energy(q, weights, base, system, recip, volume, self.alpha, moduli)
         else:
-            charge_mesh = _mesh.spread_op(q, weights, base, system, jnp.zeros((n_systems,) + tuple(shape), dtype))
-            mesh_sum = _mesh.pme_sum(charge_mesh, recip, volume, jnp.asarray(self.alpha, dtype), moduli)
+            charge_mesh = pme_grid.spread_op(q, weights, base, system, jnp.zeros((n_systems,) + tuple(shape), dtype))
+            mesh_sum = pme_grid.pme_sum(charge_mesh, recip, volume, jnp.asarray(self.alpha, dtype), moduli)
 
         total = system_sum(q, batch_idx, n_systems)
         atomic = (real_space(q, positions, cell, batch_idx, neighbors, self.alpha, rc)

@@ -21,7 +21,7 @@ import jaxdd
 from jaxdd import Batch
 from jaxdd.distributed import DistributedModel, DomainConfig
 from jaxdd.driver import neighbor_list_for
-from jaxdd.mesh import mesh_problems
+from jaxdd.pme_grid import mesh_problems
 from jaxdd.models.ewald import Ewald
 from jaxdd.models.pme import MESH_MULTIPLE, PME
 from jaxdd.neighbors import neighbor_capacity
@@ -159,7 +159,7 @@ def two_rank_mesh_sums():
     owning atom r; the plain single-device sum)."""
     from jax.sharding import PartitionSpec as P
 
-    from jaxdd import mesh
+    from jaxdd import pme_grid as mesh
     from jaxdd.dispatch import Runtime
     from jaxdd.halo import HaloLayout
     from jaxdd.models.ewald import reciprocal

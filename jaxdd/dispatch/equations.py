@@ -1,0 +1,51 @@
+"""Reading and re-binding one jaxpr equation: what every rule needs from JAX's IR."""
+
+from __future__ import annotations
+
+from jax.extend import core as jcore
+
+__all__ = ["bind", "is_literal", "shape_of", "sub_jaxpr", "where"]
+
+
+def bind(eqn, invals) -> list:
+    """``eqn``'s primitive bound again on ``invals`` with its own parameters; a list of outputs."""
+    got = eqn.primitive.get_bind_params(eqn.params)
+    # Older JAX returned (subfuns, params); newer returns params only.
+    subfuns, params = got if isinstance(got, tuple) else ((), got)
+    manager = getattr(getattr(eqn, "ctx", None), "manager", None)
+    if manager is not None:
+        with manager:
+            out = eqn.primitive.bind(*subfuns, *invals, **params)
+    else:
+        out = eqn.primitive.bind(*subfuns, *invals, **params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def is_literal(v) -> bool:
+    """True for a constant written into the jaxpr (it has no layout of its own)."""
+    return isinstance(v, jcore.Literal)
+
+
+def shape_of(v) -> tuple[int, ...]:
+    """The static shape of a jaxpr variable (``()`` for scalars and tokens)."""
+    return tuple(getattr(v.aval, "shape", ()))
+
+
+def sub_jaxpr(closed_or_open, consts=None):
+    """``(jaxpr, consts)`` of a sub-jaxpr parameter (closed or open)."""
+    if hasattr(closed_or_open, "jaxpr") and hasattr(closed_or_open, "consts"):
+        return closed_or_open.jaxpr, closed_or_open.consts
+    return closed_or_open, (consts or ())
+
+
+def where(eqn) -> str:
+    """A short ``file:line (primitive)`` of the user code that produced ``eqn``."""
+    try:
+        from jax._src import source_info_util
+
+        frame = source_info_util.user_frame(eqn.source_info.traceback)
+        if frame is not None:
+            return f"{frame.file_name.rsplit('/', 1)[-1]}:{frame.start_line} ({eqn.primitive.name})"
+    except Exception:  # source information is a courtesy; never fail on it
+        pass
+    return eqn.primitive.name

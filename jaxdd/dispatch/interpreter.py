@@ -1,0 +1,214 @@
+"""The interpreter: a jaxpr analysed for layouts, then evaluated equation by equation.
+
+:func:`call_model` traces a model on one rank's padded block and evaluates the jaxpr again
+through a :class:`Dispatcher`. The dispatcher first *analyses* a jaxpr for the layouts of
+its inputs, asking the registered rule of every equation for a :class:`Decision`
+(:mod:`jaxdd.dispatch.registry`), then *evaluates* it, binding each equation as traced or
+running its decision's action. Plans are cached per (jaxpr, input layouts), so a loop
+body or a function called twice is analysed once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+
+from ..ops import GraphParallelPolicy
+from .decision import Decision, Plan
+from .equations import bind, is_literal, shape_of
+from .layouts import REPLICATED, ROWS, Kind, Layout, clean
+from .registry import rule_for
+from .report import DispatchReport
+from .rules.elementwise import elementwise
+from .runtime import Runtime
+
+__all__ = ["Dispatcher", "batch_layouts", "call_model"]
+
+
+class Dispatcher:
+    """Re-interprets jaxprs under one rank's :class:`Runtime` and records a :class:`DispatchReport`.
+
+    Args:
+        runtime: the rank's :class:`Runtime` inside ``shard_map``; None to analyse layouts only.
+        report: where applied rules and fallbacks are recorded.
+        sizes: ``(n_padded, n_edges, n_systems)`` of the traced shapes (rows, edge slots,
+            systems), for the shape fallback.
+
+    A rule (``rule(ctx, eqn, in_layouts) -> Decision``) receives the dispatcher as ``ctx``
+    and may use: :attr:`runtime` (inside a decision's ``apply``, where it is never None),
+    :attr:`n_padded`, :attr:`n_edges`, :attr:`n_systems`, :meth:`fallback_kind`,
+    :meth:`default` (the rule of a primitive nobody registered), and for primitives with
+    bodies :meth:`analyse` and :meth:`eval`.
+    """
+
+    def __init__(self, runtime: Runtime | None, report: DispatchReport, sizes: tuple[int, int, int]):
+        self.runtime = runtime
+        self.report = report
+        self.n_padded, self.n_edges, self.n_systems = sizes
+        self._plans: dict = {}
+
+    @property
+    def rt(self) -> Runtime | None:
+        """Short for :attr:`runtime`."""
+        return self.runtime
+
+    # ---------------------------------------------------------------- entry points
+
+    def run_closed(self, closed, args: Sequence, layouts: Sequence[Layout]) -> list:
+        """Evaluate a ClosedJaxpr on ``args`` tagged with ``layouts``; returns its outputs."""
+        return self.eval(closed.jaxpr, closed.consts, args, tuple(layouts))
+
+    def out_layouts(self, closed, layouts: Sequence[Layout]) -> tuple[Layout, ...]:
+        """Layouts of a ClosedJaxpr's outputs for inputs tagged with ``layouts``."""
+        return self.analyse(closed.jaxpr, tuple(layouts)).outs
+
+    # ---------------------------------------------------------------- analysis
+
+    def analyse(self, jaxpr, in_layouts: tuple[Layout, ...]) -> Plan:
+        """The :class:`Plan` of an open ``jaxpr`` for inputs tagged ``in_layouts`` (cached)."""
+        key = (id(jaxpr), in_layouts)
+        hit = self._plans.get(key)
+        if hit is not None:
+            return hit[1]
+        env: dict = {}
+
+        def read(v):
+            return REPLICATED if is_literal(v) else env.get(v, REPLICATED)
+
+        for v, lay in zip(jaxpr.invars, in_layouts):
+            env[v] = lay
+        decisions, notes = [], []
+        for eqn in jaxpr.eqns:
+            ins = tuple(read(v) for v in eqn.invars)
+            d = self.decide(eqn, ins)
+            decisions.append(d)
+            notes.extend(d.notes)
+            # Whatever comes from rank-dependent data without keeping a distributed axis (one
+            # atom's value, a partial left local) differs between ranks, unless a collective
+            # made it the same everywhere.
+            tainted = not d.replicates and any(i.local or i.kind in ROWS for i in ins)
+            for v, lay in zip(eqn.outvars, d.outs):
+                lay = clean(lay, shape_of(v))
+                if tainted and lay.kind is None and not lay.local:
+                    lay = dataclasses.replace(lay, local=True)
+                env[v] = lay
+        plan = Plan(tuple(decisions), tuple(read(v) for v in jaxpr.outvars),
+                    any(d.apply is not None and not d.passive for d in decisions), tuple(dict.fromkeys(notes)))
+        self._plans[key] = (jaxpr, plan)  # holding the jaxpr keeps its id unique
+        return plan
+
+    def decide(self, eqn, ins: tuple[Layout, ...]) -> Decision:
+        """The registered rule's :class:`Decision` for ``eqn`` (the default rule if none is registered)."""
+        rule = rule_for(eqn.primitive.name)
+        if rule is not None:
+            return rule(self, eqn, ins)
+        return self.default(eqn, ins)
+
+    def default(self, eqn, ins: tuple[Layout, ...]) -> Decision:
+        """The rule of elementwise and unregistered primitives: a tag survives where an
+        output keeps the tagged axis."""
+        return elementwise(self, eqn, ins)
+
+    def fallback_kind(self, length: int) -> Kind | None:
+        """A kind guessed from an axis length alone (None when ambiguous or unknown)."""
+        hits = [k for k, n in ((Kind.NODE, self.n_padded), (Kind.EDGE, self.n_edges)) if n and length == n]
+        return hits[0] if len(hits) == 1 else None
+
+    # ---------------------------------------------------------------- evaluation
+
+    def eval(self, jaxpr, consts, args, in_layouts: tuple[Layout, ...]) -> list:
+        """Evaluate an open ``jaxpr`` on ``consts`` and ``args`` tagged ``in_layouts``; its outputs."""
+        plan = self.analyse(jaxpr, in_layouts)
+        env: dict = {}
+
+        def read(v):
+            return v.val if is_literal(v) else env[v]
+
+        for v, x in zip(jaxpr.constvars, consts):
+            env[v] = x
+        for v, x in zip(jaxpr.invars, args):
+            env[v] = x
+        for eqn, d in zip(jaxpr.eqns, plan.decisions):
+            invals = [read(v) for v in eqn.invars]
+            for message in d.notes:
+                self.report.note(message)
+            if d.apply is None:
+                outvals = bind(eqn, invals)
+            else:
+                outvals = d.apply(eqn, invals)
+                if d.rule:
+                    self.report.count(d.rule)
+            for v, x in zip(eqn.outvars, outvals):
+                env[v] = x
+        return [read(v) for v in jaxpr.outvars]
+
+
+def batch_layouts(batch, graph_parallel: bool = False) -> object:
+    """A pytree like ``batch`` (a :class:`~jaxdd.Batch` with its neighbour list) holding the
+    :class:`Layout` of every array leaf. graph_parallel: the list's senders index every
+    rank's rows (:data:`Kind.ALL_NODES`)."""
+    node = Layout(Kind.NODE, 0)
+    graph = Layout(Kind.GRAPH, 0)
+    tags = dict(
+        positions=node, atomic_numbers=node, atom_mask=node, charges=node, masses=node, velocities=node,
+        batch_idx=Layout(Kind.NODE, 0, Kind.GRAPH), cell=graph, pbc=graph, system_mask=graph, ptr=REPLICATED,
+    )
+    fields = {name: (tags[name] if getattr(batch, name) is not None else None) for name in tags}
+    nl = batch.neighbors
+    if nl is not None:
+        nl = _neighbor_layouts(nl, Kind.ALL_NODES if graph_parallel else Kind.NODE)
+    return batch.__class__.unchecked(**fields, neighbors=nl)
+
+
+def _neighbor_layouts(nl, senders: Kind = Kind.NODE):
+    from ..neighbors import NeighborList
+
+    if not isinstance(nl, NeighborList):
+        return jax.tree_util.tree_map(lambda _: REPLICATED, nl)
+    edge = Layout(Kind.EDGE, 0)
+    node = Layout(Kind.NODE, 0)
+    tags = dict(
+        senders=Layout(Kind.EDGE, 0, senders), receivers=Layout(Kind.EDGE, 0, Kind.NODE), shifts=edge, mask=edge,
+        matrix=Layout(Kind.NODE, 0, senders), matrix_shifts=node, num_neighbors=node,
+    )
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: tags.get(getattr(path[-1], "name", None), REPLICATED), nl)
+
+
+def call_model(model, batch, runtime: Runtime | None, report: DispatchReport):
+    """``model(batch)`` traced on this rank's values and evaluated through the dispatch.
+
+    model: a wrapper (its array leaves are parameters, replicated); batch: the rank's local
+    :class:`~jaxdd.Batch` with its neighbour list. Call inside ``shard_map`` (and inside the
+    DD scope, so the model can read :func:`~jaxdd.current_dd_context`). Returns the outputs
+    and a matching pytree of their :class:`Layout`.
+    """
+    import equinox as eqx
+
+    params, rest = eqx.partition(model, eqx.is_array)
+    p_leaves, p_def = jax.tree_util.tree_flatten(params)
+    b_leaves, b_def = jax.tree_util.tree_flatten(batch)
+    graph_parallel = runtime is not None and isinstance(runtime.policy, GraphParallelPolicy)
+    b_layouts = jax.tree_util.tree_leaves(batch_layouts(batch, graph_parallel), is_leaf=lambda x: isinstance(x, Layout))
+    if len(b_layouts) != len(b_leaves):
+        raise RuntimeError("internal: the batch's layouts do not match its leaves")
+    n_p = len(p_leaves)
+
+    def flat(*leaves):
+        m = eqx.combine(jax.tree_util.tree_unflatten(p_def, leaves[:n_p]), rest)
+        return m(jax.tree_util.tree_unflatten(b_def, leaves[n_p:]))
+
+    leaves = p_leaves + b_leaves
+    # Traced on this rank's own values, so the jaxpr carries their types (which vary
+    # between ranks); only the rules change what the program does.
+    closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*leaves)
+    nl = batch.neighbors
+    sizes = (int(batch.positions.shape[0]), int(nl.senders.shape[0]) if nl is not None else 0, int(batch.cell.shape[0]))
+    dispatcher = Dispatcher(runtime, report, sizes)
+    in_layouts = [REPLICATED] * n_p + b_layouts
+    outs = dispatcher.run_closed(closed, leaves, in_layouts)
+    tree = jax.tree_util.tree_structure(out_shape)
+    return (jax.tree_util.tree_unflatten(tree, outs),
+            jax.tree_util.tree_unflatten(tree, list(dispatcher.out_layouts(closed, in_layouts))))

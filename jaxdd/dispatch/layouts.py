@@ -1,0 +1,74 @@
+"""Layouts: which axis of a value is distributed over ranks, and over what.
+
+Every value the dispatch sees carries a :class:`Layout`, known from provenance: inputs are
+tagged by field and each rule says how its primitive moves the tag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+__all__ = ["Kind", "Layout", "REPLICATED", "ROWS", "join", "clean"]
+
+
+class Kind(str, enum.Enum):
+    """What the distributed axis of a value runs over."""
+
+    NODE = "node"  # local padded atoms: [owned | ghosts | pad]
+    EDGE = "edge"  # neighbour-list edges of this rank
+    GRAPH = "graph"  # systems; the same on every rank
+    # Only as an index kind: every rank's node rows stacked in rank order (the senders of a
+    # graph-parallel neighbour list). Reading per-node values through it all-gathers them.
+    ALL_NODES = "all_nodes"
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """kind: the distributed axis' kind (None: nothing distributed). axis: which axis that
+    is. index: the values are indices into this kind's axis (edge receivers point at nodes,
+    ``batch_idx`` at systems). local: no distributed axis, but the value differs between
+    ranks (one atom's value, a rank-local partial); never set together with ``kind``.
+    columns: per-column index kinds of an index array built column by column."""
+
+    kind: Kind | None = None
+    axis: int = 0
+    index: Kind | None = None
+    local: bool = False
+    columns: tuple | None = None
+
+    def moved(self, axis: int | None) -> "Layout":
+        """The same tag on another axis (``None``: the axis is gone; the index meaning stays)."""
+        return Layout(self.kind, axis, self.index) if axis is not None else Layout(None, 0, self.index)
+
+    def plain(self) -> "Layout":
+        """The same distributed axis, with no index meaning."""
+        return Layout(self.kind, self.axis, None) if self.kind is not None else REPLICATED
+
+
+#: Nothing distributed, the same on every rank (parameters, constants).
+REPLICATED = Layout()
+#: Rank-local rows: reductions over them need masks and collectives.
+ROWS = (Kind.NODE, Kind.EDGE)
+
+
+def join(a: Layout, b: Layout) -> Layout:
+    """The layout of a value that may be either ``a`` or ``b`` (loop carries, branches)."""
+    if a == b:
+        return a
+    if a.kind is None and b.kind is not None:
+        return b if a.index in (None, b.index) else b.plain()
+    if b.kind is None and a.kind is not None:
+        return a if b.index in (None, a.index) else a.plain()
+    if a.kind == b.kind and a.axis == b.axis:
+        return Layout(a.kind, a.axis, a.index if a.index == b.index else None)
+    if a.kind is None and b.kind is None:
+        return Layout(None, 0, a.index if a.index == b.index else None, a.local or b.local)
+    return a.plain()
+
+
+def clean(lay: Layout, shape: tuple[int, ...]) -> Layout:
+    """``lay`` for a value of ``shape``: a distributed axis the value does not have is dropped."""
+    if lay.kind is not None and lay.axis >= len(shape):
+        return Layout(None, 0, lay.index)
+    return lay

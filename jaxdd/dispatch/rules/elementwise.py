@@ -1,0 +1,93 @@
+"""Elementwise primitives: the default rule, selects, per-rank type casts, and comparisons
+of graph-parallel senders against the local row count."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from ..decision import Decision
+from ..equations import bind, is_literal, shape_of
+from ..layouts import Kind, Layout
+from ..registry import register_rule
+
+__all__ = ["elementwise", "select_n", "index_bound", "pvary"]
+
+# Primitives whose output indexes what their input indexed (a clamped index is still an index).
+_INDEX_KEEPING = {"convert_element_type", "copy", "copy_p", "clamp", "max", "min", "reduce_precision",
+                  "optimization_barrier"}
+
+
+def elementwise(ctx, eqn, ins) -> Decision:
+    """Elementwise and unknown primitives: a tag survives where the output keeps its axis."""
+    keep_index = eqn.primitive.name in _INDEX_KEEPING
+    outs = []
+    for v in eqn.outvars:
+        shape = shape_of(v)
+        found = []
+        for lay, iv in zip(ins, eqn.invars):
+            if lay.kind is None:
+                continue
+            ishape = shape_of(iv)
+            if len(ishape) == len(shape) and lay.axis < len(shape) and ishape[lay.axis] == shape[lay.axis]:
+                found.append((lay.kind, lay.axis))
+        kinds = list(dict.fromkeys(found))
+        index = None
+        if keep_index or eqn.primitive.name in ("add", "sub"):
+            idx = {lay.index for lay in ins if lay.index is not None}
+            index = idx.pop() if len(idx) == 1 else None
+        if not kinds:
+            outs.append(Layout(None, 0, index))
+            continue
+        kinds.sort(key=lambda ka: list(Kind).index(ka[0]))
+        outs.append(Layout(kinds[0][0], kinds[0][1], index))
+    return Decision(tuple(outs))
+
+
+@register_rule("select_n")
+def select_n(ctx, eqn, ins) -> Decision:
+    """``jnp.where``: the cases' index meaning survives when they agree."""
+    d = elementwise(ctx, eqn, ins)
+    idx = {lay.index for lay in ins[1:] if lay.index is not None}
+    out = d.outs[0]
+    return Decision((Layout(out.kind, out.axis, idx.pop() if len(idx) == 1 else None),))
+
+
+def index_bound(ctx, eqn, ins) -> Decision:
+    """Comparisons and clamps of graph-parallel senders against the local row count.
+
+    A single-device model tells padding edges by ``senders < n`` and keeps indices in
+    range by ``jnp.minimum(senders, n - 1)`` or a clip, with ``n`` its atom count. Senders
+    index every rank's rows, so ``n`` (this rank's rows) becomes the stacked count there.
+    """
+    d = elementwise(ctx, eqn, ins)
+    if not any(lay.index is Kind.ALL_NODES for lay in ins):
+        return d
+    last = eqn.primitive.name in ("min", "clamp")  # bounds are the last valid index, n - 1
+    local = ctx.n_padded - 1 if last else ctx.n_padded
+    at = [i for i, v in enumerate(eqn.invars) if is_literal(v) and np.ndim(v.val) == 0 and v.val == local
+          and np.issubdtype(np.asarray(v.val).dtype, np.integer)]
+    if not at:
+        return d
+
+    def apply(eqn, invals):
+        invals = list(invals)
+        rt = ctx.runtime
+        for i in at:
+            invals[i] = jnp.asarray(rt.n_all - 1 if last else rt.n_all, jnp.result_type(invals[i]))
+        return bind(eqn, invals)
+
+    return Decision(d.outs, apply, "bound.all_nodes", d.notes)
+
+
+for _name in ("lt", "le", "gt", "ge", "eq", "ne", "min", "clamp"):
+    register_rule(_name, index_bound)
+
+
+def pvary(ctx, eqn, ins) -> Decision:
+    """Per-rank typing recorded by a trace with manual axis types: an identity on values."""
+    return Decision(tuple(ins), lambda eqn, invals: list(invals), passive=True)
+
+
+register_rule("pvary", pvary)
+register_rule("pcast", pvary)

@@ -1,0 +1,187 @@
+"""Gathers and scatters: where indices point decides the layout and the exchange.
+
+``h[senders]`` is per edge; ``segment_sum(messages, receivers)`` is per node and, under
+``halo_correction``, sends ghost partials home (reverse then forward exchange);
+``segment_sum(x, batch_idx)`` is per system and ends in a collective. Graph-parallel
+senders index every rank's rows: reading through them all-gathers, scattering onto them
+reduce-scatters.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..decision import Decision
+from ..equations import bind, shape_of, where
+from ..layouts import REPLICATED, ROWS, Kind, Layout
+from ..masks import along, identity_of
+from ..registry import register_rule
+from ..report import DispatchError
+from .elementwise import elementwise
+
+__all__ = ["gather", "scatter", "scatter_all_nodes"]
+
+
+@register_rule("gather")
+def gather(ctx, eqn, ins) -> Decision:
+    op, idx = ins
+    dn = eqn.params["dimension_numbers"]
+    oshape = shape_of(eqn.outvars[0])
+    ishape = shape_of(eqn.invars[1])
+    batch_out = [d for d in range(len(oshape)) if d not in dn.offset_dims]
+    notes = []
+    index = op.index
+    if idx.index is Kind.ALL_NODES and op.kind is Kind.NODE and op.axis in dn.start_index_map:
+        # Graph-parallel senders point at any rank's atoms: read from all ranks' rows.
+        rows = idx.kind is not None and idx.axis < len(ishape) - 1
+        out = Layout(idx.kind, batch_out[idx.axis], index) if rows else Layout(None, 0, index)
+        axis = op.axis
+
+        def gather_all(eqn, invals):
+            x, indices = invals
+            return bind(eqn, [ctx.runtime.all_nodes(x, axis), indices])
+
+        return Decision((out,), gather_all, "gather.all_nodes")
+    if idx.kind is not None and idx.axis < len(ishape) - 1:
+        if op.kind in ROWS + (Kind.GRAPH,) and op.axis in dn.start_index_map:
+            if idx.index is None:
+                notes.append(f"gather from per-{op.kind.value} rows by indices of unknown provenance in "
+                             f"{where(eqn)}: assumed to point at local rows")
+            elif idx.index is not op.kind:
+                notes.append(f"gather from per-{op.kind.value} rows by per-{idx.index.value} indices in {where(eqn)}")
+        return Decision((Layout(idx.kind, batch_out[idx.axis], index),), notes=tuple(notes))
+    if op.kind is None:
+        return Decision((Layout(None, 0, index),))
+    a = op.axis
+    if a in dn.start_index_map or a in dn.collapsed_slice_dims:
+        if op.kind in ROWS:
+            notes.append(f"gather picks single per-{op.kind.value} rows by replicated indices in {where(eqn)} "
+                         "(e.g. x[0]): the row differs between ranks")
+        return Decision((Layout(None, 0, index),), notes=tuple(notes))
+    if a in getattr(dn, "operand_batching_dims", ()):
+        k = dn.operand_batching_dims.index(a)
+        return Decision((Layout(op.kind, batch_out[dn.start_indices_batching_dims[k]], index),))
+    if eqn.params["slice_sizes"][a] != shape_of(eqn.invars[0])[a]:
+        return Decision((Layout(None, 0, index),))
+    offset_operand = [d for d in range(len(shape_of(eqn.invars[0])))
+                      if d not in dn.collapsed_slice_dims and d not in getattr(dn, "operand_batching_dims", ())]
+    return Decision((Layout(op.kind, dn.offset_dims[offset_operand.index(a)], index),))
+
+
+@register_rule("scatter*")
+def scatter(ctx, eqn, ins) -> Decision:
+    name = eqn.primitive.name
+    if len(ins) != 3:
+        return elementwise(ctx, eqn, ins)
+    op, idx, upd = ins[0], ins[1], ins[2]
+    dn = eqn.params["dimension_numbers"]
+    notes = []
+    sdod = dn.scatter_dims_to_operand_dims
+    known = [(c, k) for c, k in enumerate(idx.columns or ()) if k is not None]
+    if len(sdod) == 1:
+        a = sdod[0]
+        target = idx.index
+    elif idx.columns and len(idx.columns) == len(sdod) and len(known) == 1:
+        a, target = sdod[known[0][0]], known[0][1]  # the one column that points somewhere
+    else:
+        # Several index columns (x.at[receivers, kind].add(...)): which column points at
+        # atoms is not tracked per column, so the operand's axis as long as the local rows
+        # is taken as the atom axis.
+        oshape = shape_of(eqn.invars[0])
+        axes = [d for d in dn.scatter_dims_to_operand_dims if ctx.fallback_kind(oshape[d]) is Kind.NODE]
+        if len(axes) == 1:
+            a, target = axes[0], Kind.NODE
+            notes.append(f"{name} with {len(dn.scatter_dims_to_operand_dims)} index columns in {where(eqn)}: the "
+                         f"column into the {oshape[a]} local rows taken as the atom index (shape fallback)")
+        else:
+            a, target = dn.scatter_dims_to_operand_dims[0], None
+            if idx.kind in ROWS or upd.kind in ROWS:
+                notes.append(f"{name} with several index columns in {where(eqn)}: no column could be told to "
+                             "point at atoms; left rank-local")
+            return Decision((op.plain() if op.kind else REPLICATED,), notes=tuple(notes))
+    # Indices that are per-row data without a known meaning are suspicious; replicated
+    # ones (constants, or indices passed through to_local) are a deliberate local scatter.
+    if target is None and op.kind is None and idx.kind in ROWS:
+        notes.append(f"{name} of per-row values by indices of unknown provenance in {where(eqn)}: left rank-local")
+    if target is None:
+        out = op if op.kind is not None else REPLICATED
+        return Decision((out.plain() if out.kind else out,), notes=tuple(notes))
+    out = Layout(target, a)
+    kind = name.split("-", 1)[1] if "-" in name else "set"
+    ishape = shape_of(eqn.invars[1])
+    if target is Kind.ALL_NODES:
+        return scatter_all_nodes(ctx, eqn, kind, a, tuple(notes))
+    if target is Kind.NODE:
+        mode = ctx.runtime.scatter_mode if ctx.runtime is not None else "local"
+        if mode == "local":
+            # bound unchanged, but counted
+            return Decision((out,), bind, f"scatter_{kind}.local", tuple(notes))
+        if kind == "add" and mode == "halo_correction":
+            def apply(eqn, invals):
+                operand, indices, updates = invals
+                (delta,) = bind(eqn, [jnp.zeros_like(operand), indices, updates])
+                return [operand + ctx.runtime.halo_correct(delta, a)]
+            return Decision((out,), apply, "scatter_add.halo_correction", tuple(notes))
+
+        def refresh(eqn, invals):
+            (y,) = bind(eqn, invals)
+            return [ctx.runtime.halo_refresh(y, a)]
+        return Decision((out,), refresh, f"scatter_{kind}.refresh", tuple(notes))
+    if target is Kind.GRAPH:
+        rows = idx.kind if idx.kind in ROWS and idx.axis < len(ishape) - 1 else None
+        if rows is None and upd.kind in ROWS:
+            notes.append(f"{name} into per-system rows from per-{upd.kind.value} values whose index has no row "
+                         f"layout in {where(eqn)}: left rank-local")
+        if rows is None:
+            return Decision((out,), notes=tuple(notes))
+        if kind not in ("add", "max", "min"):
+            notes.append(f"{name} into per-system rows in {where(eqn)} has no collective: left rank-local")
+            return Decision((out,), notes=tuple(notes))
+        upd_scatter = [d for d in range(len(shape_of(eqn.invars[2]))) if d not in dn.update_window_dims]
+        upd_axis = upd_scatter[idx.axis]
+        collective = {"add": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}[kind]
+
+        def segment_reduce(eqn, invals):
+            rt = ctx.runtime
+            operand, indices, updates = invals
+            mask = along(rt.row_mask(rows, updates.shape[upd_axis]), updates.ndim, upd_axis)
+            updates = jnp.where(mask, updates, identity_of(kind, updates.dtype))
+            if kind == "add":
+                (delta,) = bind(eqn, [jnp.zeros_like(operand), indices, updates])
+                return [operand + collective(delta, rt.axis_names)]
+            (y,) = bind(eqn, [operand, indices, updates])
+            return [collective(y, rt.axis_names)]
+
+        return Decision((out,), segment_reduce, f"segment_reduce.{kind}", tuple(notes), replicates=True)
+    return Decision((out,), notes=tuple(notes))
+
+
+def scatter_all_nodes(ctx, eqn, kind: str, a: int, notes) -> Decision:
+    """A scatter into per-node rows by graph-parallel sender indices: made on every
+    rank's rows stacked, combined across ranks, this rank's block kept."""
+    if kind not in ("add", "max", "min"):
+        raise DispatchError(
+            f"{eqn.primitive.name} into per-atom rows by neighbour-list senders in {where(eqn)}: under the "
+            "graph-parallel strategy only add, max and min can be combined across ranks; scatter onto receivers "
+            "(each edge's own atom) instead, or use the halo strategy")
+
+    def apply(eqn, invals):
+        operand, indices, updates = invals
+        rt = ctx.runtime
+        shape = list(operand.shape)
+        shape[a] += rt.n_all - rt.n_padded
+        fill = jnp.zeros((), operand.dtype) if kind == "add" else identity_of(kind, operand.dtype)
+        (delta,) = bind(eqn, [jnp.full(shape, fill, operand.dtype), indices, updates])
+        if kind == "add":
+            return [operand + rt.reduce_scatter(delta, a)]
+        # Every rank's values for this rank's block (all_to_all: differentiable, unlike pmax).
+        rows = jnp.moveaxis(delta, a, 0)
+        blocks = rows[: rt.n_all].reshape((rt.n_ranks, rt.n_padded) + rows.shape[1:])
+        mine = jax.lax.all_to_all(blocks, rt.axis_names, 0, 0)
+        own = jnp.max(mine, axis=0) if kind == "max" else jnp.min(mine, axis=0)
+        own = jnp.moveaxis(jnp.concatenate([own, rows[rt.n_all:]]), 0, a)
+        pick = jnp.maximum if kind == "max" else jnp.minimum
+        return [pick(operand, own)]
+
+    return Decision((Layout(Kind.NODE, a),), apply, f"scatter_{kind}.all_nodes", notes)

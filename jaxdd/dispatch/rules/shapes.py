@@ -1,0 +1,160 @@
+"""Shape ops: where the distributed axis goes through broadcasts, reshapes, transposes,
+slices, concatenation, padding, sorting; and ``iota`` (the shape fallback's one guess).
+
+A rule keeps the tag when the rows stay where they were; when rows are renumbered (a
+non-prefix slice, a sort, a merged axis) the layout is lost, and that is recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..decision import Decision
+from ..equations import shape_of, where
+from ..layouts import REPLICATED, ROWS, Layout
+from ..registry import register_rule
+from .elementwise import elementwise
+
+__all__ = ["broadcast_in_dim", "reshape", "squeeze", "transpose", "slice_", "dynamic_slice", "dynamic_update_slice",
+           "concatenate", "pad", "iota", "sort"]
+
+
+@register_rule("broadcast_in_dim")
+def broadcast_in_dim(ctx, eqn, ins) -> Decision:
+    lay = ins[0]
+    if lay.kind is None:
+        return Decision((Layout(None, 0, lay.index),))
+    dims = eqn.params["broadcast_dimensions"]
+    ishape, oshape = shape_of(eqn.invars[0]), eqn.params["shape"]
+    a = dims[lay.axis]
+    if oshape[a] != ishape[lay.axis]:
+        return Decision((Layout(None, 0, lay.index),))
+    return Decision((Layout(lay.kind, a, lay.index),))
+
+
+@register_rule("reshape")
+def reshape(ctx, eqn, ins) -> Decision:
+    lay = ins[0]
+    if lay.kind is None:
+        return Decision((Layout(None, 0, lay.index),))
+    ishape, oshape = shape_of(eqn.invars[0]), tuple(eqn.params["new_sizes"])
+    before = int(np.prod(ishape[: lay.axis], dtype=np.int64))
+    for j in range(len(oshape)):
+        if int(np.prod(oshape[:j], dtype=np.int64)) == before and oshape[j] == ishape[lay.axis]:
+            return Decision((Layout(lay.kind, j, lay.index),))
+    note = ()
+    if lay.kind in ROWS:
+        note = (f"reshape {ishape}->{oshape} merges the per-{lay.kind.value} axis in {where(eqn)}: layout lost",)
+    return Decision((Layout(None, 0, lay.index),), notes=note)
+
+
+@register_rule("squeeze")
+def squeeze(ctx, eqn, ins) -> Decision:
+    lay = ins[0]
+    dims = tuple(eqn.params["dimensions"])
+    if lay.kind is None or lay.axis in dims:
+        return Decision((Layout(None, 0, lay.index),))
+    return Decision((Layout(lay.kind, lay.axis - sum(1 for d in dims if d < lay.axis), lay.index),))
+
+
+@register_rule("transpose")
+def transpose(ctx, eqn, ins) -> Decision:
+    lay = ins[0]
+    if lay.kind is None:
+        return Decision((lay,))
+    return Decision((Layout(lay.kind, tuple(eqn.params["permutation"]).index(lay.axis), lay.index),))
+
+
+@register_rule("slice")
+def slice_(ctx, eqn, ins) -> Decision:
+    """A prefix of the rows keeps every row where it was; any other slice renumbers them."""
+    lay = ins[0]
+    if lay.kind is None:
+        return Decision((Layout(None, 0, lay.index),))
+    a = lay.axis
+    start, limit = eqn.params["start_indices"][a], eqn.params["limit_indices"][a]
+    strides = eqn.params.get("strides") or (1,) * len(eqn.params["start_indices"])
+    full = shape_of(eqn.invars[0])[a]
+    if start == 0 and strides[a] == 1:
+        return Decision((lay,))
+    note = ()
+    if lay.kind in ROWS:
+        note = (f"slice [{start}:{limit}:{strides[a]}] of the per-{lay.kind.value} axis ({full} rows) in "
+                f"{where(eqn)}: rows renumbered, layout lost",)
+    return Decision((Layout(None, 0, lay.index),), notes=note)
+
+
+@register_rule("dynamic_slice")
+def dynamic_slice(ctx, eqn, ins) -> Decision:
+    lay = ins[0]
+    if lay.kind is None:
+        return Decision((Layout(None, 0, lay.index),))
+    if eqn.params["slice_sizes"][lay.axis] == shape_of(eqn.invars[0])[lay.axis]:
+        return Decision((lay,))
+    note = ()
+    if lay.kind in ROWS:
+        note = (f"dynamic_slice of the per-{lay.kind.value} axis in {where(eqn)} picks rank-local rows: layout lost",)
+    return Decision((Layout(None, 0, lay.index),), notes=note)
+
+
+@register_rule("dynamic_update_slice")
+def dynamic_update_slice(ctx, eqn, ins) -> Decision:
+    return Decision((ins[0],))
+
+
+@register_rule("concatenate")
+def concatenate(ctx, eqn, ins) -> Decision:
+    """Rows appended after tagged rows keep their place; index columns side by side keep
+    what each column points at."""
+    dim = eqn.params["dimension"]
+    first = ins[0]
+    oshape = shape_of(eqn.outvars[0])
+    if dim == len(oshape) - 1 and oshape[dim] <= 8 and any(lay.index is not None or lay.columns for lay in ins):
+        # Index columns side by side (x.at[receivers, kind]): keep what each column points at.
+        columns = ()
+        for lay, v in zip(ins, eqn.invars):
+            width = shape_of(v)[dim]
+            columns += lay.columns if lay.columns and len(lay.columns) == width else (lay.index,) * width
+        d = elementwise(ctx, eqn, ins)
+        return Decision((dataclasses.replace(d.outs[0], columns=columns),), notes=d.notes)
+    if first.kind is not None and first.axis == dim:
+        return Decision((first,))
+    along = [lay for lay in ins if lay.kind is not None and lay.axis == dim]
+    if along:
+        return Decision((REPLICATED,), notes=(
+            f"concatenate puts per-{along[0].kind.value} rows after other rows in {where(eqn)}: layout lost",))
+    return elementwise(ctx, eqn, ins)
+
+
+@register_rule("pad")
+def pad(ctx, eqn, ins) -> Decision:
+    lay = ins[0]
+    if lay.kind is None:
+        return Decision((REPLICATED,))
+    lo, _, interior = eqn.params["padding_config"][lay.axis]
+    if lo == 0 and interior == 0:
+        return Decision((lay,))
+    return Decision((REPLICATED,), notes=(f"pad shifts the per-{lay.kind.value} rows in {where(eqn)}: layout lost",))
+
+
+@register_rule("iota")
+def iota(ctx, eqn, ins) -> Decision:
+    """An ``iota`` as long as the local rows (or edges) is taken for their indices: a recorded guess."""
+    shape, dim = tuple(eqn.params["shape"]), eqn.params["dimension"]
+    kind = ctx.fallback_kind(shape[dim])
+    if kind is None:
+        return Decision((REPLICATED,))
+    return Decision((Layout(kind, dim, kind),), notes=(
+        f"iota of {shape[dim]} rows taken as per-{kind.value} indices (shape fallback) in {where(eqn)}",))
+
+
+@register_rule("sort")
+def sort(ctx, eqn, ins) -> Decision:
+    dim = eqn.params["dimension"]
+    tagged = [lay for lay in ins if lay.kind in ROWS and lay.axis == dim]
+    if tagged:
+        return Decision((REPLICATED,) * len(eqn.outvars), notes=(
+            f"sort along the per-{tagged[0].kind.value} axis in {where(eqn)} reorders rows: layout lost",))
+    return elementwise(ctx, eqn, ins)
