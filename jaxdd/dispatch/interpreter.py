@@ -17,7 +17,7 @@ import jax
 
 from ..ops import GraphParallelPolicy
 from .decision import Decision, Plan
-from .equations import bind, is_literal, shape_of
+from .equations import bind, is_literal, shape_of, where
 from .layouts import REPLICATED, ROWS, Kind, Layout, clean
 from .registry import rule_for
 from .report import DispatchReport
@@ -104,7 +104,15 @@ class Dispatcher:
         rule = rule_for(eqn.primitive.name)
         if rule is not None:
             return rule(self, eqn, ins)
-        return self.default(eqn, ins)
+        d = self.default(eqn, ins)
+        rows = [lay.kind for lay in ins if lay.kind in ROWS]
+        if rows and all(out.kind is None for out in d.outs):
+            # An unknown primitive that consumes rank rows and keeps none (a reduction of
+            # its own, say) has no distributed meaning the dispatch could infer.
+            d = dataclasses.replace(d, notes=d.notes + (
+                f"{eqn.primitive.name} in {where(eqn)} has no dispatch rule and drops the per-{rows[0].value} "
+                "axis of its input: left rank-local (give it a distributed meaning with jaxdd.register_rule)",))
+        return d
 
     def default(self, eqn, ins: tuple[Layout, ...]) -> Decision:
         """The rule of elementwise and unregistered primitives: a tag survives where an
