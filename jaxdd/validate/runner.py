@@ -24,15 +24,15 @@ from ..dispatch import DispatchReport, DispatchWarning, Runtime, call_model
 from ..driver import _default_order, _model_config, compute, systems_without_volume
 from ..neighbors import neighbor_list
 from ..ops import HaloStoragePolicy, SpecError
-from ..spec import SPEC_MPNN_HALO, MLIPSpec, OutputKind
+from ..spec import SPEC_MPNN_HALO, MLIPSpec
 from .compare import compare_outputs
 from .diagnostics import HelperRecorder, diagnose, halo_completeness, helper_diagnostics, watched_modules
+from .op_calls import named_op_outputs
 from .report import Attempt, HaloCompleteness, TraceReport
+from .rule import FixContext, FixRule
+from .rules import FIX_RULES, FixRuleRegistry
 
 __all__ = ["trace_and_validate", "FIX_RULES", "ModelFactoryError"]
-
-FIX_RULES = ("halo_correction_to_local", "add_all_reduce", "drop_extra_all_reduce")
-_AUTOGRAD = ("energy", "forces", "stress")
 
 
 class ModelFactoryError(ValueError):
@@ -69,6 +69,7 @@ def trace_and_validate(
     watch=None,
     progress: Callable[[str], None] | None = None,
     spec: MLIPSpec | None = None,
+    fix_rules: FixRuleRegistry | None = None,
 ) -> TraceReport:
     """Run the model on one device and on ``world_size`` ranks; compare; fix the spec if it can.
 
@@ -86,11 +87,14 @@ def trace_and_validate(
     model's code reaches, other than jaxdd and the usual frameworks). progress: called with
     one line per attempt. spec: the spec to start from (default: the model's
     ``distribution_spec``, else ``SPEC_MPNN_HALO``); ``SPEC_MPNN_GP`` validates the
-    graph-parallel strategy.
+    graph-parallel strategy. fix_rules: the auto-fix rules to try, in order (default
+    :data:`~jaxdd.validate.FIX_RULES`, to which :func:`~jaxdd.validate.register_fix_rule` adds);
+    a :class:`~jaxdd.validate.FixRuleRegistry` or a sequence of :class:`~jaxdd.validate.FixRule`.
     """
     factory, factory_ref = _resolve_factory(model_factory)
     world_size = integral("world_size", world_size, minimum=1)
     max_fix_attempts = integral("max_fix_attempts", max_fix_attempts, minimum=0)
+    rules = _rule_registry(fix_rules)
     if device is not None:
         if not (isinstance(devices, str) and devices == "auto"):
             raise ValueError(f"pass devices or device, not both (got devices={devices!r}, device={device!r})")
@@ -146,18 +150,23 @@ def trace_and_validate(
     first = attempt(spec, rationale)
     fix = None
     if not first.passed and auto_fix:
-        queue = _fixes(first, results[-1], reference, world_size)
+        program = _program_facts(model, batch, spec)
+        # Each queued candidate carries the diagnoses of the fixes it builds on, so a chain
+        # of fixes that passes reports every cause it removed.
+        queue = [(rule, c, ()) for rule, c in _fixes(rules, first, results[-1], reference, world_size, program)]
         tried = {spec}
         while queue and len(attempts) - 1 < max_fix_attempts:
-            rule, candidate, why = queue.pop(0)
-            if candidate in tried:
+            rule, candidate, causes = queue.pop(0)
+            if candidate.spec in tried:
                 continue
-            tried.add(candidate)
-            a = attempt(candidate, f"auto-fix {rule}: {why}")
+            tried.add(candidate.spec)
+            causes = causes + ((candidate.diagnosis,) if candidate.diagnosis else ())
+            a = attempt(candidate.spec, f"auto-fix {rule}: {candidate.why}")
             if a.passed:
                 fix = rule
+                a.diagnosis = "; ".join(causes) or None  # confirmed: this run equals the single device
                 break
-            queue += _fixes(a, results[-1], reference, world_size)
+            queue += [(r, c, causes) for r, c in _fixes(rules, a, results[-1], reference, world_size, program)]
     passed = [a for a in attempts if a.passed]
     best = passed[0] if passed else min(attempts, key=lambda a: (a.error is not None, a.max_rel_diff))
     report = TraceReport(ok=bool(passed), spec=best.spec, attempts=attempts, next_action="", fix_applied=fix,
@@ -415,45 +424,42 @@ def _judge(spec, rationale, res: _Result, reference, atol, rtol, cfg, calls, bat
     return a
 
 
-def _fixes(a: Attempt, res: _Result, reference, world_size) -> list[tuple[str, MLIPSpec, str]]:
-    """Candidate specs, in rule order, for a failed attempt."""
-    spec = a.spec
-    out = []
-    if a.error is not None and res.outputs is None:
-        return out
-    policy = spec.policy
-    fired = a.handler_counts.get("scatter_add.halo_correction", 0)
-    if isinstance(policy, HaloStoragePolicy) and policy.scatter_mode == "halo_correction" and fired:
-        layers = max(fired, 1)
-        out.append(("halo_correction_to_local",
-                    spec.with_policy(HaloStoragePolicy(scatter_mode="local", gather_mode="local", halo_layers=layers)),
-                    f"scatters stay local over a ghost shell {layers} layer(s) deep"))
-    per_graph = [k for k, d in a.diffs.items()
-                 if k not in _AUTOGRAD and k not in spec.all_reduce_outputs and d.rel >= 1e-3
-                 and spec.kind_of(k) in (OutputKind.PER_GRAPH, OutputKind.UNKNOWN)
-                 and np.ndim(reference[k]) >= 1 and np.shape(reference[k])[:1] != np.shape(reference.get("forces", ()))[:1]]
-    if per_graph:
-        out.append(("add_all_reduce", spec.with_all_reduce(*per_graph),
-                    f"sum the per-rank partials of {per_graph} across ranks"))
-    blown = []
-    for k in spec.all_reduce_outputs:
-        if k in a.diffs and not a.diffs[k].passed and res.outputs is not None and k in res.outputs:
-            scale = float(np.max(np.abs(reference[k]))) or 1.0
-            ratio = float(np.max(np.abs(res.outputs[k]))) / scale
-            if a.diffs[k].rel > 0.5 and abs(ratio - world_size) <= 0.25 * world_size:
-                blown.append(k)
-    if blown:
-        out.append(("drop_extra_all_reduce", spec.without_all_reduce(*blown),
-                    f"{blown} came out ~{world_size}x the reference: they were summed twice"))
-    return out
+def _rule_registry(fix_rules) -> FixRuleRegistry:
+    if fix_rules is None:
+        return FIX_RULES
+    if isinstance(fix_rules, FixRuleRegistry):
+        return fix_rules
+    rules = tuple(fix_rules)
+    if not all(isinstance(r, FixRule) for r in rules):
+        raise ValueError(f"fix_rules must be a FixRuleRegistry or a sequence of FixRule, got {fix_rules!r}")
+    return FixRuleRegistry(rules)
+
+
+def _program_facts(model, batch: Batch, spec: MLIPSpec) -> dict:
+    """What rules may read about the model's single-device program: the output shapes of the
+    ops the spec adapts that the program calls (traced once, when a fix is looked for, and
+    only when the spec adapts ops)."""
+    names = [a.op.name for a in spec.distribution.custom_ops]
+    return {"n_atoms": int(batch.n_atoms),
+            "op_outputs": named_op_outputs(model, _with_neighbors(model, batch), names) if names else {}}
+
+
+def _fixes(rules: FixRuleRegistry, a: Attempt, res: _Result, reference, world_size, program: dict) -> list:
+    """(rule name, FixCandidate) for a failed attempt, rules in order. Only attempts that ran
+    to outputs are fixed: a run that raised is explained by its diagnosis instead."""
+    if res.outputs is None:
+        return []
+    ctx = FixContext(a, res.outputs, reference, world_size, **program)
+    return rules.propose(ctx)
 
 
 def _next_action(report: TraceReport, world_size: int) -> str:
     if report.ok:
         best = next(a for a in report.attempts if a.passed)
         if report.fix_applied:
+            cause = f": {best.diagnosis}" if best.diagnosis else ""
             return (f"OK — passes on {world_size} ranks after auto-fix '{report.fix_applied}' (max rel diff "
-                    f"{best.max_rel_diff:.1e}); save report.spec and load it with the model")
+                    f"{best.max_rel_diff:.1e}){cause}; save report.spec and load it with the model")
         return f"OK — distributed outputs equal single device on {world_size} ranks (max rel diff {best.max_rel_diff:.1e})"
     last = report.attempts[-1]
     first = report.attempts[0]

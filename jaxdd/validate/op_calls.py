@@ -1,0 +1,55 @@
+"""Which named ops a model's single-device program calls, and the shapes of their outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import jax
+
+from ..data import Batch
+
+__all__ = ["named_op_outputs"]
+
+
+def named_op_outputs(model, batch: Batch, names: Iterable[str]) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """The output shapes of each op in ``names`` that ``model``'s forward calls on one device.
+
+    model: a model wrapper; batch: a Batch with its neighbour list (nothing is run: the
+    forward is traced to a jaxpr). names: op handles ``"namespace::op"``.
+    Returns op name -> one shape per output, in output order, from the op's first call
+    (a per-atom output has ``batch.n_atoms`` rows). Empty when the forward cannot be traced:
+    callers use it as evidence for a hypothesis, never as a requirement.
+    """
+    wanted = set(names)
+    if not wanted:
+        return {}
+    try:
+        closed = jax.make_jaxpr(lambda b: model(b))(batch)
+    except Exception:  # a courtesy for diagnostics; the comparison does not depend on it
+        return {}
+    found: dict[str, tuple[tuple[int, ...], ...]] = {}
+    for eqn in _equations(closed.jaxpr):
+        # A registered op is a jit named after its handle (see jaxdd.ops.OpHandle).
+        name = eqn.params.get("name")
+        if name in wanted and name not in found:
+            found[name] = tuple(tuple(getattr(v.aval, "shape", ())) for v in eqn.outvars)
+    return found
+
+
+def _equations(jaxpr) -> Iterator:
+    """Every equation of ``jaxpr`` and of the jaxprs nested in its equations' parameters."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in _nested(value):
+                yield from _equations(sub)
+
+
+def _nested(value) -> Iterator:
+    if hasattr(value, "eqns"):  # a Jaxpr
+        yield value
+    elif hasattr(value, "jaxpr") and hasattr(value, "consts"):  # a ClosedJaxpr
+        yield value.jaxpr
+    elif isinstance(value, (tuple, list)):  # cond branches
+        for v in value:
+            yield from _nested(v)
