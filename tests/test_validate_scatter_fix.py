@@ -79,6 +79,11 @@ def forgotten():
     return GatedMPNN(FORGOTTEN)
 
 
+def forgotten_with_a_partial():
+    return GatedMPNN(FORGOTTEN.with_output_kinds(partial_z=OutputKind.PER_GRAPH),
+                     outputs=("energy", "forces", "partial_z"))
+
+
 def right_with_a_partial():
     spec = RIGHT.with_output_kinds(partial_z=OutputKind.PER_GRAPH)
     return GatedMPNN(spec, outputs=("energy", "forces", "partial_z"))
@@ -124,6 +129,16 @@ def test_a_failure_with_another_cause_is_not_blamed_on_scatter_outputs():
     assert tried and not any(a.passed for a in tried)
     assert "ScatterOutputs" not in report.next_action and "ScatterOutputs" not in report.attempts[-1].diagnosis
     assert "partial_z" in report.attempts[-1].diagnosis
+
+
+@pytest.mark.slow
+def test_two_causes_are_fixed_together_and_both_named():
+    report = trace_and_validate(forgotten_with_a_partial, SYSTEM, world_size=2, atol=1e-9, rtol=1e-10)
+    assert report.ok and report.fix_applied == "add_all_reduce", report.summary()
+    assert report.spec.distribution == RIGHT.distribution and report.spec.all_reduce_outputs == {"partial_z"}
+    why = report.attempts[-1].diagnosis
+    assert why.startswith(f"op '{OP}' output 1 holds ghost partial sums") and "'partial_z'" in why
+    assert why in report.next_action
 
 
 # ----------------------------------------------------------------------------- the rule, unit
