@@ -61,18 +61,20 @@ def _transforms(indices: Sequence[int]) -> str:
 
 
 def _said(sites: Sequence[tuple[str, int]], hypothesis: bool) -> str:
-    """One clause per op: 'op 'x' output 0 holds ghost partial sums: add ...'."""
+    """One clause per op: the hypothesis (``may hold ... try``) or the confirmed cause and fix
+    (``holds ... add ... on its OpAdapter``)."""
     by_op: dict[str, list[int]] = {}
     for name, i in sites:
         by_op.setdefault(name, []).append(i)
     clauses = []
     for name, indices in by_op.items():
-        which = (f"output {indices[0]}" if len(indices) == 1
-                 else "outputs " + ", ".join(map(str, indices)))
-        verb = ("may hold" if hypothesis else "hold") if len(indices) > 1 else ("may hold" if hypothesis else "holds")
-        action = "try" if hypothesis else "add"
-        clauses.append(f"op {name!r} {which} {verb} ghost partial sums: {action} "
-                       f"output_transforms={_transforms(indices)}" + ("" if hypothesis else " on its OpAdapter"))
+        one = len(indices) == 1
+        which = f"output {indices[0]}" if one else "outputs " + ", ".join(map(str, indices))
+        if hypothesis:
+            clauses.append(f"op {name!r} {which} may hold ghost partial sums: try output_transforms={_transforms(indices)}")
+        else:
+            clauses.append(f"op {name!r} {which} {'holds' if one else 'hold'} ghost partial sums: add "
+                           f"output_transforms={_transforms(indices)} on its OpAdapter")
     return "; ".join(clauses)
 
 
