@@ -48,7 +48,8 @@ except AttributeError:  # moved in some JAX releases
     from jax._src.core import Tracer as _Tracer
 
 
-def _is_concrete(*xs: Any) -> bool:
+def is_concrete(*xs: Any) -> bool:
+    """Whether every one of ``xs`` holds values now (no tracer: checks on values can run)."""
     return not any(isinstance(x, _Tracer) for x in xs)
 
 
@@ -160,7 +161,7 @@ def _check_shapes(owner: str, positions, atomic_numbers, charges, masses, veloci
 
 
 def _check_finite(owner: str, name: str, arr: Any, rows: np.ndarray | None = None) -> None:
-    if arr is None or not _is_concrete(arr):
+    if arr is None or not is_concrete(arr):
         return
     a = np.asarray(arr)
     bad = ~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1)
@@ -179,7 +180,7 @@ def _check_atom_values(owner: str, positions, atomic_numbers, charges, masses, v
     # Padding rows are checked for finiteness too: a NaN there poisons gradients even
     # when it is masked out of the forward value.
     _check_finite(owner, "positions", positions)
-    if _is_concrete(atomic_numbers):
+    if is_concrete(atomic_numbers):
         z = np.asarray(atomic_numbers)
         bad = z < 1 if real is None else (z < 1) & real
         if bad.any():
@@ -191,7 +192,7 @@ def _check_atom_values(owner: str, positions, atomic_numbers, charges, masses, v
     _check_finite(owner, "charges", charges, real)
     _check_finite(owner, "velocities", velocities, real)
     _check_finite(owner, "masses", masses, real)
-    if masses is not None and _is_concrete(masses):
+    if masses is not None and is_concrete(masses):
         m = np.asarray(masses)
         bad = m <= 0 if real is None else (m <= 0) & real
         if bad.any():
@@ -207,7 +208,7 @@ def _check_cells(owner: str, cell, pbc, systems: np.ndarray | None) -> None:
     The periodic rows must be non-zero and linearly independent; independence is judged by
     the Gram determinant det(P Pᵀ) / Π|aᵢ|², which is scale-free and lies in [0, 1].
     """
-    if not _is_concrete(cell, pbc):
+    if not is_concrete(cell, pbc):
         return
     cell = np.asarray(cell, dtype=np.float64)
     pbc = np.asarray(pbc)
@@ -529,11 +530,11 @@ class Batch:
                 f"got shape {tuple(system_mask.shape)}"
             )
 
-        if _is_concrete(batch_idx, ptr, atom_mask, system_mask):
+        if is_concrete(batch_idx, ptr, atom_mask, system_mask):
             _check_layout(owner, batch_idx, ptr, atom_mask, system_mask)
         # Traced masks: the per-atom / per-system value checks below cover all rows.
-        real_atoms = np.asarray(atom_mask) if _is_concrete(atom_mask) else None
-        real_systems = np.asarray(system_mask) if _is_concrete(system_mask) else None
+        real_atoms = np.asarray(atom_mask) if is_concrete(atom_mask) else None
+        real_systems = np.asarray(system_mask) if is_concrete(system_mask) else None
         _check_atom_values(owner, positions, atomic_numbers, charges, masses, velocities,
                            real_atoms)
         _check_cells(owner, cell, pbc, real_systems)
@@ -619,7 +620,7 @@ class Batch:
         n_atoms = integral("Batch.pad: n_atoms", n_atoms, minimum=0)
         n_systems = self.n_systems if n_systems is None else integral("Batch.pad: n_systems", n_systems, minimum=0)
         v, s = self.n_atoms, self.n_systems
-        if _is_concrete(self.ptr, self.system_mask):
+        if is_concrete(self.ptr, self.system_mask):
             real_v, real_s = self.num_real_atoms(), self.num_real_systems()
             if n_atoms < real_v:
                 raise ValueError(

@@ -30,19 +30,19 @@ from jax.sharding import PartitionSpec as P
 
 from . import programs
 from ._checks import integral
-from .adapters import AdapterRegistry
-from .context import DDContext, dd_scope
-from .data import AtomicData, Batch, as_batch
-from .dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model, warn_fallbacks
-from .driver import _check_stress_cells, _default_order, _model_config, bucketed_atoms, unpad_atoms
-from .graph_partition import STRATEGIES, block_capacity, block_neighbor_list, gathered_inputs, node_blocks
-from .halo import HaloLayout, HaloPlan, _headroom, build_halo_plan, build_rank_plans, halo_forward
+from .capacity import Capacities, factors, headroom
+from .data import AtomicData, Batch, as_batch, is_concrete
+from .dispatch import DispatchError, DispatchReport, Kind, warn_fallbacks
+from .driver import bucketed_atoms, check_stress_cells, default_order, model_config, unpad_atoms
+from .graph_partition import STRATEGIES, block_capacity, node_blocks
+from .halo import HaloLayout, HaloPlan, build_halo_plan, build_rank_plans
 from .model import ModelOutputs
-from .neighbors import (NEIGHBOR_BACKENDS, NeighborCapacity, NeighborListFormat, capacity_bucket,
-                        local_neighbor_list, neighbor_capacity)
-from .partition import Partition, partition
-from .segments import per_system_sum
+from .neighbors import (NEIGHBOR_BACKENDS, NeighborCapacity, NeighborListFormat, NeighborStats, capacity_bucket,
+                        neighbor_capacity)
 from .ops import GraphParallelPolicy, HaloRefreshPolicy, HaloStoragePolicy
+from .partition import Partition, partition
+from .rank_program import (RankInputs, RankProgram, ReportSink, agree_max, neighbor_needs, neighbor_stats, on_ranks,
+                           own_ranks, rank_evaluate)
 from .spec import SPEC_MPNN_HALO, MLIPSpec, OutputKind
 
 __all__ = ["DomainConfig", "DistributedModel", "PartitionHealth", "default_mesh"]
@@ -99,7 +99,8 @@ class DomainConfig:
     domains with a ghost shell) or ``"graph_partition"`` (contiguous node blocks, node
     features all-gathered per layer; see :mod:`jaxdd.graph_partition`); None (default):
     graph_partition when the spec's policy is :class:`~jaxdd.ops.GraphParallelPolicy`, else halo.
-    capacity_factor: headroom of the static capacities (>= 1). migration_hysteresis: how far
+    capacity_factor: headroom of the static capacities (>= 1; None, the default: the spec's
+    ``CompilePolicy.capacity_factor``, else 1.2; see :mod:`jaxdd.capacity`). migration_hysteresis: how far
     an atom may leave its block before it migrates (default skin / 2; used by dynamics).
     require_nondegenerate: raise instead of warning when the ghost shell covers every atom.
     neighbor_backend: how each rank searches its rows for neighbours: ``"kernel"`` (the
@@ -114,7 +115,7 @@ class DomainConfig:
     ghost_width: float | None = None
     grid: tuple[int, int, int] | None = None
     strategy: str | None = None
-    capacity_factor: float = 1.2
+    capacity_factor: float | None = None
     migration_hysteresis: float | None = None
     require_nondegenerate: bool = False
     neighbor_backend: str = "auto"
@@ -133,8 +134,8 @@ class DomainConfig:
         if self.neighbor_backend not in NEIGHBOR_BACKENDS:
             raise ValueError(f"DomainConfig.neighbor_backend must be one of {list(NEIGHBOR_BACKENDS)}, "
                              f"got {self.neighbor_backend!r}")
-        factor = _positive("capacity_factor", self.capacity_factor)
-        if factor < 1:
+        factor = None if self.capacity_factor is None else _positive("capacity_factor", self.capacity_factor)
+        if factor is not None and factor < 1:
             raise ValueError(f"DomainConfig.capacity_factor must be >= 1, got {factor}")
         hyst = skin / 2 if self.migration_hysteresis is None else _positive(
             "migration_hysteresis", self.migration_hysteresis, allow_zero=True)
@@ -220,46 +221,6 @@ class PartitionHealth:
         return "\n".join(rows)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Static:
-    """Everything that shapes the compiled program (hashable)."""
-
-    layout: HaloLayout
-    nl_capacity: NeighborCapacity
-    search_cutoff: float
-    nl_format: NeighborListFormat
-    nl_backend: str
-    nl_half: bool
-    strategy: str
-    policy: object
-    autograd: frozenset  # outputs the framework derives (ModelConfig.autograd_outputs)
-    outputs: tuple[str, ...]
-    energy_key: str
-    use_node_energy: bool
-    deep: bool
-    n_systems: int
-    mesh: Mesh
-    spec: MLIPSpec
-    sink: "_ReportSink"  # compared by identity: each DistributedModel keeps its own reports
-
-
-class _ReportSink:
-    """Dispatch reports of the programs one DistributedModel traced, by their static key."""
-
-    def __init__(self):
-        self._reports = {}
-
-    def put(self, static, report) -> None:
-        self._reports[_key(static)] = report
-
-    def get(self, static):
-        return None if static is None else self._reports.get(_key(static))
-
-
-def _key(static: _Static):
-    return dataclasses.replace(static, sink=None)
-
-
 class DistributedModel:
     """A wrapper run under spatial domain decomposition; call it like ``jaxdd.compute``.
 
@@ -270,7 +231,7 @@ class DistributedModel:
     """
 
     def __init__(self, model, domain_config: DomainConfig, spec: MLIPSpec | None = None):
-        cfg = _model_config(model)
+        cfg = model_config(model)
         if not isinstance(domain_config, DomainConfig):
             raise ValueError(f"domain_config must be a DomainConfig, got {domain_config!r}")
         spec = spec if spec is not None else (model.distribution_spec or SPEC_MPNN_HALO)
@@ -323,13 +284,14 @@ class DistributedModel:
         self.use_node_energy = use_node
         self.ghost_width = ghost_width
         self.deep_halo = deep
+        self.capacity_factor, self.growth_factor = factors(domain_config.capacity_factor, spec.compile)
         self._model = model
-        self._halo_capacity = None
+        #: The static sizes the next program compiles with (None until the first plan).
+        self.capacities: Capacities | None = None
         self._halo_regrowths = 0  # halo capacity growths since the last recorded call
         self._bucketed_capacity = {}  # bucketed halo capacity by exchange pattern, see _bucket_plan
-        self._nl_capacity = None
-        self._reports = _ReportSink()
-        self._last_static = None
+        self._reports = ReportSink()
+        self._last_program = None
         self.health: PartitionHealth | None = None
 
     @property
@@ -346,7 +308,7 @@ class DistributedModel:
     def needed_ghost_width(self, model=None) -> float:
         """The ghost shell (Å) ``model`` (default: the wrapped one) needs: its neighbour range
         (cutoff + skin), times the halo layers of a deep halo; 0 for node blocks (no shell)."""
-        nc = _model_config(self._model if model is None else model).neighbor_config
+        nc = model_config(self._model if model is None else model).neighbor_config
         if nc is None or self.strategy != "halo":
             return 0.0
         return self.policy.halo_layers * nc.search_cutoff if self.deep_halo else nc.search_cutoff
@@ -371,14 +333,19 @@ class DistributedModel:
                 f"the DistributedModel with DomainConfig(cutoff=..., skin=...) covering {need:.6g} Å")
 
     @property
+    def last_program(self) -> RankProgram | None:
+        """The :class:`~jaxdd.rank_program.RankProgram` the last call or :meth:`prepare` built (None before)."""
+        return self._last_program
+
+    @property
     def dispatch_report(self):
         """The :class:`~jaxdd.dispatch.DispatchReport` of the program the last call ran (None before a call)."""
-        return self._reports.get(self._last_static)
+        return self._reports.get(self._last_program)
 
     # ------------------------------------------------------------------ host side
 
     def plan(self, batch: Batch, grid=None, *, bucketed: bool = False) -> tuple[Partition, HaloPlan]:
-        """Partition ``batch`` and plan its halo (growing the stored capacities if needed).
+        """Partition ``batch`` and plan its halo (growing :attr:`capacities` if needed).
 
         grid: the rank grid (default ``DomainConfig.grid``, else the least-surface one).
         bucketed: round the owned rows and exchange slots up to capacity buckets
@@ -388,28 +355,31 @@ class DistributedModel:
         if self.strategy == "graph_partition":
             # Node blocks keep their exact size: padded block rows gave wrong NequIP energies on
             # molecules over 8 ranks (tests/test_graph_parallel.py, slow set).
-            return node_blocks(batch.batch_idx, batch.atom_mask, batch.pbc, cfg.n_ranks)
+            part, plan = node_blocks(batch.batch_idx, batch.atom_mask, batch.pbc, cfg.n_ranks)
+            self.capacities = dataclasses.replace(self.capacities or Capacities(0), owned=plan.layout.n_owned)
+            return part, plan
         part = partition(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
                          cfg.n_ranks, grid=grid if grid is not None else cfg.grid)
         # With several processes each plans only the ranks on its own devices; they agree on
         # the capacities (maxima of a few integers) so that every rank runs one program shape.
         ranks = own_ranks(cfg.mesh)
-        capacity = self._halo_capacity
+        capacity = None if self.capacities is None else self.capacities.halo
         if ranks is not None and capacity is None:
-            needs = build_rank_plans(part, self.ghost_width, ranks, capacity_factor=cfg.capacity_factor)
+            needs = build_rank_plans(part, self.ghost_width, ranks, capacity_factor=self.capacity_factor)
             needs = agree_max([needs.needed_owned, *needs.needed_exchange])
-            capacity = (_headroom(needs[0], cfg.capacity_factor), tuple(_headroom(n, cfg.capacity_factor)
-                                                                       for n in needs[1:]))
+            capacity = (headroom(needs[0], self.capacity_factor),
+                        tuple(headroom(n, self.capacity_factor) for n in needs[1:]))
         plan = self._plan_ranks(part, ranks, capacity)
         if plan.overflow:
-            grown = (max(plan.layout.n_owned, _grow(plan.needed_owned, cfg.capacity_factor)),
-                     tuple(max(e.capacity, _grow(n, cfg.capacity_factor))
-                           for e, n in zip(plan.layout.exchanges, plan.needed_exchange)))
-            plan = self._plan_ranks(part, ranks, grown)
+            have = Capacities(plan.layout.n_owned, tuple(e.capacity for e in plan.layout.exchanges))
+            grown = have.grown(self.growth_factor, owned=plan.needed_owned, exchange=plan.needed_exchange)
+            plan = self._plan_ranks(part, ranks, grown.halo)
             self._halo_regrowths += 1
         if bucketed:
             plan = self._bucket_plan(part, ranks, plan)
-        self._halo_capacity = (plan.layout.n_owned, tuple(e.capacity for e in plan.layout.exchanges))
+        layout = plan.layout
+        self.capacities = dataclasses.replace(
+            self.capacities or Capacities(0), owned=layout.n_owned, exchange=tuple(e.capacity for e in layout.exchanges))
         self._check_degenerate(part, plan)
         return part, plan
 
@@ -429,10 +399,9 @@ class DistributedModel:
     def _plan_ranks(self, part: Partition, ranks, capacity) -> HaloPlan:
         """The plan of ``ranks`` (None: all) with ``capacity``; with several processes its
         needs are agreed over all of them."""
-        cfg = self.config
         if ranks is None:
-            return build_halo_plan(part, self.ghost_width, capacity_factor=cfg.capacity_factor, capacity=capacity)
-        plan = build_rank_plans(part, self.ghost_width, ranks, capacity_factor=cfg.capacity_factor, capacity=capacity)
+            return build_halo_plan(part, self.ghost_width, capacity_factor=self.capacity_factor, capacity=capacity)
+        plan = build_rank_plans(part, self.ghost_width, ranks, capacity_factor=self.capacity_factor, capacity=capacity)
         needs = agree_max([plan.needed_owned, *plan.needed_exchange])
         layout = plan.layout
         overflow = needs[0] > layout.n_owned or any(n > e.capacity for n, e in zip(needs[1:], layout.exchanges))
@@ -453,8 +422,14 @@ class DistributedModel:
                 raise ValueError(msg)
             warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
-    def _inputs(self, batch: Batch, part: Partition, plan: HaloPlan) -> dict:
-        """Per-rank arrays, stacked on a leading [P] axis."""
+    def rank_inputs(self, batch: Batch, part: Partition, plan: HaloPlan) -> tuple[RankInputs, np.ndarray]:
+        """The rows every rank reads for ``batch`` under ``plan``, on the host.
+
+        Returns:
+          (inputs, local_positions): a :class:`~jaxdd.rank_program.RankInputs` of host arrays
+          (``program`` unset; place it with :meth:`RankInputs.place`) and every rank's local
+          rows' positions ``[P, n_local, 3]`` Å, ghost images included (to size neighbour lists).
+        """
         n_owned = plan.layout.n_owned
         ids = plan.local_ids  # [P, n_local]
         valid = ids >= 0
@@ -504,8 +479,7 @@ class DistributedModel:
         by_owner = real[np.argsort(part.owner[real], kind="stable")]
         first = np.searchsorted(part.owner[by_owner], part.owner[by_owner])
         gather[by_owner] = part.owner[by_owner] * n_owned + (np.arange(len(by_owner)) - first)
-        # Host arrays: placed by place_inputs, each process sending only its devices' rows.
-        return dict(
+        inputs = RankInputs(
             local=jax.tree_util.tree_map(np.asarray, local),
             own_pos=np.asarray(own_pos, dtype),
             own_sys=np.asarray(own_sys, np.int32),
@@ -514,27 +488,34 @@ class DistributedModel:
             cell=np.asarray(cell, dtype),
             system_mask=np.asarray(batch.system_mask),
             gather=np.asarray(gather, np.int32),
-            local_positions_host=(wrapped[safe] + np.einsum("pli,plij->plj", plan.local_shifts, cell[part.system[safe]])),
+            n_atoms=batch.n_atoms,
         )
+        local_positions = wrapped[safe] + np.einsum("pli,plij->plj", plan.local_shifts, cell[part.system[safe]])
+        return inputs, local_positions
 
-    def _size_neighbors(self, inputs: dict) -> NeighborCapacity:
-        pos = inputs["local_positions_host"]
-        local = inputs["local"]
-        n_owned = inputs["own_pos"].shape[1]
-        nc = _model_config(self.model).neighbor_config
+    def size_neighbors(self, inputs: RankInputs, local_positions: np.ndarray) -> NeighborCapacity:
+        """The neighbour-list capacity every rank's list needs for these rows, with headroom.
+
+        Args:
+          inputs, local_positions: as :meth:`rank_inputs` returns them (host arrays).
+        """
+        pos = np.asarray(local_positions)
+        local = inputs.local
+        n_owned = inputs.own_pos.shape[1]
+        nc = model_config(self.model).neighbor_config
         if self.strategy == "graph_partition":
             n_ranks = pos.shape[0]
             return block_capacity(
-                pos.reshape(-1, 3), np.asarray(inputs["cell"]), np.asarray(local.pbc[0]),
+                pos.reshape(-1, 3), np.asarray(inputs.cell), np.asarray(local.pbc[0]),
                 np.asarray(local.batch_idx).reshape(-1), np.asarray(local.atom_mask).reshape(-1), n_ranks, n_owned,
-                cutoff=nc.search_cutoff, headroom=self.config.capacity_factor, max_neighbors=nc.max_neighbors or 1)
+                cutoff=nc.search_cutoff, headroom=self.capacity_factor, max_neighbors=nc.max_neighbors or 1)
         # Systems sized apart, as the ranks search them: a batch of molecules that overlap in
         # space (each in its own box) would otherwise count each other as neighbours.
         n_sys = int(local.cell.shape[1])
         caps = [
             neighbor_capacity(pos[r], np.broadcast_to(np.eye(3), (n_sys, 3, 3)), np.zeros((n_sys, 3), bool),
                               np.asarray(local.batch_idx[r]), np.asarray(local.atom_mask[r]), cutoff=nc.search_cutoff,
-                              headroom=self.config.capacity_factor, half=nc.half_list,
+                              headroom=self.capacity_factor, half=nc.half_list,
                               n_receivers=pos.shape[1] if self.deep_halo else n_owned)
             for r in range(pos.shape[0])
         ]
@@ -548,15 +529,21 @@ class DistributedModel:
                                    max_candidates=int(sizes[2]), search_range=tuple(int(x) for x in sizes[3:6]),
                                    max_bins=None if cover.max_bins is None else int(sizes[6]))
 
+    def grow_neighbors(self, needed: NeighborStats) -> None:
+        """Grow the neighbour capacity of :attr:`capacities` to hold ``needed`` (an overflow's
+        sizes), by the growth factor; the next program compiles with it."""
+        grown = self.capacities.grown(self.growth_factor, neighbors=needed)
+        self.capacities = dataclasses.replace(grown, neighbors=grown.neighbors.bucketed())
+
     # ------------------------------------------------------------------ call
 
-    def _prepare(self, data, outputs):
-        cfg = _model_config(self.model)
-        outputs = cfg.check_outputs(_default_order(cfg.active_outputs) if outputs is None else outputs)
+    def _check_call(self, data, outputs) -> tuple[Batch, tuple[str, ...]]:
+        cfg = model_config(self.model)
+        outputs = cfg.check_outputs(default_order(cfg.active_outputs) if outputs is None else outputs)
         batch = as_batch(data)
         self.model.validate_input(batch)
         if "stress" in outputs:
-            _check_stress_cells(batch)
+            check_stress_cells(batch)
         self.spec.check_outputs(outputs)
         # The output layout of the sharded program is fixed before tracing, so a key the
         # framework does not derive itself needs a declared kind (no shape heuristic here).
@@ -567,54 +554,129 @@ class DistributedModel:
                 f"outputs {undeclared} have no OutputKind in the spec; DistributedModel needs one to lay them "
                 "out across ranks: spec.with_output_kinds(key=OutputKind.PER_NODE or PER_GRAPH or GLOBAL)"
             )
-        part, plan = self.plan(batch, bucketed=True)
-        inputs = self._inputs(batch, part, plan)
-        host_pos = inputs.pop("local_positions_host")
-        if self._nl_capacity is None:
-            self._nl_capacity = self._size_neighbors({**inputs, "local_positions_host": host_pos}).bucketed()
-        return batch, outputs, part, plan, place_inputs(inputs, self.config.mesh, plan.ranks)
+        return batch, outputs
 
-    def _static(self, batch, outputs, plan) -> _Static:
-        static = _Static(
-            layout=plan.layout,
-            nl_capacity=self._nl_capacity,
-            search_cutoff=_model_config(self.model).neighbor_config.search_cutoff,
-            nl_format=_model_config(self.model).neighbor_config.format,
+    def _prepare(self, data, outputs, *, size: bool) -> tuple[Partition, HaloPlan, RankInputs]:
+        """Plan ``data`` and lay it out; ``size``: size the neighbour lists for these positions
+        (else only when no capacity is known yet: a call regrows on overflow instead)."""
+        batch, outputs = self._check_call(data, outputs)
+        part, plan = self.plan(batch, bucketed=True)
+        inputs, local_positions = self.rank_inputs(batch, part, plan)
+        known = self.capacities.neighbors
+        if size or known is None:
+            fit = self.size_neighbors(inputs, local_positions)
+            fit = fit if known is None else NeighborCapacity.covering([known, fit])
+            if fit != known:
+                self.capacities = dataclasses.replace(self.capacities, neighbors=fit.bucketed())
+        program = self.program(batch.n_systems, outputs, plan.layout)
+        return part, plan, dataclasses.replace(inputs.place(self.config.mesh, plan.ranks), program=program)
+
+    def prepare(self, data: AtomicData | Batch, outputs: Iterable[str] | str | None = None) -> RankInputs:
+        """The host work of a call: partition, halo plan, capacities sized for these positions,
+        and the rows of every rank placed on the mesh.
+
+        Args:
+          data: the atoms (an :class:`~jaxdd.AtomicData` or :class:`~jaxdd.Batch`).
+          outputs: output keys (default: the model's active outputs).
+
+        Returns:
+          A :class:`~jaxdd.rank_program.RankInputs` (a pytree) for :meth:`apply`; its
+          ``program`` holds the static program (layout, capacities, outputs).
+        """
+        return self._prepare(data, outputs, size=True)[2]
+
+    def program(self, n_systems: int, outputs: tuple[str, ...], layout: HaloLayout) -> RankProgram:
+        """The :class:`~jaxdd.rank_program.RankProgram` of this model for ``n_systems`` systems,
+        ``outputs`` and a halo ``layout``, with the neighbour capacity of :attr:`capacities`."""
+        nc = model_config(self.model).neighbor_config
+        program = RankProgram(
+            layout=layout,
+            nl_capacity=self.capacities.neighbors,
+            search_cutoff=nc.search_cutoff,
+            nl_format=nc.format,
             nl_backend=self.config.neighbor_search,
-            nl_half=bool(_model_config(self.model).neighbor_config.half_list),
+            nl_half=bool(nc.half_list),
             strategy=self.strategy,
             policy=self.policy,
-            autograd=frozenset(_model_config(self.model).autograd_outputs),
-            outputs=outputs,
+            autograd=frozenset(model_config(self.model).autograd_outputs),
+            outputs=tuple(outputs),
             energy_key=self.energy_key,
             use_node_energy=self.use_node_energy,
             deep=self.deep_halo,
-            n_systems=batch.n_systems,
+            n_systems=int(n_systems),
             mesh=self.config.mesh,
             spec=self.spec,
             sink=self._reports,
         )
-        self._last_static = static
-        return static
+        self._last_program = program
+        return program
+
+    def apply(self, model, inputs: RankInputs) -> ModelOutputs:
+        """Evaluate ``model`` on prepared inputs: a pure function of both.
+
+        ``model``'s arrays are pytree leaves, so ``jax.jit(dm.apply)`` and ``jax.grad`` of a
+        loss over its outputs with respect to the model's parameters work; the result equals
+        :meth:`__call__` and ``jaxdd.compute``. The capacities are those :meth:`prepare`
+        sized for these positions, so every neighbour fits. Should a list overflow all the
+        same (inputs altered after :meth:`prepare`), no pair is dropped silently: a call
+        outside a trace raises, and under ``jit`` or ``grad`` every output is NaN.
+
+        Args:
+          model: a model like the wrapped one (e.g. with other parameters), with the same
+            neighbour configuration (cutoff, skin, format).
+          inputs: from :meth:`prepare`.
+
+        Returns:
+          :class:`~jaxdd.ModelOutputs`, in the batch's atom order.
+        """
+        if not isinstance(inputs, RankInputs) or inputs.program is None:
+            raise TypeError(f"DistributedModel.apply takes the inputs DistributedModel.prepare returns, got "
+                            f"{type(inputs).__name__}")
+        nc, program = model_config(model).neighbor_config, inputs.program
+        if nc is None or (nc.search_cutoff, NeighborListFormat(nc.format), bool(nc.half_list)) != (
+                program.search_cutoff, NeighborListFormat(program.nl_format), program.nl_half):
+            raise ValueError(
+                f"DistributedModel.apply: {type(model).__name__}'s neighbour configuration ({nc}) is not the one the "
+                f"inputs were prepared for (search cutoff {program.search_cutoff} Å, {program.nl_format}); "
+                "prepare them with a DistributedModel of this model")
+        out, overflow, _ = _run(model, dataclasses.replace(inputs, n_atoms=0))
+        if is_concrete(overflow):
+            if bool(overflow):
+                raise RuntimeError(
+                    "a neighbour list overflowed its capacity in DistributedModel.apply: the inputs were altered "
+                    "after DistributedModel.prepare; prepare them again (a DistributedModel call regrows by itself)")
+        else:
+            out = {k: jnp.where(overflow, jnp.nan, v) if jnp.issubdtype(v.dtype, jnp.inexact) else v
+                   for k, v in out.items()}
+        n = inputs.n_atoms
+        per_node = _per_node_keys(program)
+        return ModelOutputs({k: (v[:n] if k in per_node else v) for k, v in out.items()})
 
     def lower(self, data: AtomicData | Batch, outputs: Iterable[str] | str | None = None):
         """The lowered XLA program of one call (``.compile().cost_analysis()``, ``.memory_analysis()``)."""
-        batch, outputs, _, plan, inputs = self._prepare(data, outputs)
-        return _run.lower(self.model, inputs, self._static(batch, outputs, plan))
+        _, _, inputs = self._prepare(data, outputs, size=False)
+        return _run.lower(self.model, dataclasses.replace(inputs, n_atoms=0))
 
     def __call__(self, data: AtomicData | Batch, outputs: Iterable[str] | str | None = None) -> ModelOutputs:
-        """Evaluate the model distributed; same keys, shapes and atom order as ``jaxdd.compute``."""
+        """Evaluate the model distributed; same keys, shapes and atom order as ``jaxdd.compute``.
+
+        :meth:`prepare` and :meth:`apply`, except that neighbour capacities are sized once
+        and grown (a new program) when a list overflows."""
         programs.check()  # a long-lived process: drop jaxdd's programs when its code mappings crowd
-        batch, outputs, part, plan, inputs = self._prepare(data, outputs)
+        part, plan, inputs = self._prepare(data, outputs, size=False)
+        n_atoms = inputs.n_atoms
+        inputs = dataclasses.replace(inputs, n_atoms=0)  # the program does not depend on the atom count
         recompiles = 0
         for _ in range(self.spec.compile.max_regrowths if self.spec.compile else 8):
-            out, overflow, needed = _run(self.model, inputs, self._static(batch, outputs, plan))
+            out, overflow, needed = _run(self.model, inputs)
             if not bool(overflow):
                 self._record_health(part, plan, recompiles)
                 self._warn_once()
-                return unpad_atoms(out, batch.n_atoms, int(inputs["gather"].shape[0]), self.spec)
+                return unpad_atoms(out, n_atoms, int(inputs.gather.shape[0]), self.spec)
             recompiles += 1
-            self._nl_capacity = self._nl_capacity.grown(_stats(needed), self.config.capacity_factor).bucketed()
+            self.grow_neighbors(neighbor_stats(needed))
+            inputs = dataclasses.replace(
+                inputs, program=self.program(inputs.program.n_systems, inputs.program.outputs, plan.layout))
         raise RuntimeError(f"neighbour lists still overflowed after {recompiles} capacity increases")
 
     def _warn_once(self) -> None:
@@ -634,7 +696,7 @@ class DistributedModel:
             remote=n_real - held,
             owned_capacity=plan.layout.n_owned,
             ghost_capacity=plan.layout.n_ghost,
-            edge_capacity=self._nl_capacity.max_edges,
+            edge_capacity=self.capacities.neighbors.max_edges,
             recompiles=recompiles + self._halo_regrowths,
             devices=self.config.n_ranks,
             devices_present=jax.device_count(),
@@ -651,284 +713,84 @@ def _per_rank(plan: HaloPlan, values) -> np.ndarray:
     return agree_max(full)
 
 
-#: Inputs with one row block per rank (leading [P] axis); the rest are the same on every rank.
-RANKED_INPUTS = ("local", "own_pos", "own_sys", "owned_rows", "routing")
-
-
-def place_inputs(inputs: dict, mesh: Mesh, ranks=None) -> dict:
-    """Host arrays of :meth:`DistributedModel._inputs` on the mesh: rank blocks on their
-    devices, the rest replicated. ranks: the ranks whose blocks the arrays hold (None:
-    every rank, [P, ...]); with several processes, each holds only its own devices' ranks."""
-    replicated = NamedSharding(mesh, P())
-    return {k: place_ranked(v, mesh, ranks) if k in RANKED_INPUTS else jax.device_put(v, replicated)
-            for k, v in inputs.items()}
-
-
-def place_ranked(tree, mesh: Mesh, ranks=None):
-    """Per-rank host blocks ``[len(ranks), ...]`` (a pytree) as global ``[P, ...]`` arrays
-    split over the mesh; ranks None: the blocks of every rank. Only this process's devices
-    are written, so a process never builds or sends another process's rows."""
-    ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
-    if ranks is None:
-        return jax.device_put(tree, ranked)
-    where = {int(r): i for i, r in enumerate(ranks)}
-    n_ranks = int(mesh.size)
-
-    def put(x):
-        x = np.asarray(x)
-        shape = (n_ranks,) + x.shape[1:]
-        pieces = [jax.device_put(x[where[idx[0].start]:where[idx[0].start] + 1], device)
-                  for device, idx in ranked.addressable_devices_indices_map(shape).items()]
-        return jax.make_array_from_single_device_arrays(shape, ranked, pieces)
-
-    return jax.tree_util.tree_map(put, tree)
-
-
-def own_ranks(mesh: Mesh):
-    """The ranks (blocks of the ``[P, ...]`` arrays) on this process's devices, in order, or
-    None when this process drives every device."""
-    if jax.process_count() == 1:
-        return None
-    ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
-    return tuple(sorted(idx[0].start for idx in ranked.addressable_devices_indices_map((int(mesh.size),)).values()))
-
-
-def agree_max(values) -> np.ndarray:
-    """The elementwise maximum of an integer vector over every process (itself with one)."""
-    values = np.asarray(values, np.int64)
-    if jax.process_count() == 1:
-        return values
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(values)).reshape(-1, values.size).max(axis=0)
-
-
 def _distinct_held(plan: HaloPlan) -> np.ndarray:
     """Atoms of which each rank holds a row, [P] (ghost rows count images, so may repeat)."""
     return np.array([np.unique(ids[ids >= 0]).size for ids in plan.local_ids])
 
 
-def _grow(n: int, factor: float) -> int:
-    return max(1, int(math.ceil(n * max(factor, 1.25))))
-
-
-def _stats(needed):
-    from .neighbors import NeighborStats
-
-    return NeighborStats(
-        edges=int(needed["edges"]),
-        neighbors=int(needed["neighbors"]),
-        candidates=int(needed["candidates"]),
-        search_range=tuple(int(x) for x in np.asarray(needed["range"])),
-        bins=int(needed["bins"]),
-    )
-
-
-def rank_neighbors(positions, local, static: _Static, cell=None, routing=None):
-    """This rank's neighbour list over its local rows ([n_local, 3] Å, ghosts included) for the
-    model's search cutoff; only owned rows are receivers unless the halo is deep. Under the
-    graph-parallel strategy the search runs over every rank's rows (gathered here) in the
-    real ``cell`` ([S, 3, 3]) with the batch's pbc, and senders index the stacked rows.
-    A half list keeps each pair on one rank: the edge from the row of lower (global id,
-    image shift), which needs this rank's ``routing`` (its rows' ids and shifts)."""
-    layout, n_sys = static.layout, static.n_systems
-    if static.strategy == "graph_partition":
-        axes = tuple(static.mesh.axis_names)
-        all_pos, all_sys, all_mask = gathered_inputs(local, positions, axes)
-        return block_neighbor_list(
-            all_pos, jax.lax.stop_gradient(cell), local.pbc, all_sys, all_mask, jax.lax.axis_index(axes),
-            layout.n_owned, cutoff=static.search_cutoff, capacity=static.nl_capacity, format=static.nl_format)
-    order = None
-    if static.nl_half:
-        s = routing.row_shifts + 512  # images within ±512 cells, 10 bits per axis
-        order = (routing.row_ids, (s[:, 0] << 20) | (s[:, 1] << 10) | s[:, 2])
-    return local_neighbor_list(
-        jax.lax.stop_gradient(positions), local.batch_idx, local.atom_mask, n_systems=n_sys,
-        cutoff=static.search_cutoff, capacity=static.nl_capacity, format=static.nl_format,
-        n_receivers=layout.n_local if static.deep else layout.n_owned, backend=static.nl_backend,
-        half=static.nl_half, order=order)
-
-
-def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, system_mask, static: _Static,
-                  report: DispatchReport, *, forces: bool = True, stress: bool = False, neighbors=None):
-    """One rank's share of a distributed evaluation; call inside ``shard_map`` on one rank's rows.
-
-    own_pos: [n_owned, 3] Å owned positions (in the partition's wrapped frame); own_sys:
-    [n_owned] system of each; owned_rows: [n_local] real owned rows; local, routing: this
-    rank's slice of the plan's arrays; cell: [S, 3, 3]; system_mask: [S].
-    Returns ``(per_system [S] eV, out, lays, nl, g_pos [n_owned, 3] or None, g_strain [S, 3, 3]
-    or None)`` where ``out``/``lays`` are the model's outputs and their dispatch layouts and
-    the gradients are this rank's share (forces are ``-g_pos``; the virial is the psum of
-    ``g_strain``). neighbors: a list from :func:`rank_neighbors` to reuse (built for a model
-    that declares a neighbour skin, while no atom has moved half of it); None builds one.
-    """
-    axes = tuple(static.mesh.axis_names)
-    layout = static.layout
-    spec = static.spec
-    n_sys = static.n_systems
-    ops = {str(a.op): a for a in spec.distribution.custom_ops}
-
-    def global_energy(own_pos, strain):
-        if strain is None:
-            pos, cell_s = own_pos, cell
-        else:
-            deform = jnp.eye(3, dtype=own_pos.dtype) + strain
-            pos = jnp.einsum("vi,vij->vj", own_pos, deform[own_sys])
-            cell_s = jnp.einsum("sij,sjk->sik", cell, deform)
-        # Ghost positions are made here, inside the differentiated function, so ghost
-        # forces travel home through the transpose of halo_forward.
-        positions = halo_forward(pos, layout, routing, axes, cell=cell_s)
-        nl = rank_neighbors(positions, local, static, cell_s, routing) if neighbors is None else neighbors
-        runtime = Runtime(layout, routing, axes, static.policy, owned_rows,
-                          edge_owned=nl.mask & (nl.receivers < layout.n_owned), ops=ops, n_ranks=int(static.mesh.size))
-        batch = local.replace(positions=positions, cell=cell_s, neighbors=nl)
-        out, lays = _call_model(model, batch, runtime, report, static)
-        # What is differentiated is this rank's term of a sum over ranks: the program's
-        # collectives transpose exactly (psum to psum, ppermute to its inverse), so the
-        # gradient of the sum of the ranks' terms is the gradient of the energy.
-        if static.use_node_energy:
-            atomic = jnp.where(owned_rows, out[static.energy_key], 0.0)
-            own_systems = per_system_sum(atomic, local.batch_idx, n_sys)
-            per_system = jax.lax.psum(own_systems, axes)
-            term = jnp.sum(jnp.where(system_mask, own_systems, 0.0))
-        else:
-            if lays["energy"].kind in (Kind.NODE, Kind.EDGE) or lays["energy"].local:
-                raise DispatchError(
-                    "the model's 'energy' is not the same on every rank after dispatch (laid out as "
-                    f"{lays['energy']}); sum per-atom energies over atoms (segment_sum by batch_idx, jnp.sum, "
-                    "or jaxdd.system_sum) so the dispatch can reduce them across ranks"
-                )
-            per_system = out["energy"]  # complete, and computed alike on every rank
-            term = jnp.sum(jnp.where(system_mask, per_system, 0.0)) / static.mesh.size
-        return term, (per_system, out, lays, nl)
-
-    # Each rank's strain copy collects that rank's share of the virial; summed by the caller.
-    g_pos = g_strain = None
-    if stress:
-        strain = jnp.zeros((n_sys, 3, 3), own_pos.dtype)
-        (_, aux), (g_pos, g_strain) = jax.value_and_grad(global_energy, argnums=(0, 1), has_aux=True)(own_pos, strain)
-    elif forces:  # no strain in the graph: nothing is spent on the virial
-        (_, aux), g_pos = jax.value_and_grad(global_energy, has_aux=True)(own_pos, None)
-    else:  # nothing to differentiate
-        _, aux = global_energy(own_pos, None)
-    per_system, out, lays, nl = aux
-    return per_system, out, lays, nl, g_pos, g_strain
-
-
-def nl_needs(nl, axes) -> tuple[jax.Array, dict]:
-    """(overflow on any rank [] bool, the sizes the ranks' lists needed), both replicated."""
-    needed = dict(
-        edges=jax.lax.pmax(nl.n_edges, axes),
-        neighbors=jax.lax.pmax(jnp.max(nl.num_neighbors), axes),
-        candidates=jax.lax.pmax(nl.needed_candidates, axes),
-        range=jax.lax.pmax(nl.needed_range, axes),
-        bins=jax.lax.pmax(nl.needed_bins, axes),
-    )
-    return jax.lax.pmax(nl.overflow.astype(jnp.int32), axes) > 0, needed
+def _per_node_keys(program: RankProgram) -> set[str]:
+    """Outputs with one row per atom: forces, the per-atom energies, declared PER_NODE keys."""
+    spec = program.spec
+    return {k for k in program.outputs
+            if k == "forces" or (program.use_node_energy and k == program.energy_key)
+            or spec.kind_of(k) is OutputKind.PER_NODE}
 
 
 @programs.track
 @eqx.filter_jit
-def _run(model, inputs, static: _Static):
-    axes = tuple(static.mesh.axis_names)
-    ranked = P(axes)
+def _run(model, inputs: RankInputs):
+    """(outputs over the gather rows [N'], overflow [] bool, the neighbour sizes needed) of one
+    evaluation of ``model`` on ``inputs`` (its program static)."""
+    program = inputs.program
+    axes = program.axes
     params, rest = eqx.partition(model, eqx.is_array)
     # Forces and stress the model computes itself (a kernel's direct forces) are its outputs,
     # laid out like any other; only autograd outputs are derived here.
-    want_forces = "forces" in static.outputs and "forces" in static.autograd
-    want_stress = "stress" in static.outputs and "stress" in static.autograd
-    layout = static.layout
-    spec = static.spec
-    report = DispatchReport(policy=static.policy)
+    want_forces = "forces" in program.outputs and "forces" in program.autograd
+    want_stress = "stress" in program.outputs and "stress" in program.autograd
+    spec = program.spec
+    n_owned = program.layout.n_owned
+    report = DispatchReport(policy=program.policy)
+    per_node = _per_node_keys(program)
 
-    def rank_fn(params, local, own_pos, own_sys, owned_rows, routing, cell, system_mask):
+    def rank_fn(local, own_pos, own_sys, owned_rows, routing, params, cell, system_mask):
         model = eqx.combine(params, rest)
-        local, own_pos, own_sys, owned_rows, routing = jax.tree_util.tree_map(
-            lambda x: x[0], (local, own_pos, own_sys, owned_rows, routing)
-        )
         per_system, out, lays, nl, g_pos, g_strain = rank_evaluate(
-            model, local, own_pos, own_sys, owned_rows, routing, cell, system_mask, static, report,
+            model, local, own_pos, own_sys, owned_rows, routing, cell, system_mask, program, report,
             forces=want_forces, stress=want_stress)
-
         results = {}
-        n_owned = layout.n_owned
-        for key in static.outputs:  # one fixed order on every rank
+        for key in program.outputs:  # one fixed order on every rank
             if key == "energy":
                 results[key] = per_system
             elif key == "forces" and want_forces:
-                results[key] = -g_pos[None]
+                results[key] = -g_pos
             elif key == "stress" and want_stress:
                 volume = jnp.abs(jnp.linalg.det(cell))
                 safe = jnp.where(volume > 0, volume, 1.0)[:, None, None]
                 results[key] = jax.lax.psum(g_strain, axes) / safe
+            elif key in per_node:
+                results[key] = out[key][:n_owned]
+            elif key in spec.all_reduce_outputs:
+                results[key] = jax.lax.psum(out[key], axes)
             else:
-                value = out[key]
-                kind = OutputKind.PER_NODE if static.use_node_energy and key == static.energy_key else spec.kind_of(key)
-                if kind is OutputKind.PER_NODE:
-                    results[key] = value[:n_owned][None]
-                elif key in spec.all_reduce_outputs:
-                    results[key] = jax.lax.psum(value, axes)
-                else:
-                    if lays[key].kind in (Kind.NODE, Kind.EDGE):
-                        raise DispatchError(
-                            f"output {key!r} is declared {kind.value} but is laid out per {lays[key].kind.value} "
-                            "after dispatch; declare it PER_NODE or reduce it over atoms in the model"
-                        )
-                    if lays[key].local:
-                        report.note(f"output {key!r} differs between ranks (a per-rank partial?); rank 0's value is "
-                                    "returned: list it in all_reduce_outputs if the ranks' values should be summed")
-                    results[key] = value  # complete on every rank: the dispatch reduced it
-        overflow, needed = nl_needs(nl, axes)
+                if lays[key].kind in (Kind.NODE, Kind.EDGE):
+                    raise DispatchError(
+                        f"output {key!r} is declared {spec.kind_of(key).value} but is laid out per "
+                        f"{lays[key].kind.value} after dispatch; declare it PER_NODE or reduce it over atoms in the model"
+                    )
+                if lays[key].local:
+                    report.note(f"output {key!r} differs between ranks (a per-rank partial?); rank 0's value is "
+                                "returned: list it in all_reduce_outputs if the ranks' values should be summed")
+                results[key] = out[key]  # complete on every rank: the dispatch reduced it
+        overflow, needed = neighbor_needs(nl, axes)
         return results, overflow, needed
 
-    per_node = {k for k in static.outputs
-                if k == "forces" or (static.use_node_energy and k == static.energy_key)
-                or spec.kind_of(k) is OutputKind.PER_NODE}
-    out_specs = (
-        {k: (ranked if k in per_node else P()) for k in static.outputs},
-        P(),
-        P(),
-    )
-    # check_vma=False: a single-device model traced on per-rank types would have to mark
-    # its own loop carries as varying (a carry started from a constant and updated from
-    # positions does not type-check); jaxdd instead differentiates a sum of per-rank terms,
-    # for which exact transposes of the collectives are right (see docs/dispatch.md).
-    fn = jax.shard_map(
-        rank_fn,
-        mesh=static.mesh,
-        in_specs=(P(), ranked, ranked, ranked, ranked, ranked, P(), P()),
-        out_specs=out_specs,
-        check_vma=False,
-    )
-    results, overflow, needed = fn(
-        params, inputs["local"], inputs["own_pos"], inputs["own_sys"], inputs["owned_rows"],
-        inputs["routing"], inputs["cell"], inputs["system_mask"],
-    )
-    static.sink.put(static, report)
+    replicated_out = ({k: k not in per_node for k in program.outputs}, True, True)
+    results, overflow, needed = on_ranks(
+        rank_fn, program.mesh,
+        ranked=(inputs.local, inputs.own_pos, inputs.own_sys, inputs.owned_rows, inputs.routing),
+        replicated=(params, inputs.cell, inputs.system_mask), replicated_out=replicated_out)
+    program.sink.put(program, report)
     outputs = {}
-    for key in static.outputs:
+    for key in program.outputs:
         value = results[key]
         if key in per_node:
             flat = value.reshape((-1,) + value.shape[2:])
             flat = jnp.concatenate([flat, jnp.zeros((1,) + flat.shape[1:], flat.dtype)])
-            value = flat[inputs["gather"]]
-        # Replicated: every process holds whole outputs (in the batch's order) it can read.
-        outputs[key] = jax.lax.with_sharding_constraint(value, NamedSharding(static.mesh, P()))
+            # Replicated: every process holds whole outputs (in the batch's order) it can read.
+            value = jax.lax.with_sharding_constraint(flat[inputs.gather], NamedSharding(program.mesh, P()))
+        outputs[key] = value
     return ModelOutputs(outputs), overflow, needed
-
-
-def _call_model(model, batch: Batch, runtime: Runtime, report: DispatchReport, static: _Static):
-    """``model(batch)`` on this rank, through the dispatch, inside the DD scope; (outputs, layouts)."""
-    policy = static.policy
-    ctx = DDContext(
-        active=True, mesh=static.mesh, axis_names=tuple(static.mesh.axis_names), policy=policy,
-        world_size=int(static.mesh.size), n_owned=static.layout.n_owned, n_padded=static.layout.n_local,
-        n_edges=int(batch.neighbors.senders.shape[0]), n_systems=static.n_systems,
-        halo_layers=getattr(policy, "halo_layers", 1), adapters=AdapterRegistry(),
-    )
-    with dd_scope(ctx), ctx.adapters.installed(static.spec.distribution.third_party_helpers):
-        model.distributed_setup(ctx)
-        return call_model(model, batch, runtime, report)
 
 
 def _strategy(policy, strategy: str | None, name: str):

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import programs
-from .data import AtomicData, Batch, as_batch
+from .data import AtomicData, Batch, as_batch, is_concrete
 from .model import BaseModel, ModelConfig, ModelOutputs
 from .neighbors import NeighborCapacity, NeighborListFormat, build_neighbor_list, capacity_bucket, neighbor_capacity
 from .spec import MLIPSpec, OutputKind
@@ -35,7 +35,8 @@ from .spec import MLIPSpec, OutputKind
 __all__ = ["compute", "energy_and_derivatives", "neighbor_list_for"]
 
 
-def _model_config(model) -> ModelConfig:
+def model_config(model) -> ModelConfig:
+    """The :class:`~jaxdd.ModelConfig` of ``model``; a ValueError naming its class when it has none."""
     cfg = getattr(model, "model_config", None)
     if not isinstance(cfg, ModelConfig):
         raise ValueError(
@@ -47,7 +48,7 @@ def _model_config(model) -> ModelConfig:
 
 def neighbor_list_for(model, batch: Batch, capacity: NeighborCapacity):
     """Build (traceable) the neighbour list ``model`` asks for, or None if it needs none."""
-    nc = _model_config(model).neighbor_config
+    nc = model_config(model).neighbor_config
     if nc is None:
         return None
     return build_neighbor_list(
@@ -68,7 +69,7 @@ def energy_and_derivatives(model, batch: Batch, outputs: tuple[str, ...]) -> Mod
 
     Traceable; the caller builds the neighbour list. Returns only the requested keys.
     """
-    cfg = _model_config(model)
+    cfg = model_config(model)
     want_forces = "forces" in outputs and "forces" in cfg.autograd_outputs
     want_stress = "stress" in outputs and "stress" in cfg.autograd_outputs
     if not (want_forces or want_stress):
@@ -152,12 +153,12 @@ def compute(
     Returns ModelOutputs with ``energy [S]``, ``forces [V, 3]``, ``stress [S, 3, 3]``,
     ... as requested; rows of padding atoms and systems are zero.
     """
-    cfg = _model_config(model)
-    outputs = cfg.check_outputs(_default_order(cfg.active_outputs) if outputs is None else outputs)
+    cfg = model_config(model)
+    outputs = cfg.check_outputs(default_order(cfg.active_outputs) if outputs is None else outputs)
     batch = as_batch(data)
     model.validate_input(batch)
     if "stress" in outputs:
-        _check_stress_cells(batch)
+        check_stress_cells(batch)
     programs.check()  # a long-lived process: drop jaxdd's programs when its code mappings crowd
     n_atoms = batch.n_atoms
     batch = pad_atoms(batch, bucketed_atoms(batch))
@@ -235,7 +236,7 @@ def _first_rows(value, n: int):
     """The first ``n`` rows of an array, cut on the host and placed as the array was: on the same
     devices if it was committed to them (a replicated output of several processes included),
     else uncommitted, so that it combines with other arrays as the uncut one did."""
-    if not isinstance(value, jax.Array):
+    if not isinstance(value, jax.Array) or not is_concrete(value):  # traced (a gradient of compute): cut in the trace
         return value[:n]
     local = value if value.is_fully_addressable else value.addressable_data(0)  # replicated: whole
     host = np.asarray(local)[:n]
@@ -244,7 +245,8 @@ def _first_rows(value, n: int):
     return jax.make_array_from_callback(host.shape, value.sharding, lambda index: host[index])
 
 
-def _default_order(keys) -> tuple[str, ...]:
+def default_order(keys) -> tuple[str, ...]:
+    """Output keys in the order outputs are returned: energy, forces, stress, then the rest sorted."""
     first = [k for k in ("energy", "forces", "stress") if k in keys]
     return tuple(first + sorted(set(keys) - set(first)))
 
@@ -255,7 +257,8 @@ def systems_without_volume(batch: Batch) -> np.ndarray:
     return np.flatnonzero(np.asarray(batch.system_mask) & ~(volume > 0))
 
 
-def _check_stress_cells(batch: Batch) -> None:
+def check_stress_cells(batch: Batch) -> None:
+    """Raise ValueError naming the systems of ``batch`` whose cell has no volume (no stress there)."""
     flat = systems_without_volume(batch)
     if flat.size:
         raise ValueError(

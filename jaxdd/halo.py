@@ -23,12 +23,12 @@ into their owners. The two are each other's transpose, so ``jax.grad`` through
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .capacity import headroom
 from .partition import Partition, rank_coords, rank_of
 
 __all__ = ["Exchange", "HaloLayout", "HaloRouting", "HaloPlan", "build_halo_plan", "build_rank_plans", "halo_forward",
@@ -130,10 +130,6 @@ class HaloPlan:
         return (self.local_ids[:, : self.layout.n_owned] >= 0).sum(axis=1)
 
 
-def _headroom(n: int, factor: float) -> int:
-    return max(1, int(math.ceil(n * factor)))
-
-
 def build_halo_plan(
     part: Partition,
     ghost_width: float,
@@ -228,10 +224,10 @@ def build_halo_plan(
         held = [_concat([held[r], *arrivals[r]]) for r in range(n_ranks)]
 
     needed_exchange = tuple(max((len(v["ids"]) for v in st[5].values()), default=0) for st in steps)
-    fresh = tuple(_headroom(n, capacity_factor) for n in needed_exchange)
+    fresh = tuple(headroom(n, capacity_factor) for n in needed_exchange)
     if capacity is None or len(tuple(capacity[1])) != len(steps):
         # No capacity given, or the exchange structure changed: size afresh.
-        n_owned = _headroom(needed_owned, capacity_factor) if capacity is None else max(capacity[0], 1)
+        n_owned = headroom(needed_owned, capacity_factor) if capacity is None else max(capacity[0], 1)
         caps = fresh
     else:
         n_owned, caps = int(capacity[0]), tuple(int(c) for c in capacity[1])

@@ -38,7 +38,9 @@ import numpy as np
 
 from . import programs
 from ._checks import integral
-from .data import _is_concrete
+from .capacity import DEFAULT_GROWTH_FACTOR, grow
+from .capacity import headroom as with_headroom
+from .data import is_concrete
 from .periodic import wrap_fractional
 
 __all__ = [
@@ -98,15 +100,16 @@ class NeighborCapacity:
                     for a, r in enumerate(rng))
         object.__setattr__(self, "search_range", rng)
 
-    def grown(self, needed: "NeighborStats", factor: float = 1.25) -> "NeighborCapacity":
-        """A capacity that fits ``needed`` with ``factor`` headroom (never smaller than self)."""
+    def grown(self, needed: "NeighborStats", factor: float = DEFAULT_GROWTH_FACTOR) -> "NeighborCapacity":
+        """A capacity that fits ``needed``: each slot count that is too small grown by
+        :func:`jaxdd.capacity.grow` (never smaller than self)."""
         return NeighborCapacity(
-            max_edges=max(self.max_edges, _headroom(needed.edges, factor)),
-            max_neighbors=max(self.max_neighbors, _headroom(needed.neighbors, factor)),
-            max_candidates=max(self.max_candidates, _headroom(needed.candidates, factor)),
+            max_edges=grow(self.max_edges, needed.edges, factor),
+            max_neighbors=grow(self.max_neighbors, needed.neighbors, factor),
+            max_candidates=grow(self.max_candidates, needed.candidates, factor),
             search_range=tuple(max(a, int(b)) for a, b in zip(self.search_range, needed.search_range)),
             bin_divisions=self.bin_divisions,
-            max_bins=None if self.max_bins is None else max(self.max_bins, _headroom(needed.bins, factor)),
+            max_bins=None if self.max_bins is None else grow(self.max_bins, needed.bins, factor),
         )
 
     @staticmethod
@@ -139,11 +142,6 @@ class NeighborCapacity:
             and needed.candidates <= self.max_candidates
             and all(int(b) <= a for a, b in zip(self.search_range, needed.search_range))
         )
-
-
-def _headroom(n, factor):
-    n = int(n)
-    return max(1, int(math.ceil(n * factor)) + (2 if n else 0))
 
 
 #: The smallest bucket: capacities below it are raised to it.
@@ -470,7 +468,7 @@ def _check_order(order, n: int, half: bool, pbc):
     for name, k in zip(("order[0]", "order[1]"), keys):
         if k.shape != (n,) or not jnp.issubdtype(k.dtype, jnp.integer):
             raise ValueError(f"{name} must be an integer array of shape ({n},) (one key per atom), got {k.dtype}{k.shape}")
-    if _is_concrete(pbc) and np.any(np.asarray(pbc)):
+    if is_concrete(pbc) and np.any(np.asarray(pbc)):
         raise ValueError("order is for lists without periodic axes (a rank's owned and ghost rows); with a periodic "
                          "axis use the default half-list rule (order=None)")
     return tuple(k.astype(jnp.int32) for k in keys)
@@ -684,13 +682,13 @@ def neighbor_capacity(
     kw = dict(cutoff=cutoff, divisions=divisions, table=table)
     rng = tuple(int(r) for r in np.asarray(_range_stats(*args, **kw)))
     candidates = int(_candidate_stats(*args, **kw, search_range=rng, n_receivers=n_receivers))
-    probe = NeighborCapacity(1, 1, _headroom(candidates, headroom), rng, divisions)
+    probe = NeighborCapacity(1, 1, with_headroom(candidates, headroom), rng, divisions)
     # The pair count runs with bucketed candidate slots (the counts do not depend on spare
     # slots), so configurations of similar size share its compiled program.
     edges, neighbors = _pair_stats(*args, cutoff=cutoff, half=bool(half), capacity=probe.bucketed(),
                                    n_receivers=n_receivers)
     return dataclasses.replace(
-        probe, max_edges=_headroom(int(edges), headroom), max_neighbors=_headroom(int(neighbors), headroom)
+        probe, max_edges=with_headroom(int(edges), headroom), max_neighbors=with_headroom(int(neighbors), headroom)
     )
 
 

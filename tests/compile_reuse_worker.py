@@ -118,7 +118,7 @@ def run(path: str, atoms_list, model, single: list) -> dict:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)  # small cells: every rank holds every atom
                     out = dist(data, ("energy", "forces", "stress"))
-                key = hash((distributed._key(dist._last_static), jaxdd.neighbors.capacity_bucket(len(atoms))))
+                key = hash((dist.last_program.key, jaxdd.neighbors.capacity_bucket(len(atoms))))
                 if single:  # arrays of the two paths combine, as arrays of one call do
                     assert float(jax.numpy.max(jax.numpy.abs(out["forces"] - single[i]))) < 1e-10
             forces = np.asarray(out["forces"])

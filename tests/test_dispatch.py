@@ -290,15 +290,14 @@ def test_distributed_model_with_equal_edge_and_node_capacities_equals_single_dev
     dm = DistributedModel(Plain("mpnn_segment_sum"), DomainConfig(CUTOFF, mesh=mesh_for((2, 2, 2))))
     batch = jaxdd.data.as_batch(data)
     _, plan = dm.plan(batch)
-    inputs = dm._inputs(batch, *dm.plan(batch))
-    cap = dm._size_neighbors(inputs)
+    cap = dm.size_neighbors(*dm.rank_inputs(batch, *dm.plan(batch)))
     n_local = plan.layout.n_local
     assert cap.max_edges <= n_local, "precondition: the needed edges fit in n_local slots"
     import dataclasses
 
-    dm._nl_capacity = dataclasses.replace(cap, max_edges=n_local)
+    dm.capacities = dataclasses.replace(dm.capacities, neighbors=dataclasses.replace(cap, max_edges=n_local))
     got = dm(data, outputs=("energy", "forces"))
-    assert dm._nl_capacity.max_edges == n_local  # no growth happened: the counts were equal
+    assert dm.capacities.neighbors.max_edges == n_local  # no growth happened: the counts were equal
     assert_same(got, reference("mpnn_segment_sum", data))
 
 

@@ -306,8 +306,9 @@ def test_neighbour_list_overflow_grows_and_the_trajectory_is_unchanged():
 
     md = fresh_md((2, 2, 1))
     state = md.init(melt())
-    cap = md.dist_model._nl_capacity
-    md.dist_model._nl_capacity = dataclasses.replace(cap, max_edges=cap.max_edges // 2)
+    dm = md.dist_model
+    dm.capacities = dataclasses.replace(
+        dm.capacities, neighbors=dataclasses.replace(dm.capacities.neighbors, max_edges=dm.capacities.neighbors.max_edges // 2))
     state = md.run(state, 20)
     assert md.last_run.recompiles >= 1
     np.testing.assert_allclose(np.asarray(md.gather(state).positions), reference(200)[19][0], rtol=0, atol=1e-9)

@@ -39,7 +39,10 @@ from jax.sharding import PartitionSpec as P
 from .._checks import integral
 from ..data import AtomicData, Batch, as_batch
 from ..dispatch import DispatchReport
-from ..distributed import DistributedModel, _grow, _stats, nl_needs, place_ranked, rank_evaluate, rank_neighbors
+from ..capacity import Capacities
+from ..distributed import DistributedModel
+from ..rank_program import (neighbor_needs, neighbor_stats, on_ranks, place_ranked, rank_evaluate,
+                            rank_neighbors)
 from ..halo import Exchange, HaloLayout, HaloRouting, halo_forward
 from ..neighbors import NeighborCapacity
 from ..replan import ReplanConfig, frame_of, rank_replan
@@ -140,7 +143,6 @@ class DomainParallel:
         self._host_rebuilds = 0
         self._migrations = 0
         self._recompiles = 0
-        self._n_migrate = 0  # slots per direction for atoms changing rank (sized at the first plan)
         self._frame = None
 
     # ------------------------------------------------------------------ set-up
@@ -169,14 +171,14 @@ class DomainParallel:
         on the ranks (velocities and forces in the batch's order; forces None: zeros)."""
         dm = self.dist_model
         batch = template.replace(positions=jnp.asarray(positions, template.positions.dtype))
+        before = None if dm.capacities is None else dm.capacities.halo
         part, plan = dm.plan(batch, grid=self.grid)
         self.grid = part.grid  # fixed after the first partition, so plans keep their shapes
-        self._recompiles += dm._halo_regrowths  # a grown halo capacity is a new program shape
-        dm._halo_regrowths = 0
-        inputs = dm._inputs(batch, part, plan)
-        host_pos = inputs.pop("local_positions_host")
-        if dm._nl_capacity is None:
-            dm._nl_capacity = dm._size_neighbors({**inputs, "local_positions_host": host_pos})
+        if before is not None and dm.capacities.halo != before:
+            self._recompiles += 1  # a grown halo capacity is a new program shape
+        inputs, local_positions = dm.rank_inputs(batch, part, plan)
+        if dm.capacities.neighbors is None:
+            dm.capacities = dataclasses.replace(dm.capacities, neighbors=dm.size_neighbors(inputs, local_positions))
         n_owned = plan.layout.n_owned
         ids = plan.local_ids[:, :n_owned]
         valid = ids >= 0
@@ -197,19 +199,19 @@ class DomainParallel:
 
         masses = np.asarray(template.masses, np.float64)
         arrays = dict(
-            positions=inputs["own_pos"],
+            positions=inputs.own_pos,
             image=np.asarray(np.where(valid[..., None], part.wraps[safe], 0), np.int32),
             velocities=owned(velocities),
             forces=owned(np.zeros_like(positions) if forces is None else forces),
             ids=np.asarray(np.where(valid, ids, -1), np.int32),
-            system=inputs["own_sys"],
+            system=inputs.own_sys,
             inv_mass=owned(1.0 / masses),
-            reference=inputs["own_pos"],
+            reference=inputs.own_pos,
             atomic_numbers=np.asarray(np.where(valid, np.asarray(template.atomic_numbers)[safe], 0), np.int32),
             masses=owned(masses, 1.0),
             **({"charges": owned(template.charges)} if template.charges is not None else {}),
         )
-        fixed = {k: inputs[k] for k in ("local", "owned_rows", "routing", "cell", "system_mask")}
+        fixed = {k: getattr(inputs, k) for k in ("local", "owned_rows", "routing", "cell", "system_mask")}
         energy = jnp.zeros(template.n_systems, dtype) if energy is None else energy
         # Placed as the loop returns them (per-rank rows on their device, the rest
         # replicated), so fresh, rebuilt and running states share one compiled program.
@@ -221,8 +223,8 @@ class DomainParallel:
         energy = jax.device_put(energy, replicated)
         extra = jax.device_put(extra, replicated)
         self._frame = jax.device_put(_frame(template, dm.ghost_width), replicated)
-        if not self._n_migrate:  # sized once; it grows when a rebuild needs more (a new program)
-            self._n_migrate = 8 + n_owned // 8
+        if not dm.capacities.migrate:  # sized once; it grows when a rebuild needs more (a new program)
+            dm.capacities = dataclasses.replace(dm.capacities, migrate=8 + n_owned // 8)
         return MDState(step=step, energy=energy, extra=extra, arrays=arrays, fixed=fixed, template=template,
                        layout=plan.layout, ghost_width=dm.ghost_width)
 
@@ -238,16 +240,14 @@ class DomainParallel:
         raise RuntimeError("neighbour lists still overflowed after repeated capacity increases")
 
     def _static(self, state: MDState):
-        dm = self.dist_model
-        return dm._static(state.template, ("energy", "forces"), state)
+        return self.dist_model.program(state.template.n_systems, ("energy", "forces"), state.layout)
 
     def _max_regrowths(self) -> int:
         spec = self.dist_model.spec
         return spec.compile.max_regrowths if spec.compile is not None else 8
 
     def _grow(self, needed) -> None:
-        dm = self.dist_model
-        dm._nl_capacity = dm._nl_capacity.grown(_stats(needed), dm.config.capacity_factor)
+        self.dist_model.grow_neighbors(neighbor_stats(needed))
         self._recompiles += 1
 
     # ------------------------------------------------------------------ running
@@ -349,7 +349,7 @@ class DomainParallel:
         for _ in range(self._max_regrowths() + 1):
             # Rows padded to the layout's, so a grown layout compiles one program, not two.
             arrays = _padded(state.arrays, layout.n_owned, mesh)
-            cfg = ReplanConfig(layout=layout, n_migrate=self._n_migrate, n_systems=state.template.n_systems,
+            cfg = ReplanConfig(layout=layout, n_migrate=dm.capacities.migrate, n_systems=state.template.n_systems,
                                axes=tuple(mesh.axis_names))
             arrays, plan, report = _replanned(arrays, state.fixed["cell"], state.fixed["system_mask"], self._frame,
                                               cfg, mesh, state.fixed["local"].velocities is not None)
@@ -358,14 +358,15 @@ class DomainParallel:
                 return self._rebuild_on_host(state)
             needed = (int(report["owned"]), tuple(int(n) for n in report["exchange"]))
             fits = needed[0] <= layout.n_owned and all(n <= e.capacity for n, e in zip(needed[1], layout.exchanges))
-            if fits and int(report["migrate"]) <= self._n_migrate:
+            if fits and int(report["migrate"]) <= dm.capacities.migrate:
                 self._migrations += int(report["migrated"])
                 return dataclasses.replace(state, arrays=arrays, fixed={**state.fixed, **plan}, layout=layout,
                                            ghost_width=dm.ghost_width)  # the width self._frame plans
-            factor = dm.config.capacity_factor
-            self._n_migrate = max(self._n_migrate, _grow(int(report["migrate"]), factor))
-            layout = _grown(layout, needed, factor)
-            dm._halo_capacity = (layout.n_owned, tuple(e.capacity for e in layout.exchanges))
+            have = Capacities(layout.n_owned, tuple(e.capacity for e in layout.exchanges), migrate=dm.capacities.migrate)
+            grown = have.grown(dm.growth_factor, owned=needed[0], exchange=needed[1], migrate=int(report["migrate"]))
+            dm.capacities = dataclasses.replace(dm.capacities, owned=grown.owned, exchange=grown.exchange,
+                                                migrate=grown.migrate)
+            layout = _with_capacities(layout, grown)
             self._recompiles += 1
         raise RuntimeError("the halo plan still overflowed after repeated capacity increases")
 
@@ -471,8 +472,8 @@ class DomainParallel:
             step=state.step, converged=state.converged, dtype=str(np.dtype(t.positions.dtype)),
             integrator={"kind": type(self.integrator).__name__, **dataclasses.asdict(self.integrator)},
             n_ranks=dm.config.n_ranks, grid=list(self.grid), layout=_layout_json(state.layout),
-            halo_capacity=[dm._halo_capacity[0], list(dm._halo_capacity[1])], n_migrate=self._n_migrate,
-            nl_capacity=dataclasses.asdict(dm._nl_capacity), extra=sorted(state.extra),
+            halo_capacity=[dm.capacities.owned, list(dm.capacities.exchange)], n_migrate=dm.capacities.migrate,
+            nl_capacity=dataclasses.asdict(dm.capacities.neighbors), extra=sorted(state.extra),
             ghost_width=state.ghost_width, model=_fingerprint(dm.model),
         )
         if jax.process_index() == 0:  # orbax coordinates the arrays; the small files need one writer
@@ -510,10 +511,10 @@ class DomainParallel:
         dm.model.validate_input(template)  # the saved atoms' species and fields suit this model
         if same:
             self.grid = tuple(meta["grid"])
-            dm._halo_capacity = (meta["halo_capacity"][0], tuple(meta["halo_capacity"][1]))
-            dm._nl_capacity = NeighborCapacity(**{k: (tuple(v) if isinstance(v, list) else v)
-                                                  for k, v in meta["nl_capacity"].items()})
-            self._n_migrate = int(meta["n_migrate"])
+            dm.capacities = Capacities(
+                owned=meta["halo_capacity"][0], exchange=meta["halo_capacity"][1], migrate=meta["n_migrate"],
+                neighbors=NeighborCapacity(**{k: (tuple(v) if isinstance(v, list) else v)
+                                              for k, v in meta["nl_capacity"].items()}))
             self._frame = jax.device_put(_frame(template, dm.ghost_width), replicated)
             arrays, fixed = _unflat_plan(a["ranked"], template, replicated)
             state = MDState(step=meta["step"], energy=energy, extra=extra, arrays=arrays, fixed=fixed,
@@ -600,15 +601,13 @@ def _layout_of(data: dict) -> HaloLayout:
         for e in data["exchanges"]))
 
 
-def _grown(layout: HaloLayout, needed, factor: float) -> HaloLayout:
-    """``layout`` with every capacity at least what ``needed`` (owned, per exchange) asks, with headroom."""
-    n_owned = max(layout.n_owned, _grow(needed[0], factor)) if needed[0] > layout.n_owned else layout.n_owned
+def _with_capacities(layout: HaloLayout, capacities: Capacities) -> HaloLayout:
+    """``layout`` with the owned rows and exchange slots of ``capacities``."""
     exchanges, offset = [], 0
-    for ex, n in zip(layout.exchanges, needed[1]):
-        cap = max(ex.capacity, _grow(n, factor)) if n > ex.capacity else ex.capacity
+    for ex, cap in zip(layout.exchanges, capacities.exchange):
         exchanges.append(dataclasses.replace(ex, offset=offset, capacity=cap))
         offset += cap
-    return dataclasses.replace(layout, n_owned=n_owned, exchanges=tuple(exchanges))
+    return dataclasses.replace(layout, n_owned=capacities.owned, exchanges=tuple(exchanges))
 
 
 def _frame(template: Batch, ghost_width: float):
@@ -705,16 +704,9 @@ def _print_thermo(step: int, thermo: dict) -> None:
 # ---------------------------------------------------------------------- device programs
 
 
-def _rank_common(arrays, fixed):
-    """One rank's slices (the leading [1] axis dropped)."""
-    take = lambda x: x[0]  # noqa: E731
-    return jax.tree_util.tree_map(take, arrays), {
-        "local": jax.tree_util.tree_map(take, fixed["local"]),
-        "owned_rows": take(fixed["owned_rows"]),
-        "routing": jax.tree_util.tree_map(take, fixed["routing"]),
-        "cell": fixed["cell"],
-        "system_mask": fixed["system_mask"],
-    }
+def _split(fixed):
+    """(the plan's per-rank arrays, the cell and system mask the same on every rank)."""
+    return {k: fixed[k] for k in ("local", "owned_rows", "routing")}, (fixed["cell"], fixed["system_mask"])
 
 
 def rank_forces(model, f, own_pos, own_sys, static, report, neighbors=None):
@@ -730,25 +722,16 @@ def rank_forces(model, f, own_pos, own_sys, static, report, neighbors=None):
     return forces, per_system, nl
 
 
-def _specs(static, arrays, fixed):
-    axes = tuple(static.mesh.axis_names)
-    ranked = P(axes)
-    return axes, ranked, (
-        {k: ranked for k in arrays},
-        {"local": ranked, "owned_rows": ranked, "routing": ranked, "cell": P(), "system_mask": P()},
-    )
-
-
 @eqx.filter_jit
 def _evaluate(model, arrays, fixed, static, stress):
     """(energy [S], forces [P, n_owned, 3], virial sum [S, 3, 3] or None, overflow, needed)."""
     params, rest = eqx.partition(model, eqx.is_array)
-    axes, ranked, (a_spec, f_spec) = _specs(static, arrays, fixed)
+    axes = static.axes
     report = DispatchReport(policy=static.spec.policy)
 
-    def rank_fn(params, arrays, fixed):
+    def rank_fn(a, f, params, cell, system_mask):
         model = eqx.combine(params, rest)
-        a, f = _rank_common(arrays, fixed)
+        f = dict(f, cell=cell, system_mask=system_mask)
         if stress:
             per_system, _, _, nl, g_pos, g_strain = rank_evaluate(
                 model, f["local"], a["positions"], a["system"], f["owned_rows"], f["routing"], f["cell"],
@@ -757,12 +740,12 @@ def _evaluate(model, arrays, fixed, static, stress):
         else:
             forces, per_system, nl = rank_forces(model, f, a["positions"], a["system"], static, report)
             virial = jnp.zeros(())
-        overflow, needed = nl_needs(nl, axes)
-        return per_system, forces[None], virial, overflow, needed
+        overflow, needed = neighbor_needs(nl, axes)
+        return per_system, forces, virial, overflow, needed
 
-    fn = jax.shard_map(rank_fn, mesh=static.mesh, in_specs=(P(), a_spec, f_spec),
-                       out_specs=(P(), ranked, P(), P(), P()), check_vma=False)
-    return fn(params, arrays, fixed)
+    ranked, replicated = _split(fixed)
+    return on_ranks(rank_fn, static.mesh, ranked=(arrays, ranked), replicated=(params, *replicated),
+                    replicated_out=(True, False, True, True, True))
 
 
 @eqx.filter_jit
@@ -773,13 +756,13 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
     when an atom has moved ``nl_skin / 2`` since it was built. Returns (arrays, energy,
     extra, steps taken, reason, needed sizes)."""
     params, rest = eqx.partition(model, eqx.is_array)
-    axes, ranked, (a_spec, f_spec) = _specs(static, arrays, fixed)
+    axes = static.axes
     report = DispatchReport(policy=static.spec.policy)
     reuse = nl_skin > 0
 
-    def rank_fn(params, arrays, energy, extra, fixed, step0, n):
+    def rank_fn(a, f, params, cell, system_mask, energy, extra, step0, n):
         model = eqx.combine(params, rest)
-        a, f = _rank_common(arrays, fixed)
+        f = dict(f, cell=cell, system_mask=system_mask)
         valid = a["ids"] >= 0
         n_sys = static.n_systems
 
@@ -793,7 +776,7 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
 
         def evaluate(x, nl):
             forces, per_system, nl = rank_forces(model, f, x, a["system"], static, report, neighbors=nl)
-            overflow, needed = nl_needs(nl, axes)
+            overflow, needed = neighbor_needs(nl, axes)
             return forces, per_system, overflow, needed
 
         def context(step):
@@ -853,11 +836,12 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
 
         k, _, reason, (state, _), needed = jax.lax.while_loop(cond, body, init)
         out = dict(a, positions=state.positions, velocities=state.velocities, forces=state.forces)
-        return {key: v[None] for key, v in out.items()}, state.energy, state.extra, k, reason, needed
+        return out, state.energy, state.extra, k, reason, needed
 
-    fn = jax.shard_map(rank_fn, mesh=static.mesh, in_specs=(P(), a_spec, P(), P(), f_spec, P(), P()),
-                       out_specs=(a_spec, P(), P(), P(), P(), P()), check_vma=False)
-    return fn(params, arrays, energy, extra, fixed, step0, n)
+    ranked, replicated = _split(fixed)
+    return on_ranks(rank_fn, static.mesh, ranked=(arrays, ranked),
+                    replicated=(params, *replicated, energy, extra, step0, n),
+                    replicated_out=(False, True, True, True, True, True))
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "mesh", "velocities"))
@@ -867,11 +851,10 @@ def _replanned(arrays, cell, system_mask, frame, cfg: ReplanConfig, mesh, veloci
     ``local`` batch, ``owned_rows`` and ``routing``). Inputs depend on the owned rows only,
     so one program serves every rebuild of a layout. velocities: the local batch carries them."""
     axes = cfg.axes
-    ranked = P(axes)
     layout, n_sys = cfg.layout, cfg.n_systems
 
     def fn(arrays, cell, system_mask, frame):
-        carried = {k: v[0] for k, v in arrays.items() if k != "reference"}
+        carried = {k: v for k, v in arrays.items() if k != "reference"}
         rows, routing, held, report = rank_replan(carried, frame, cfg)
         valid = held["ids"] >= 0
         forward = functools.partial(halo_forward, layout=layout, routing=routing, axis_name=axes)
@@ -889,12 +872,9 @@ def _replanned(arrays, cell, system_mask, frame, cfg: ReplanConfig, mesh, veloci
             velocities=forward(rows["velocities"]) if velocities else None,
             neighbors=None)
         owned_rows = valid & (jnp.arange(layout.n_local) < layout.n_owned)
-        new = dict(rows, reference=rows["positions"])
-        add = lambda x: x[None]  # noqa: E731
-        return (jax.tree_util.tree_map(add, new), jax.tree_util.tree_map(add, local), add(owned_rows),
-                jax.tree_util.tree_map(add, routing), report)
+        return dict(rows, reference=rows["positions"]), local, owned_rows, routing, report
 
-    fn = jax.shard_map(fn, mesh=mesh, in_specs=(ranked, P(), P(), P()),
-                       out_specs=(ranked, ranked, ranked, ranked, P()), check_vma=False)
-    new, local, owned_rows, routing, report = fn(arrays, cell, system_mask, frame)
+    new, local, owned_rows, routing, report = on_ranks(
+        fn, mesh, ranked=(arrays,), replicated=(cell, system_mask, frame),
+        replicated_out=(False, False, False, False, True))
     return new, dict(local=local, owned_rows=owned_rows, routing=routing), report

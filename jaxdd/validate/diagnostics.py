@@ -16,7 +16,7 @@ import numpy as np
 
 from ..data import Batch
 from ..dispatch import DispatchError
-from ..driver import _model_config
+from ..driver import model_config
 from ..graph_partition import block_neighbor_list
 from ..neighbors import NeighborCapacity, build_neighbor_list, neighbor_list
 from ..ops import SpecError
@@ -48,7 +48,7 @@ def halo_completeness(dist, batch: Batch) -> HaloCompleteness:
     rounded positions.
     """
     batch = batch if isinstance(batch, Batch) else Batch.from_data_list([batch])
-    cutoff = _model_config(dist.model).neighbor_config.search_cutoff
+    cutoff = model_config(dist.model).neighbor_config.search_cutoff
     nl, _ = neighbor_list(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask, cutoff=cutoff)
     m = np.asarray(nl.mask)
     real = np.nonzero(np.asarray(batch.atom_mask))[0]
@@ -71,18 +71,17 @@ def _rank_edges(dist, batch: Batch, cutoff: float):
     """Per rank: (receivers, senders, image shifts) of its list, as global atoms and shifts
     relative to the batch's own positions."""
     part, plan = dist.plan(batch)
-    inputs = dist._inputs(batch, part, plan)
-    cap = dist._size_neighbors(dict(inputs))
+    inputs, local_pos = dist.rank_inputs(batch, part, plan)
+    cap = dist.size_neighbors(inputs, local_pos)
     cap = NeighborCapacity(cap.max_edges, cap.max_neighbors, cap.max_candidates, cap.search_range)
-    local_pos = inputs["local_positions_host"]
-    local = inputs["local"]
+    local = inputs.local
     n_sys = batch.n_systems
     n_owned = plan.layout.n_owned
     for r in range(local_pos.shape[0]):
         ids = plan.local_ids[r]
         if dist.strategy == "graph_partition":  # positions as given; senders index every rank's rows
             lnl = block_neighbor_list(
-                jnp.asarray(local_pos.reshape(-1, 3)), inputs["cell"], local.pbc[0], local.batch_idx.reshape(-1),
+                jnp.asarray(local_pos.reshape(-1, 3)), inputs.cell, local.pbc[0], local.batch_idx.reshape(-1),
                 local.atom_mask.reshape(-1), r, n_owned, cutoff=cutoff, capacity=cap)
             lm = np.asarray(lnl.mask)
             yield ids[np.asarray(lnl.receivers)[lm]], plan.local_ids.reshape(-1)[np.asarray(lnl.senders)[lm]], \

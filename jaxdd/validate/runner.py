@@ -21,7 +21,7 @@ from .._checks import integral
 from ..adapters import reference_of, resolve_reference
 from ..data import Batch, as_batch
 from ..dispatch import DispatchReport, DispatchWarning, Runtime, call_model
-from ..driver import _default_order, _model_config, compute, systems_without_volume
+from ..driver import compute, default_order, model_config, systems_without_volume
 from ..neighbors import neighbor_list
 from ..ops import HaloStoragePolicy, SpecError
 from ..spec import SPEC_MPNN_HALO, MLIPSpec
@@ -100,12 +100,12 @@ def trace_and_validate(
             raise ValueError(f"pass devices or device, not both (got devices={devices!r}, device={device!r})")
         devices = _devices_for(device, world_size)
     model = _build_model(factory, factory_ref or repr(model_factory))
-    cfg = _model_config(model)
+    cfg = model_config(model)
     batch = as_batch(sample_batch)
     left_out = {}
     if outputs is None:
         # The model's outputs, less those the sample's systems cannot have (said in the report).
-        outputs = cfg.check_outputs(_default_order(cfg.active_outputs))
+        outputs = cfg.check_outputs(default_order(cfg.active_outputs))
         flat = systems_without_volume(batch) if "stress" in outputs else ()
         if len(flat):
             outputs = tuple(k for k in outputs if k != "stress")
@@ -198,7 +198,7 @@ def _build_model(factory, name: str):
         raise ModelFactoryError(f"model factory {name} raised {type(exc).__name__}"
                                 + (f": {cause}" if cause else "") + "; fix it so that it builds the model") from exc
     try:
-        _model_config(model)
+        model_config(model)
     except ValueError:
         shown = repr(model)
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
@@ -209,7 +209,7 @@ def _build_model(factory, name: str):
 
 
 def _with_neighbors(model, batch: Batch) -> Batch:
-    nc = _model_config(model).neighbor_config
+    nc = model_config(model).neighbor_config
     nl, _ = neighbor_list(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
                           cutoff=nc.search_cutoff, half=nc.half_list, format=nc.format)
     return batch.replace(neighbors=nl)
@@ -309,7 +309,7 @@ def run_sharded(model, batch: Batch, spec: MLIPSpec, outputs, devices) -> _Resul
 
     res = _Result()
     mesh = Mesh(np.asarray(devices), ("dd",), axis_types=(AxisType.Auto,))
-    nc = _model_config(model).neighbor_config
+    nc = model_config(model).neighbor_config
     try:
         dist = DistributedModel(model, DomainConfig(cutoff=nc.cutoff, skin=nc.skin, mesh=mesh), spec=spec)
         with warnings.catch_warnings():

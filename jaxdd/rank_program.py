@@ -1,0 +1,358 @@
+"""One rank's program: what it is compiled for, what it is fed, and how it runs on the ranks.
+
+- :class:`RankProgram` (static, hashable): the halo layout, the capacities, the neighbour
+  search, the storage policy and the outputs; equal programs share one compiled program.
+- :class:`RankInputs` (a pytree): every rank's rows stacked on a leading ``[P]`` axis, the
+  arrays the program reads, with its :class:`RankProgram` as static metadata.
+- :func:`on_ranks`: the one ``shard_map`` wrapper every distributed program goes through
+  (``DistributedModel``, ``DomainParallel``, the validator).
+- :func:`rank_evaluate`: one rank's share of an evaluation (energy, its gradients).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from .adapters import AdapterRegistry
+from .capacity import Capacities
+from .context import DDContext, dd_scope
+from .data import Batch
+from .dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model
+from .graph_partition import block_neighbor_list, gathered_inputs
+from .halo import HaloLayout, halo_forward
+from .neighbors import NeighborCapacity, NeighborListFormat, NeighborStats, local_neighbor_list
+from .segments import per_system_sum
+from .spec import MLIPSpec
+
+__all__ = ["RankProgram", "RankInputs", "ReportSink", "on_ranks", "rank_evaluate", "rank_neighbors",
+           "neighbor_needs", "neighbor_stats", "place_ranked", "own_ranks", "agree_max"]
+
+
+class ReportSink:
+    """Dispatch reports of the programs one ``DistributedModel`` traced, by program."""
+
+    def __init__(self):
+        self._reports = {}
+
+    def put(self, program: RankProgram, report: DispatchReport) -> None:
+        self._reports[program.key] = report
+
+    def get(self, program: RankProgram | None) -> DispatchReport | None:
+        return None if program is None else self._reports.get(program.key)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankProgram:
+    """Everything that shapes one compiled rank program (hashable: the compile key).
+
+    layout: the halo layout (owned rows, exchange slots). nl_capacity: the neighbour-list
+    capacity. search_cutoff (Å), nl_format, nl_backend, nl_half: the neighbour search.
+    strategy: ``"halo"`` or ``"graph_partition"``. policy: the dispatch's storage policy.
+    autograd: outputs the engine derives from the energy. outputs: keys computed, in order.
+    energy_key, use_node_energy: what is differentiated. deep: a deep halo (ghost rows
+    computed too). n_systems: systems of the batch. mesh: the device mesh. spec: the spec.
+    sink: where the traced program's dispatch report goes (compared by identity: each
+    DistributedModel keeps its own reports).
+    """
+
+    layout: HaloLayout
+    nl_capacity: NeighborCapacity
+    search_cutoff: float
+    nl_format: NeighborListFormat
+    nl_backend: str
+    nl_half: bool
+    strategy: str
+    policy: object
+    autograd: frozenset
+    outputs: tuple[str, ...]
+    energy_key: str
+    use_node_energy: bool
+    deep: bool
+    n_systems: int
+    mesh: Mesh
+    spec: MLIPSpec
+    sink: ReportSink
+
+    @property
+    def key(self) -> RankProgram:
+        """This program without its report sink: equal for programs that compile alike."""
+        return dataclasses.replace(self, sink=None)
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return tuple(self.mesh.axis_names)
+
+    @property
+    def n_ranks(self) -> int:
+        return int(self.mesh.size)
+
+    @property
+    def capacities(self) -> Capacities:
+        """The program's capacities as one value."""
+        return Capacities(owned=self.layout.n_owned, exchange=tuple(e.capacity for e in self.layout.exchanges),
+                          neighbors=self.nl_capacity)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RankInputs:
+    """The arrays a :class:`RankProgram` reads; ``[P, ...]`` fields hold every rank's rows.
+
+    local: [P, n_local] rows as a :class:`~jaxdd.Batch` (positions filled on device by the
+    halo exchange). own_pos: [P, n_owned, 3] Å owned positions in the partition's wrapped
+    frame. own_sys: [P, n_owned] their systems. owned_rows: [P, n_local] real owned rows.
+    routing: the halo plan's per-rank routing. cell: [S, 3, 3] Å. system_mask: [S].
+    gather: [N'] where each atom's owned row lands in the flattened ``[P * n_owned]`` outputs
+    (N' = the atom count's bucket; padding atoms read a zero row).
+    program (static): the program these inputs are laid out for. n_atoms (static): atoms
+    of the batch, the rows outputs are cut back to.
+    """
+
+    local: Batch
+    own_pos: jax.Array
+    own_sys: jax.Array
+    owned_rows: jax.Array
+    routing: object
+    cell: jax.Array
+    system_mask: jax.Array
+    gather: jax.Array
+    program: RankProgram | None = dataclasses.field(default=None, metadata=dict(static=True))
+    n_atoms: int = dataclasses.field(default=0, metadata=dict(static=True))
+
+    #: Fields with one row block per rank (leading [P] axis); the rest are the same on every rank.
+    RANKED = ("local", "own_pos", "own_sys", "owned_rows", "routing")
+
+    def place(self, mesh: Mesh, ranks=None) -> RankInputs:
+        """These host arrays on ``mesh``: rank blocks on their devices, the rest replicated.
+        ranks: the ranks whose blocks the arrays hold (None: every rank); with several
+        processes each holds only its own devices' ranks."""
+        replicated = NamedSharding(mesh, P())
+        placed = {f.name: (place_ranked(getattr(self, f.name), mesh, ranks) if f.name in self.RANKED
+                           else jax.device_put(getattr(self, f.name), replicated))
+                  for f in dataclasses.fields(self) if not f.metadata.get("static")}
+        return dataclasses.replace(self, **placed)
+
+
+def on_ranks(fn, mesh: Mesh, ranked: tuple = (), replicated: tuple = (), replicated_out=None):
+    """Call ``fn(*ranked_blocks, *replicated)`` on every rank of ``mesh`` inside ``shard_map``.
+
+    Args:
+      fn: one rank's function; returns a pytree of arrays.
+      ranked: pytrees whose leaves have a leading ``[P]`` axis; each rank sees its block
+        without that axis.
+      replicated: pytrees the same on every rank (a model's parameters, the cell).
+      replicated_out: a pytree prefix of ``fn``'s outputs, True where the output is the
+        same on every rank (default: none is).
+
+    Returns:
+      ``fn``'s outputs: ranked ones ``[P, ...]`` (each rank's value stacked), replicated
+      ones as rank 0 computed them, replicated over the mesh.
+
+    Every input and output crosses the ``shard_map`` boundary split over the ranks (a
+    replicated input is broadcast to ``[P, ...]`` first, a replicated output is rank 0's
+    block), so differentiating the wrapped program from outside (parameter gradients) only
+    transposes splits and broadcasts: the cotangents of the ranks' copies of a parameter
+    are summed by the broadcast's transpose. ``check_vma=False``: a single-device model
+    traced on per-rank types would have to mark its own loop carries as varying; jaxdd
+    instead differentiates sums of per-rank terms, for which exact transposes of the
+    collectives are right (see docs/dispatch.md).
+    """
+    axes = tuple(mesh.axis_names)
+    n = int(mesh.size)
+
+    def spread(x):
+        x = jnp.asarray(x)
+        return jnp.broadcast_to(x[None], (n,) + x.shape)
+
+    def body(ranked, replicated):
+        drop = lambda x: x[0]  # noqa: E731
+        out = fn(*jax.tree_util.tree_map(drop, ranked), *jax.tree_util.tree_map(drop, replicated))
+        return jax.tree_util.tree_map(lambda x: jnp.asarray(x)[None], out)
+
+    out = jax.shard_map(body, mesh=mesh, in_specs=P(axes), out_specs=P(axes), check_vma=False)(
+        tuple(ranked), jax.tree_util.tree_map(spread, tuple(replicated)))
+    if replicated_out is None:
+        return out
+    whole = NamedSharding(mesh, P())
+
+    def pick(flag, sub):
+        take = lambda x: jax.lax.with_sharding_constraint(x[0], whole)  # noqa: E731
+        return jax.tree_util.tree_map(take, sub) if flag else sub
+
+    return jax.tree_util.tree_map(pick, replicated_out, out, is_leaf=lambda x: isinstance(x, bool))
+
+
+def neighbor_stats(needed: dict) -> NeighborStats:
+    """The :class:`~jaxdd.neighbors.NeighborStats` of the sizes :func:`neighbor_needs` returned."""
+    return NeighborStats(
+        edges=int(needed["edges"]),
+        neighbors=int(needed["neighbors"]),
+        candidates=int(needed["candidates"]),
+        search_range=tuple(int(x) for x in np.asarray(needed["range"])),
+        bins=int(needed["bins"]),
+    )
+
+
+def neighbor_needs(nl, axes) -> tuple[jax.Array, dict]:
+    """(overflow on any rank [] bool, the sizes the ranks' lists needed), both the same on every rank."""
+    needed = dict(
+        edges=jax.lax.pmax(nl.n_edges, axes),
+        neighbors=jax.lax.pmax(jnp.max(nl.num_neighbors), axes),
+        candidates=jax.lax.pmax(nl.needed_candidates, axes),
+        range=jax.lax.pmax(nl.needed_range, axes),
+        bins=jax.lax.pmax(nl.needed_bins, axes),
+    )
+    return jax.lax.pmax(nl.overflow.astype(jnp.int32), axes) > 0, needed
+
+
+def rank_neighbors(positions, local, program: RankProgram, cell=None, routing=None):
+    """This rank's neighbour list over its local rows ([n_local, 3] Å, ghosts included) for the
+    model's search cutoff; only owned rows are receivers unless the halo is deep. Under the
+    graph-parallel strategy the search runs over every rank's rows (gathered here) in the
+    real ``cell`` ([S, 3, 3]) with the batch's pbc, and senders index the stacked rows.
+    A half list keeps each pair on one rank: the edge from the row of lower (global id,
+    image shift), which needs this rank's ``routing`` (its rows' ids and shifts)."""
+    layout, n_sys = program.layout, program.n_systems
+    if program.strategy == "graph_partition":
+        all_pos, all_sys, all_mask = gathered_inputs(local, positions, program.axes)
+        return block_neighbor_list(
+            all_pos, jax.lax.stop_gradient(cell), local.pbc, all_sys, all_mask, jax.lax.axis_index(program.axes),
+            layout.n_owned, cutoff=program.search_cutoff, capacity=program.nl_capacity, format=program.nl_format)
+    order = None
+    if program.nl_half:
+        s = routing.row_shifts + 512  # images within ±512 cells, 10 bits per axis
+        order = (routing.row_ids, (s[:, 0] << 20) | (s[:, 1] << 10) | s[:, 2])
+    return local_neighbor_list(
+        jax.lax.stop_gradient(positions), local.batch_idx, local.atom_mask, n_systems=n_sys,
+        cutoff=program.search_cutoff, capacity=program.nl_capacity, format=program.nl_format,
+        n_receivers=layout.n_local if program.deep else layout.n_owned, backend=program.nl_backend,
+        half=program.nl_half, order=order)
+
+
+def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, system_mask, program: RankProgram,
+                  report: DispatchReport, *, forces: bool = True, stress: bool = False, neighbors=None):
+    """One rank's share of a distributed evaluation; call inside :func:`on_ranks` on one rank's rows.
+
+    Args:
+      own_pos: [n_owned, 3] Å owned positions (in the partition's wrapped frame).
+      own_sys: [n_owned] system of each owned row. owned_rows: [n_local] real owned rows.
+      local, routing: this rank's slice of :class:`RankInputs`. cell: [S, 3, 3] Å.
+      system_mask: [S]. forces, stress: which gradients to take.
+      neighbors: a list from :func:`rank_neighbors` to reuse (built for a model that
+        declares a neighbour skin, while no atom has moved half of it); None builds one.
+
+    Returns:
+      ``(per_system [S] eV, out, lays, nl, g_pos [n_owned, 3] or None, g_strain [S, 3, 3] or
+      None)``: the model's outputs and their dispatch layouts, the neighbour list, and this
+      rank's share of the gradients (forces are ``-g_pos``; the virial is the psum of ``g_strain``).
+    """
+    axes = program.axes
+    layout = program.layout
+    spec = program.spec
+    n_sys = program.n_systems
+    ops = {str(a.op): a for a in spec.distribution.custom_ops}
+
+    def global_energy(own_pos, strain):
+        if strain is None:
+            pos, cell_s = own_pos, cell
+        else:
+            deform = jnp.eye(3, dtype=own_pos.dtype) + strain
+            pos = jnp.einsum("vi,vij->vj", own_pos, deform[own_sys])
+            cell_s = jnp.einsum("sij,sjk->sik", cell, deform)
+        # Ghost positions are made here, inside the differentiated function, so ghost
+        # forces travel home through the transpose of halo_forward.
+        positions = halo_forward(pos, layout, routing, axes, cell=cell_s)
+        nl = rank_neighbors(positions, local, program, cell_s, routing) if neighbors is None else neighbors
+        runtime = Runtime(layout, routing, axes, program.policy, owned_rows,
+                          edge_owned=nl.mask & (nl.receivers < layout.n_owned), ops=ops, n_ranks=program.n_ranks)
+        batch = local.replace(positions=positions, cell=cell_s, neighbors=nl)
+        out, lays = _call_model(model, batch, runtime, report, program)
+        # What is differentiated is this rank's term of a sum over ranks: the program's
+        # collectives transpose exactly (psum to psum, ppermute to its inverse), so the
+        # gradient of the sum of the ranks' terms is the gradient of the energy.
+        if program.use_node_energy:
+            atomic = jnp.where(owned_rows, out[program.energy_key], 0.0)
+            own_systems = per_system_sum(atomic, local.batch_idx, n_sys)
+            per_system = jax.lax.psum(own_systems, axes)
+            term = jnp.sum(jnp.where(system_mask, own_systems, 0.0))
+        else:
+            if lays["energy"].kind in (Kind.NODE, Kind.EDGE) or lays["energy"].local:
+                raise DispatchError(
+                    "the model's 'energy' is not the same on every rank after dispatch (laid out as "
+                    f"{lays['energy']}); sum per-atom energies over atoms (segment_sum by batch_idx, jnp.sum, "
+                    "or jaxdd.system_sum) so the dispatch can reduce them across ranks"
+                )
+            per_system = out["energy"]  # complete, and computed alike on every rank
+            term = jnp.sum(jnp.where(system_mask, per_system, 0.0)) / program.n_ranks
+        return term, (per_system, out, lays, nl)
+
+    # Each rank's strain copy collects that rank's share of the virial; summed by the caller.
+    g_pos = g_strain = None
+    if stress:
+        strain = jnp.zeros((n_sys, 3, 3), own_pos.dtype)
+        (_, aux), (g_pos, g_strain) = jax.value_and_grad(global_energy, argnums=(0, 1), has_aux=True)(own_pos, strain)
+    elif forces:  # no strain in the graph: nothing is spent on the virial
+        (_, aux), g_pos = jax.value_and_grad(global_energy, has_aux=True)(own_pos, None)
+    else:  # nothing to differentiate
+        _, aux = global_energy(own_pos, None)
+    per_system, out, lays, nl = aux
+    return per_system, out, lays, nl, g_pos, g_strain
+
+
+def _call_model(model, batch: Batch, runtime: Runtime, report: DispatchReport, program: RankProgram):
+    """``model(batch)`` on this rank, through the dispatch, inside the DD scope; (outputs, layouts)."""
+    policy = program.policy
+    ctx = DDContext(
+        active=True, mesh=program.mesh, axis_names=program.axes, policy=policy,
+        world_size=program.n_ranks, n_owned=program.layout.n_owned, n_padded=program.layout.n_local,
+        n_edges=int(batch.neighbors.senders.shape[0]), n_systems=program.n_systems,
+        halo_layers=getattr(policy, "halo_layers", 1), adapters=AdapterRegistry(),
+    )
+    with dd_scope(ctx), ctx.adapters.installed(program.spec.distribution.third_party_helpers):
+        model.distributed_setup(ctx)
+        return call_model(model, batch, runtime, report)
+
+
+def place_ranked(tree, mesh: Mesh, ranks=None):
+    """Per-rank host blocks ``[len(ranks), ...]`` (a pytree) as global ``[P, ...]`` arrays
+    split over the mesh; ranks None: the blocks of every rank. Only this process's devices
+    are written, so a process never builds or sends another process's rows."""
+    ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+    if ranks is None:
+        return jax.device_put(tree, ranked)
+    where = {int(r): i for i, r in enumerate(ranks)}
+    n_ranks = int(mesh.size)
+
+    def put(x):
+        x = np.asarray(x)
+        shape = (n_ranks,) + x.shape[1:]
+        pieces = [jax.device_put(x[where[idx[0].start]:where[idx[0].start] + 1], device)
+                  for device, idx in ranked.addressable_devices_indices_map(shape).items()]
+        return jax.make_array_from_single_device_arrays(shape, ranked, pieces)
+
+    return jax.tree_util.tree_map(put, tree)
+
+
+def own_ranks(mesh: Mesh):
+    """The ranks (blocks of the ``[P, ...]`` arrays) on this process's devices, in order, or
+    None when this process drives every device."""
+    if jax.process_count() == 1:
+        return None
+    ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+    return tuple(sorted(idx[0].start for idx in ranked.addressable_devices_indices_map((int(mesh.size),)).values()))
+
+
+def agree_max(values) -> np.ndarray:
+    """The elementwise maximum of an integer vector over every process (itself with one)."""
+    values = np.asarray(values, np.int64)
+    if jax.process_count() == 1:
+        return values
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(values)).reshape(-1, values.size).max(axis=0)
