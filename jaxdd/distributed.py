@@ -448,9 +448,11 @@ class DistributedModel:
         counts = np.stack([np.bincount(b[v], minlength=n_sys) for b, v in zip(bidx, valid)])
         ptr = np.concatenate([np.zeros((len(ids), 1), np.int64), np.cumsum(counts, axis=1)], axis=1)
 
+        carried = set(self.spec.distribution.shard_fields)  # the per-atom fields the spec sends to ranks
+
         def rows(field, fill):
             x = getattr(batch, field)
-            if x is None:
+            if x is None or field not in carried:
                 return None
             x = np.asarray(x)
             return np.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), x[safe], fill)
@@ -544,7 +546,6 @@ class DistributedModel:
         self.model.validate_input(batch)
         if "stress" in outputs:
             check_stress_cells(batch)
-        self.spec.check_outputs(outputs)
         # The output layout of the sharded program is fixed before tracing, so a key the
         # framework does not derive itself needs a declared kind (no shape heuristic here).
         undeclared = [k for k in outputs if k not in ("energy", "forces", "stress", self.energy_key)

@@ -33,6 +33,7 @@ from .ops import POLICIES, TRANSFORMS, HaloStoragePolicy, OpHandle, SpecError, S
 __all__ = [
     "SPEC_VERSION",
     "SpecError",
+    "PER_ATOM_FIELDS",
     "SpecWarning",
     "OutputKind",
     "OpAdapter",
@@ -52,7 +53,9 @@ __all__ = [
 ]
 
 SPEC_VERSION = 2
-DEFAULT_SHARD_FIELDS = ("positions", "charges", "atomic_numbers")
+#: The per-atom fields of a Batch, in the order ranks receive them.
+PER_ATOM_FIELDS = ("positions", "atomic_numbers", "charges", "masses", "velocities")
+DEFAULT_SHARD_FIELDS = PER_ATOM_FIELDS
 FORCE_STRATEGIES = ("framework_from_node_energy", "framework_from_global_energy", "model_internal")
 
 
@@ -161,7 +164,9 @@ class CompilePolicy:
     force_strategy: ``framework_from_node_energy`` (forces from the sum of owned per-atom
         energies), ``framework_from_global_energy`` (from the all-reduced energy; graph
         parallel), or ``model_internal`` (the model returns forces as a PER_NODE output).
-    stress_via_strain: stress from the derivative with respect to a strain of positions and cell.
+    stress_via_strain: stress from the derivative with respect to a strain of positions and
+        cell: the only way jaxdd derives stress, so False is refused (a model that computes
+        its own stress returns it as an output that is not in ``autograd_outputs``).
     """
 
     capacity_factor: float = 1.2
@@ -186,6 +191,11 @@ class CompilePolicy:
             raise SpecError(f"CompilePolicy.force_strategy must be one of {list(FORCE_STRATEGIES)}, got {self.force_strategy!r}")
         if not isinstance(self.stress_via_strain, bool):
             raise SpecError(f"CompilePolicy.stress_via_strain must be a bool, got {self.stress_via_strain!r}")
+        if not self.stress_via_strain:
+            raise SpecError(
+                "CompilePolicy.stress_via_strain=False: jaxdd derives stress only from the derivative with respect to "
+                "a strain of positions and cell; a model that computes its own stress returns 'stress' as an output "
+                "and leaves it out of ModelConfig.autograd_outputs")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -195,7 +205,9 @@ class CompilePolicy:
 class DistributionSpec:
     """The chemistry-free part of a spec: storage policy, op adapters, helper adapters.
 
-    shard_fields: per-atom Batch fields that are partitioned with the atoms.
+    shard_fields: the per-atom Batch fields (of :data:`PER_ATOM_FIELDS`) every rank receives
+        for its rows; the others reach the model as None. ``positions`` and
+        ``atomic_numbers`` are always among them. Default: all of them.
     """
 
     policy: StoragePolicy = HaloStoragePolicy()
@@ -221,6 +233,14 @@ class DistributionSpec:
         fields = _tuple_of("DistributionSpec", "shard_fields", self.shard_fields, str)
         if len(set(fields)) != len(fields) or not all(fields):
             raise SpecError(f"DistributionSpec.shard_fields must be distinct non-empty names, got {list(fields)}")
+        unknown = [f for f in fields if f not in PER_ATOM_FIELDS]
+        if unknown:
+            raise SpecError(f"DistributionSpec.shard_fields has {unknown}, which are not per-atom Batch fields; "
+                            f"choose among {list(PER_ATOM_FIELDS)}")
+        lacking = [f for f in ("positions", "atomic_numbers") if f not in fields]
+        if lacking:
+            raise SpecError(f"DistributionSpec.shard_fields lacks {lacking}: every rank needs its atoms' positions "
+                            "and atomic numbers")
         object.__setattr__(self, "custom_ops", ops)
         object.__setattr__(self, "third_party_helpers", helpers)
         object.__setattr__(self, "shard_fields", fields)
@@ -287,9 +307,12 @@ class MLIPSpec:
 
     distribution: storage policy and adapters (:class:`DistributionSpec`).
     output_kinds: output key → :class:`OutputKind`.
-    owned_only_outputs: per-atom keys sliced to owned rows before they are gathered.
+    owned_only_outputs: per-atom keys sliced to owned rows before they are gathered: they
+        are PER_NODE outputs (:meth:`kind_of`) without an entry in ``output_kinds``.
     all_reduce_outputs: keys summed across ranks (per-rank partials).
-    system_reductions: reduce per-atom → per-system sums across ranks automatically.
+    system_reductions: reduce per-atom → per-system sums across ranks automatically (what
+        makes a distributed energy complete; False is refused: list per-rank partials in
+        ``all_reduce_outputs`` instead).
     node_energy_key, node_virial_key: per-atom energy / virial outputs, if the model has them.
     compile: a :class:`CompilePolicy`, or None for the defaults.
     """
@@ -323,6 +346,16 @@ class MLIPSpec:
             )
         if not isinstance(self.system_reductions, bool):
             raise SpecError(f"MLIPSpec.system_reductions must be a bool, got {self.system_reductions!r}")
+        if not self.system_reductions:
+            raise SpecError(
+                "MLIPSpec.system_reductions=False: the dispatch always reduces per-atom sums to per-system ones across "
+                "ranks (it is what makes a distributed energy complete); list keys that are per-rank partials in "
+                "all_reduce_outputs instead")
+        clash = sorted(k for k in owned if kinds.get(k, OutputKind.PER_NODE) is not OutputKind.PER_NODE)
+        if clash:
+            raise SpecError(f"{clash} are owned-only outputs (per-atom, sliced to owned rows) but declared "
+                            f"{[kinds[k].value for k in clash]} in output_kinds; declare them PER_NODE or drop them "
+                            "from owned_only_outputs")
         for field in ("node_energy_key", "node_virial_key"):
             v = getattr(self, field)
             if v is not None and (not isinstance(v, str) or not v):
@@ -340,8 +373,11 @@ class MLIPSpec:
         return self.distribution.policy
 
     def kind_of(self, key: str) -> OutputKind:
-        """Declared kind of ``key`` (UNKNOWN when not declared)."""
-        return self.output_kinds.get(key, OutputKind.UNKNOWN)
+        """Declared kind of ``key``: its ``output_kinds`` entry, PER_NODE for an owned-only
+        output, else UNKNOWN."""
+        if key in self.output_kinds:
+            return self.output_kinds[key]
+        return OutputKind.PER_NODE if key in self.owned_only_outputs else OutputKind.UNKNOWN
 
     def check_outputs(self, keys: Iterable[str], *, strict: bool = False) -> None:
         """Every active output should have a declared kind: warn (or raise when ``strict``)."""

@@ -122,7 +122,7 @@ RICH = MLIPSpec(
             MethodAdapter("chem.layers", "Conv", "aggregate", resolve_reference("jaxdd.neighbors:neighbor_capacity")),
             ModuleForwardAdapter("chem.layers", "Readout", "jaxdd.neighbors:neighbor_list"),
         ),
-        shard_fields=("positions", "charges", "atomic_numbers", "spins"),
+        shard_fields=("positions", "charges", "atomic_numbers"),
     ),
     output_kinds={
         "energy": OutputKind.PER_GRAPH,
@@ -134,7 +134,7 @@ RICH = MLIPSpec(
     },
     owned_only_outputs={"forces", "charges"},
     all_reduce_outputs={"dipole", "mesh"},
-    system_reductions=False,
+    system_reductions=True,
     node_energy_key="atomic_energies",
     node_virial_key="atomic_virials",
     compile=CompilePolicy(
@@ -142,7 +142,7 @@ RICH = MLIPSpec(
         growth_factor=3.0,
         max_regrowths=2,
         force_strategy="model_internal",
-        stress_via_strain=False,
+        stress_via_strain=True,
     ),
 )
 
@@ -193,7 +193,7 @@ compile_policies = st.builds(
     growth_factor=st.one_of(st.floats(1.0, 1e12, exclude_min=True), st.integers(2, 1000)),
     max_regrowths=st.integers(1, 10**6),
     force_strategy=st.sampled_from(FORCE_STRATEGIES),
-    stress_via_strain=st.booleans(),
+    stress_via_strain=st.just(True),
 )
 
 
@@ -204,18 +204,22 @@ def specs(draw):
         custom_ops=draw(op_adapters()),
         third_party_helpers=tuple(draw(st.lists(helper_adapters, max_size=4, unique_by=lambda h: h.target))),
         shard_fields=draw(
-            st.one_of(st.just(DEFAULT_SHARD_FIELDS), st.lists(output_keys, unique=True, max_size=4).map(tuple))
+            st.one_of(st.just(DEFAULT_SHARD_FIELDS), st.lists(st.sampled_from(["charges", "masses", "velocities"]),
+                                                               unique=True).map(lambda f: ("positions", "atomic_numbers", *f)))
         ),
     )
     kinds = draw(st.dictionaries(output_keys, st.sampled_from(list(OutputKind) + [k.value for k in OutputKind])))
     keys = draw(st.lists(output_keys, unique=True, max_size=6))
     where = draw(st.lists(st.sampled_from(["owned", "reduced", "neither"]), min_size=len(keys), max_size=len(keys)))
+    owned = {k for k, w in zip(keys, where) if w == "owned"}
+    # An owned-only output is per-atom: its declared kind, if any, is PER_NODE.
+    kinds = {k: (OutputKind.PER_NODE if k in owned else v) for k, v in kinds.items()}
     return MLIPSpec(
         distribution=distribution,
         output_kinds=kinds,
-        owned_only_outputs={k for k, w in zip(keys, where) if w == "owned"},
+        owned_only_outputs=owned,
         all_reduce_outputs={k for k, w in zip(keys, where) if w == "reduced"},
-        system_reductions=draw(st.booleans()),
+        system_reductions=True,
         node_energy_key=draw(st.none() | output_keys),
         node_virial_key=draw(st.none() | output_keys),
         compile=draw(st.none() | compile_policies),

@@ -352,7 +352,7 @@ class DomainParallel:
             cfg = ReplanConfig(layout=layout, n_migrate=dm.capacities.migrate, n_systems=state.template.n_systems,
                                axes=tuple(mesh.axis_names))
             arrays, plan, report = _replanned(arrays, state.fixed["cell"], state.fixed["system_mask"], self._frame,
-                                              cfg, mesh, state.fixed["local"].velocities is not None)
+                                              cfg, mesh, _carried(state.fixed["local"]))
             report = jax.tree_util.tree_map(np.asarray, report)
             if bool(report["far"]) or bool(report["hops"]):
                 return self._rebuild_on_host(state)
@@ -844,12 +844,17 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
                     replicated_out=(False, True, True, True, True, True))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "mesh", "velocities"))
-def _replanned(arrays, cell, system_mask, frame, cfg: ReplanConfig, mesh, velocities: bool):
+def _carried(local: Batch) -> tuple[str, ...]:
+    """The optional per-atom fields a plan's local batch carries (the spec's shard_fields)."""
+    return tuple(f for f in ("charges", "masses", "velocities") if getattr(local, f) is not None)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "mesh", "fields"))
+def _replanned(arrays, cell, system_mask, frame, cfg: ReplanConfig, mesh, fields: tuple[str, ...]):
     """A rebuild on the devices (:func:`jaxdd.replan.rank_replan`) and the plan's local rows:
     (arrays, plan) laid out as :meth:`DomainParallel._place` lays them out (the plan's
     ``local`` batch, ``owned_rows`` and ``routing``). Inputs depend on the owned rows only,
-    so one program serves every rebuild of a layout. velocities: the local batch carries them."""
+    so one program serves every rebuild of a layout. fields: the optional per-atom fields the local batch carries."""
     axes = cfg.axes
     layout, n_sys = cfg.layout, cfg.n_systems
 
@@ -867,9 +872,9 @@ def _replanned(arrays, cell, system_mask, frame, cfg: ReplanConfig, mesh, veloci
             cell=cell, pbc=jnp.zeros((n_sys, 3), bool), batch_idx=batch_idx,
             ptr=jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts)]).astype(jnp.int32),
             atom_mask=valid, system_mask=system_mask,
-            charges=forward(rows["charges"]) if "charges" in rows else None,
-            masses=jnp.where(valid, forward(rows["masses"]), 1.0).astype(dtype),
-            velocities=forward(rows["velocities"]) if velocities else None,
+            charges=forward(rows["charges"]) if "charges" in fields else None,
+            masses=jnp.where(valid, forward(rows["masses"]), 1.0).astype(dtype) if "masses" in fields else None,
+            velocities=forward(rows["velocities"]) if "velocities" in fields else None,
             neighbors=None)
         owned_rows = valid & (jnp.arange(layout.n_local) < layout.n_owned)
         return dict(rows, reference=rows["positions"]), local, owned_rows, routing, report
