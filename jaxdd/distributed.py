@@ -28,7 +28,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import programs
+from . import programs, virials
 from ._checks import integral
 from .capacity import Capacities, factors, headroom
 from .data import AtomicData, Batch, as_batch, is_concrete
@@ -541,14 +541,24 @@ class DistributedModel:
 
     def _check_call(self, data, outputs) -> tuple[Batch, tuple[str, ...]]:
         cfg = model_config(self.model)
-        outputs = cfg.check_outputs(default_order(cfg.active_outputs) if outputs is None else outputs)
+        requested = default_order(cfg.active_outputs) if outputs is None else outputs
+        requested = (requested,) if isinstance(requested, str) else tuple(requested)
+        key = self.spec.node_virial_key
+        rest = tuple(k for k in requested if k != key)
+        outputs = cfg.check_outputs(rest) if rest or key not in requested else ()
+        if key is not None and key in requested:
+            if self.strategy != "halo":
+                raise ValueError(f"{key!r} (the spec's node_virial_key): per-atom virials are derived under the halo "
+                                 "strategy; node blocks (graph_partition) do not give them yet: use strategy='halo'")
+            virials.check_supported(cfg.neighbor_config, type(self.model).__name__, key, deep=self.deep_halo)
+            outputs = outputs + (key,)
         batch = as_batch(data)
         self.model.validate_input(batch)
         if "stress" in outputs:
             check_stress_cells(batch)
         # The output layout of the sharded program is fixed before tracing, so a key the
         # framework does not derive itself needs a declared kind (no shape heuristic here).
-        undeclared = [k for k in outputs if k not in ("energy", "forces", "stress", self.energy_key)
+        undeclared = [k for k in outputs if k not in ("energy", "forces", "stress", self.energy_key, key)
                       and self.spec.kind_of(k) is OutputKind.UNKNOWN]
         if undeclared:
             raise ValueError(
@@ -605,6 +615,7 @@ class DistributedModel:
             use_node_energy=self.use_node_energy,
             deep=self.deep_halo,
             n_systems=int(n_systems),
+            virial_key=self.spec.node_virial_key if self.spec.node_virial_key in outputs else None,
             mesh=self.config.mesh,
             spec=self.spec,
             sink=self._reports,
@@ -671,6 +682,9 @@ class DistributedModel:
         for _ in range(self.spec.compile.max_regrowths if self.spec.compile else 8):
             out, overflow, needed = _run(self.model, inputs)
             if not bool(overflow):
+                if inputs.program.virial_key is not None:
+                    virials.refuse_broken(out[inputs.program.virial_key], type(self.model).__name__,
+                                          inputs.program.virial_key)
                 self._record_health(part, plan, recompiles)
                 self._warn_once()
                 return unpad_atoms(out, n_atoms, int(inputs.gather.shape[0]), self.spec)
@@ -723,7 +737,7 @@ def _per_node_keys(program: RankProgram) -> set[str]:
     """Outputs with one row per atom: forces, the per-atom energies, declared PER_NODE keys."""
     spec = program.spec
     return {k for k in program.outputs
-            if k == "forces" or (program.use_node_energy and k == program.energy_key)
+            if k in ("forces", program.virial_key) or (program.use_node_energy and k == program.energy_key)
             or spec.kind_of(k) is OutputKind.PER_NODE}
 
 
@@ -739,6 +753,7 @@ def _run(model, inputs: RankInputs):
     # laid out like any other; only autograd outputs are derived here.
     want_forces = "forces" in program.outputs and "forces" in program.autograd
     want_stress = "stress" in program.outputs and "stress" in program.autograd
+    want_virials = program.virial_key is not None
     spec = program.spec
     n_owned = program.layout.n_owned
     report = DispatchReport(policy=program.policy)
@@ -746,9 +761,9 @@ def _run(model, inputs: RankInputs):
 
     def rank_fn(local, own_pos, own_sys, owned_rows, routing, params, cell, system_mask):
         model = eqx.combine(params, rest)
-        per_system, out, lays, nl, g_pos, g_strain = rank_evaluate(
+        per_system, out, lays, nl, g_pos, g_strain, w_atoms = rank_evaluate(
             model, local, own_pos, own_sys, owned_rows, routing, cell, system_mask, program, report,
-            forces=want_forces, stress=want_stress)
+            forces=want_forces, stress=want_stress, virials=want_virials)
         results = {}
         for key in program.outputs:  # one fixed order on every rank
             if key == "energy":
@@ -759,6 +774,8 @@ def _run(model, inputs: RankInputs):
                 volume = jnp.abs(jnp.linalg.det(cell))
                 safe = jnp.where(volume > 0, volume, 1.0)[:, None, None]
                 results[key] = jax.lax.psum(g_strain, axes) / safe
+            elif key == program.virial_key:
+                results[key] = w_atoms
             elif key in per_node:
                 results[key] = out[key][:n_owned]
             elif key in spec.all_reduce_outputs:

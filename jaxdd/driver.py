@@ -26,10 +26,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import programs
+from . import programs, virials
 from .data import AtomicData, Batch, as_batch, is_concrete
 from .model import BaseModel, ModelConfig, ModelOutputs
-from .neighbors import NeighborCapacity, NeighborListFormat, build_neighbor_list, capacity_bucket, neighbor_capacity
+from .neighbors import (NeighborCapacity, NeighborListFormat, build_neighbor_list, capacity_bucket, edge_vectors,
+                        neighbor_capacity)
+from .segments import per_system_sum
 from .spec import MLIPSpec, OutputKind
 
 __all__ = ["compute", "energy_and_derivatives", "neighbor_list_for"]
@@ -64,34 +66,56 @@ def neighbor_list_for(model, batch: Batch, capacity: NeighborCapacity):
     )
 
 
-def energy_and_derivatives(model, batch: Batch, outputs: tuple[str, ...]) -> ModelOutputs:
+def energy_and_derivatives(model, batch: Batch, outputs: tuple[str, ...], virial_key: str | None = None
+                           ) -> ModelOutputs:
     """Call ``model`` on ``batch`` (neighbours attached) and add the autograd outputs.
 
-    Traceable; the caller builds the neighbour list. Returns only the requested keys.
+    virial_key: the key under which per-atom virials are derived when requested
+    (:mod:`jaxdd.virials`; the spec's ``node_virial_key``). Traceable; the caller builds the
+    neighbour list. Returns only the requested keys.
     """
     cfg = model_config(model)
     want_forces = "forces" in outputs and "forces" in cfg.autograd_outputs
     want_stress = "stress" in outputs and "stress" in cfg.autograd_outputs
-    if not (want_forces or want_stress):
+    want_virials = virial_key is not None and virial_key in outputs
+    if not (want_forces or want_stress or want_virials):
         out = model(batch)
         return _select(out, outputs, model)
 
     n_sys = batch.n_systems
     system = jnp.clip(batch.batch_idx, 0, n_sys - 1)
 
-    def total_energy(positions, strain):
+    def total_energy(positions, strain, displacement=None):
+        nl = batch.neighbors if displacement is None else dataclasses.replace(batch.neighbors,
+                                                                               displacement=displacement)
         if strain is None:
-            out = model(batch.replace(positions=positions))
+            out = model(batch.replace(positions=positions, neighbors=nl))
         else:
             # Identity strain by default; the gradient at zero strain is the virial.
             deform = jnp.eye(3, dtype=positions.dtype) + strain
             pos = jnp.einsum("vi,vij->vj", positions, deform[system])
             cell = jnp.einsum("sij,sjk->sik", batch.cell, deform)
-            out = model(batch.replace(positions=pos, cell=cell))
+            out = model(batch.replace(positions=pos, cell=cell, neighbors=nl))
         energy = _energy(out, model)
         return jnp.sum(jnp.where(batch.system_mask, energy, 0.0)), out
 
-    if want_stress:
+    extra = {}
+    if want_virials:
+        dtype = batch.positions.dtype
+        strain = jnp.zeros((n_sys, 3, 3), dtype)
+        probe = virials.with_probe(batch.neighbors, dtype).displacement
+        (_, out), (g_pos, g_strain, g_edges) = jax.value_and_grad(total_energy, argnums=(0, 1, 2), has_aux=True)(
+            batch.positions, strain, probe)
+        nl = batch.neighbors
+        vectors = edge_vectors(batch.positions, batch.cell, batch.batch_idx, nl)
+        per_atom = virials.atomic_virials(vectors, jnp.where(nl.mask[:, None], g_edges, 0.0), nl.receivers,
+                                          batch.n_atoms)
+        per_atom = jnp.where(batch.atom_mask[:, None, None], per_atom, 0.0)
+        summed = per_system_sum(per_atom, batch.batch_idx, n_sys)
+        residual = virials.sum_rule_residual(jnp.where(batch.system_mask[:, None, None], summed, 0.0),
+                                             jnp.where(batch.system_mask[:, None, None], g_strain, 0.0))
+        extra[virial_key] = jnp.where(residual <= virials.tolerance(dtype), per_atom, jnp.nan)
+    elif want_stress:
         strain = jnp.zeros((n_sys, 3, 3), batch.positions.dtype)
         (_, out), (g_pos, g_strain) = jax.value_and_grad(total_energy, argnums=(0, 1), has_aux=True)(
             batch.positions, strain
@@ -99,7 +123,6 @@ def energy_and_derivatives(model, batch: Batch, outputs: tuple[str, ...]) -> Mod
     else:
         # Forces alone: no strain in the graph, so nothing is spent on the virial.
         (_, out), g_pos = jax.value_and_grad(total_energy, has_aux=True)(batch.positions, None)
-    extra = {}
     if want_forces:
         extra["forces"] = jnp.where(batch.atom_mask[:, None], -g_pos, 0.0)
     if want_stress:
@@ -127,9 +150,9 @@ def _select(out, outputs, model) -> ModelOutputs:
 
 @programs.track
 @eqx.filter_jit
-def _run(model, batch, outputs, capacity):
+def _run(model, batch, outputs, capacity, virial_key=None):
     nl = neighbor_list_for(model, batch, capacity) if capacity is not None else None
-    out = energy_and_derivatives(model, batch.replace(neighbors=nl), outputs)
+    out = energy_and_derivatives(model, batch.replace(neighbors=nl), outputs, virial_key)
     overflow = jnp.asarray(False) if nl is None else nl.overflow
     return out, overflow, nl
 
@@ -141,6 +164,7 @@ def compute(
     *,
     capacity: NeighborCapacity | None = None,
     max_rebuilds: int = 8,
+    spec: MLIPSpec | None = None,
 ) -> ModelOutputs:
     """Evaluate ``model`` on one device.
 
@@ -149,12 +173,25 @@ def compute(
     outputs: keys to return; each must be in the model's ``ModelConfig.outputs``
         (default: its ``active_outputs``).
     capacity: a starting neighbour-list capacity (sized from the data when None).
+    spec: the :class:`~jaxdd.spec.MLIPSpec` whose ``node_virial_key`` names per-atom virials
+        that may be requested beside the model's outputs ([V, 3, 3] eV, :mod:`jaxdd.virials`;
+        default: the model's ``distribution_spec``).
 
     Returns ModelOutputs with ``energy [S]``, ``forces [V, 3]``, ``stress [S, 3, 3]``,
     ... as requested; rows of padding atoms and systems are zero.
     """
     cfg = model_config(model)
-    outputs = cfg.check_outputs(default_order(cfg.active_outputs) if outputs is None else outputs)
+    spec = spec if spec is not None else getattr(model, "distribution_spec", None)
+    virial_key = spec.node_virial_key if isinstance(spec, MLIPSpec) else None
+    requested = default_order(cfg.active_outputs) if outputs is None else outputs
+    requested = (requested,) if isinstance(requested, str) else tuple(requested)
+    rest = tuple(k for k in requested if k != virial_key)
+    outputs = cfg.check_outputs(rest) if rest or virial_key not in requested else ()
+    if virial_key is not None and virial_key in requested:
+        virials.check_supported(cfg.neighbor_config, type(model).__name__, virial_key)
+        outputs = outputs + (virial_key,)
+    else:
+        virial_key = None
     batch = as_batch(data)
     model.validate_input(batch)
     if "stress" in outputs:
@@ -169,9 +206,11 @@ def compute(
             cutoff=nc.search_cutoff, half=nc.half_list, headroom=1.0,
         ), nc)
     for _ in range(max_rebuilds + 1):
-        out, overflow, nl = _run(model, batch, outputs, capacity)
+        out, overflow, nl = _run(model, batch, outputs, capacity, virial_key)
         if not bool(overflow):
-            return unpad_atoms(out, n_atoms, batch.n_atoms, getattr(model, "distribution_spec", None))
+            if virial_key is not None:
+                virials.refuse_broken(out[virial_key], type(model).__name__, virial_key)
+            return unpad_atoms(out, n_atoms, batch.n_atoms, spec)
         capacity = program_capacity(capacity.grown(nl.stats()), nc)
     raise RuntimeError(f"neighbour list still overflowed after {max_rebuilds} rebuilds (capacity {capacity})")
 

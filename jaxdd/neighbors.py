@@ -186,6 +186,9 @@ class NeighborList:
     n_edges: [] int32 edges found (may exceed max_edges on overflow).
     needed_candidates, needed_range, needed_bins: sizes the search needed ([], [3], [] int32).
     overflow: [] bool, True when any capacity was too small; the list is then incomplete.
+    displacement: [max_edges, 3] Å added to every edge vector by :func:`edge_vectors`, or None
+        (the default). Zeros set there are what per-atom virials are differentiated by
+        (:mod:`jaxdd.virials`): the gradient of the energy with respect to them is dE/dr_e.
     """
 
     senders: jax.Array
@@ -200,6 +203,7 @@ class NeighborList:
     needed_range: jax.Array
     needed_bins: jax.Array
     overflow: jax.Array
+    displacement: Any = None
 
     def stats(self) -> NeighborStats:
         """Sizes this build needed, as host integers (blocks until the build is done)."""
@@ -262,7 +266,8 @@ def edge_vectors(positions, cell, batch_idx, nl: NeighborList):
     """Receiver → sender vectors of the COO edges, [max_edges, 3] (padding rows are zero).
 
     positions: [n_atoms, 3]; cell: [S, 3, 3]; batch_idx: [n_atoms] system of each atom.
-    Differentiable in positions and cell (the strain used for stress acts through both).
+    Differentiable in positions and cell (the strain used for stress acts through both), and
+    in ``nl.displacement`` when the list has one (added to every vector).
     """
     # Padding edges index one past the last atom: "fill" reads zeros there, so their
     # vectors are exactly zero without a mask (a select here would cost a full pass).
@@ -276,7 +281,8 @@ def edge_vectors(positions, cell, batch_idx, nl: NeighborList):
         shift = shifts @ cell[0]
     else:
         shift = jnp.einsum("ei,eij->ej", shifts, cell[rows(batch_idx, nl.receivers)])
-    return rows(positions, nl.senders) - rows(positions, nl.receivers) + shift
+    vectors = rows(positions, nl.senders) - rows(positions, nl.receivers) + shift
+    return vectors if nl.displacement is None else vectors + nl.displacement
 
 
 # --------------------------------------------------------------------------- binning

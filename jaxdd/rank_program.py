@@ -26,9 +26,10 @@ from .data import Batch
 from .dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model
 from .graph_partition import block_neighbor_list, gathered_inputs
 from .halo import HaloLayout, halo_forward
-from .neighbors import NeighborCapacity, NeighborListFormat, NeighborStats, local_neighbor_list
+from .neighbors import NeighborCapacity, NeighborListFormat, NeighborStats, edge_vectors, local_neighbor_list
 from .segments import per_system_sum
 from .spec import MLIPSpec
+from .virials import atomic_virials, sum_rule_residual, tolerance
 
 __all__ = ["RankProgram", "RankInputs", "ReportSink", "on_ranks", "rank_evaluate", "rank_neighbors",
            "neighbor_needs", "neighbor_stats", "place_ranked", "own_ranks", "agree_max"]
@@ -56,7 +57,9 @@ class RankProgram:
     strategy: ``"halo"`` or ``"graph_partition"``. policy: the dispatch's storage policy.
     autograd: outputs the engine derives from the energy. outputs: keys computed, in order.
     energy_key, use_node_energy: what is differentiated. deep: a deep halo (ghost rows
-    computed too). n_systems: systems of the batch. mesh: the device mesh. spec: the spec.
+    computed too). n_systems: systems of the batch. virial_key: the output key of per-atom
+    virials when they are computed (the spec's ``node_virial_key``), else None. mesh: the
+    device mesh. spec: the spec.
     sink: where the traced program's dispatch report goes (compared by identity: each
     DistributedModel keeps its own reports).
     """
@@ -75,6 +78,7 @@ class RankProgram:
     use_node_energy: bool
     deep: bool
     n_systems: int
+    virial_key: str | None
     mesh: Mesh
     spec: MLIPSpec
     sink: ReportSink
@@ -236,21 +240,25 @@ def rank_neighbors(positions, local, program: RankProgram, cell=None, routing=No
 
 
 def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, system_mask, program: RankProgram,
-                  report: DispatchReport, *, forces: bool = True, stress: bool = False, neighbors=None):
+                  report: DispatchReport, *, forces: bool = True, stress: bool = False, virials: bool = False,
+                  neighbors=None):
     """One rank's share of a distributed evaluation; call inside :func:`on_ranks` on one rank's rows.
 
     Args:
       own_pos: [n_owned, 3] Å owned positions (in the partition's wrapped frame).
       own_sys: [n_owned] system of each owned row. owned_rows: [n_local] real owned rows.
       local, routing: this rank's slice of :class:`RankInputs`. cell: [S, 3, 3] Å.
-      system_mask: [S]. forces, stress: which gradients to take.
+      system_mask: [S]. forces, stress: which gradients to take. virials: also the per-atom
+        virials of the owned atoms (:mod:`jaxdd.virials`; a full COO list, halo strategy).
       neighbors: a list from :func:`rank_neighbors` to reuse (built for a model that
         declares a neighbour skin, while no atom has moved half of it); None builds one.
 
     Returns:
       ``(per_system [S] eV, out, lays, nl, g_pos [n_owned, 3] or None, g_strain [S, 3, 3] or
-      None)``: the model's outputs and their dispatch layouts, the neighbour list, and this
-      rank's share of the gradients (forces are ``-g_pos``; the virial is the psum of ``g_strain``).
+      None, atomic_virials [n_owned, 3, 3] or None)``: the model's outputs and their dispatch
+      layouts, the neighbour list, this rank's share of the gradients (forces are ``-g_pos``;
+      the virial is the psum of ``g_strain``) and its owned atoms' virials (NaN when they
+      break the sum rule on any rank: see :func:`jaxdd.virials.refuse_broken`).
     """
     axes = program.axes
     layout = program.layout
@@ -258,7 +266,7 @@ def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, sys
     n_sys = program.n_systems
     ops = {str(a.op): a for a in spec.distribution.custom_ops}
 
-    def global_energy(own_pos, strain):
+    def global_energy(own_pos, strain, displacement=None):
         if strain is None:
             pos, cell_s = own_pos, cell
         else:
@@ -269,9 +277,10 @@ def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, sys
         # forces travel home through the transpose of halo_forward.
         positions = halo_forward(pos, layout, routing, axes, cell=cell_s)
         nl = rank_neighbors(positions, local, program, cell_s, routing) if neighbors is None else neighbors
+        probed = nl if displacement is None else dataclasses.replace(nl, displacement=displacement)
         runtime = Runtime(layout, routing, axes, program.policy, owned_rows,
                           edge_owned=nl.mask & (nl.receivers < layout.n_owned), ops=ops, n_ranks=program.n_ranks)
-        batch = local.replace(positions=positions, cell=cell_s, neighbors=nl)
+        batch = local.replace(positions=positions, cell=cell_s, neighbors=probed)
         out, lays = _call_model(model, batch, runtime, report, program)
         # What is differentiated is this rank's term of a sum over ranks: the program's
         # collectives transpose exactly (psum to psum, ppermute to its inverse), so the
@@ -290,19 +299,35 @@ def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, sys
                 )
             per_system = out["energy"]  # complete, and computed alike on every rank
             term = jnp.sum(jnp.where(system_mask, per_system, 0.0)) / program.n_ranks
-        return term, (per_system, out, lays, nl)
+        return term, (per_system, out, lays, nl, positions)
 
     # Each rank's strain copy collects that rank's share of the virial; summed by the caller.
-    g_pos = g_strain = None
-    if stress:
+    g_pos = g_strain = w_atoms = None
+    if virials:
+        dtype = own_pos.dtype
+        strain = jnp.zeros((n_sys, 3, 3), dtype)
+        probe = jnp.zeros((program.nl_capacity.max_edges, 3), dtype)
+        (_, aux), (g_pos, g_strain, g_edges) = jax.value_and_grad(global_energy, argnums=(0, 1, 2), has_aux=True)(
+            own_pos, strain, probe)
+        nl, positions = aux[3], aux[4]
+        vectors = edge_vectors(positions, cell, local.batch_idx, nl)
+        w_atoms = atomic_virials(vectors, jnp.where(nl.mask[:, None], g_edges, 0.0), nl.receivers,
+                                 layout.n_local)[:layout.n_owned]
+        w_atoms = jnp.where((own_sys < n_sys)[:, None, None] & owned_rows[:layout.n_owned, None, None], w_atoms, 0.0)
+        summed = jax.lax.psum(per_system_sum(w_atoms, jnp.where(owned_rows[:layout.n_owned], own_sys, n_sys), n_sys),
+                              axes)
+        residual = sum_rule_residual(jnp.where(system_mask[:, None, None], summed, 0.0),
+                                     jnp.where(system_mask[:, None, None], jax.lax.psum(g_strain, axes), 0.0))
+        w_atoms = jnp.where(residual <= tolerance(dtype), w_atoms, jnp.nan)
+    elif stress:
         strain = jnp.zeros((n_sys, 3, 3), own_pos.dtype)
         (_, aux), (g_pos, g_strain) = jax.value_and_grad(global_energy, argnums=(0, 1), has_aux=True)(own_pos, strain)
     elif forces:  # no strain in the graph: nothing is spent on the virial
         (_, aux), g_pos = jax.value_and_grad(global_energy, has_aux=True)(own_pos, None)
     else:  # nothing to differentiate
         _, aux = global_energy(own_pos, None)
-    per_system, out, lays, nl = aux
-    return per_system, out, lays, nl, g_pos, g_strain
+    per_system, out, lays, nl, _ = aux
+    return per_system, out, lays, nl, g_pos, g_strain, w_atoms
 
 
 def _call_model(model, batch: Batch, runtime: Runtime, report: DispatchReport, program: RankProgram):

@@ -313,7 +313,9 @@ class MLIPSpec:
     system_reductions: reduce per-atom → per-system sums across ranks automatically (what
         makes a distributed energy complete; False is refused: list per-rank partials in
         ``all_reduce_outputs`` instead).
-    node_energy_key, node_virial_key: per-atom energy / virial outputs, if the model has them.
+    node_energy_key: the model's per-atom energy output, which forces are differentiated from.
+    node_virial_key: the key under which jaxdd returns per-atom virials [V, 3, 3] eV when asked
+        (derived from the energy by edge vector, :mod:`jaxdd.virials`; None: not available).
     compile: a :class:`CompilePolicy`, or None for the defaults.
     """
 
@@ -374,10 +376,11 @@ class MLIPSpec:
 
     def kind_of(self, key: str) -> OutputKind:
         """Declared kind of ``key``: its ``output_kinds`` entry, PER_NODE for an owned-only
-        output, else UNKNOWN."""
+        output and for the per-atom energy and virial keys, else UNKNOWN."""
         if key in self.output_kinds:
             return self.output_kinds[key]
-        return OutputKind.PER_NODE if key in self.owned_only_outputs else OutputKind.UNKNOWN
+        per_atom = key in self.owned_only_outputs or key in (self.node_energy_key, self.node_virial_key)
+        return OutputKind.PER_NODE if per_atom else OutputKind.UNKNOWN
 
     def check_outputs(self, keys: Iterable[str], *, strict: bool = False) -> None:
         """Every active output should have a declared kind: warn (or raise when ``strict``)."""

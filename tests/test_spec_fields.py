@@ -165,3 +165,73 @@ def test_system_reductions_false_is_refused_naming_the_field():
 def test_stress_via_strain_false_is_refused_naming_the_field():
     with pytest.raises(SpecError, match="stress_via_strain"):
         CompilePolicy(stress_via_strain=False)
+
+
+# ----------------------------------------------------------------------------- per-atom virials
+
+VIRIAL_SPEC = dataclasses.replace(SPEC_LJ_HALO, node_virial_key="atomic_virials")
+VIRIAL_KEYS = ("energy", "stress", "atomic_virials")
+
+
+def test_node_virial_key_gives_per_atom_virials_equal_to_ase():
+    from ase.calculators.lj import LennardJones as AseLJ
+
+    out = jaxdd.compute(LJ, DATA, VIRIAL_KEYS, spec=VIRIAL_SPEC)
+    atoms = DATA.to_ase()
+    atoms.calc = AseLJ(epsilon=0.0104, sigma=3.4, rc=CUTOFF, smooth=False)
+    # ASE's per-atom stresses are -(per-atom virial) / V with the pair's virial split half and half.
+    want = -atoms.get_stresses(voigt=False) * atoms.get_volume()
+    got = np.asarray(out["atomic_virials"])
+    assert got.shape == (len(atoms), 3, 3)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(got.sum(0), -np.asarray(out["stress"][0]) * atoms.get_volume(), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("grid", [(2, 2, 2), (3, 2, 1)])
+def test_per_atom_virials_distributed_equal_one_device(grid):
+    want = np.asarray(jaxdd.compute(LJ, DATA, VIRIAL_KEYS, spec=VIRIAL_SPEC)["atomic_virials"])
+    got = np.asarray(distributed(spec=VIRIAL_SPEC, grid=grid)(DATA, VIRIAL_KEYS)["atomic_virials"])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_without_node_virial_key_per_atom_virials_are_unknown():
+    with pytest.raises(ValueError, match="atomic_virials"):
+        distributed(spec=SPEC_LJ_HALO)(DATA, VIRIAL_KEYS)
+
+
+def test_per_atom_virials_of_a_matrix_list_model_are_refused():
+    from jaxdd.models.bp import BehlerParrinello
+
+    model = BehlerParrinello((18,), CUTOFF, max_neighbors=64, seed=0, dtype=jnp.float64)
+    spec = dataclasses.replace(model.distribution_spec, node_virial_key="atomic_virials")
+    with pytest.raises(ValueError, match="MATRIX"):
+        jaxdd.compute(model, DATA, ("energy", "atomic_virials"), spec=spec)
+
+
+class PairInAField(eqx.Module, BaseModel):
+    """A pair energy plus an external field acting on positions directly (not by edge vector)."""
+
+    model_config: ModelConfig = eqx.field(static=True)
+
+    def __init__(self):
+        self.model_config = ModelConfig(
+            outputs=frozenset({"energy", "forces", "stress"}), autograd_outputs=frozenset({"forces", "stress"}),
+            autograd_inputs=frozenset({"positions", "cell"}), neighbor_config=NeighborConfig(cutoff=CUTOFF))
+
+    def adapt_input(self, data, **kwargs):
+        return dict(positions=data.positions, cell=data.cell, batch_idx=data.batch_idx, neighbors=data.neighbors,
+                    n_systems=data.n_systems)
+
+    def forward(self, positions, cell, batch_idx, neighbors, n_systems):
+        vec = jaxdd.edge_vectors(positions, cell, batch_idx, neighbors)
+        r2 = jnp.sum(vec * vec, axis=-1)
+        pair = jnp.where(neighbors.mask & (r2 < CUTOFF**2), (1.0 - r2 / CUTOFF**2) ** 2, 0.0)
+        field = 1e-3 * jnp.sum(positions * positions, axis=1)
+        return {"energy": per_system_sum(0.01 * jax.ops.segment_sum(pair, neighbors.receivers, positions.shape[0])
+                                         + field, batch_idx, n_systems)}
+
+
+def test_per_atom_virials_of_an_energy_not_of_edge_vectors_are_refused():
+    spec = dataclasses.replace(SPEC_LJ_HALO, node_virial_key="atomic_virials")
+    with pytest.raises(ValueError, match="do not sum to its virial"):
+        jaxdd.compute(PairInAField(), DATA, VIRIAL_KEYS, spec=spec)

@@ -179,6 +179,7 @@ def _neighbor_layouts(nl, senders: Kind = Kind.NODE):
     node = Layout(Kind.NODE, 0)
     tags = dict(
         senders=Layout(Kind.EDGE, 0, senders), receivers=Layout(Kind.EDGE, 0, Kind.NODE), shifts=edge, mask=edge,
+        displacement=edge,
         matrix=Layout(Kind.NODE, 0, senders), matrix_shifts=node, num_neighbors=node,
     )
     return jax.tree_util.tree_map_with_path(

@@ -715,7 +715,7 @@ def rank_forces(model, f, own_pos, own_sys, static, report, neighbors=None):
     autograd output) is taken at its word, which costs one pass instead of a forward and a
     backward one; otherwise forces are minus the gradient of the energy."""
     direct = "forces" not in static.autograd
-    per_system, out, _, nl, g_pos, _ = rank_evaluate(
+    per_system, out, _, nl, g_pos, _, _ = rank_evaluate(
         model, f["local"], own_pos, own_sys, f["owned_rows"], f["routing"], f["cell"], f["system_mask"], static,
         report, forces=not direct, neighbors=neighbors)
     forces = out["forces"][:static.layout.n_owned] if direct else -g_pos
@@ -733,7 +733,7 @@ def _evaluate(model, arrays, fixed, static, stress):
         model = eqx.combine(params, rest)
         f = dict(f, cell=cell, system_mask=system_mask)
         if stress:
-            per_system, _, _, nl, g_pos, g_strain = rank_evaluate(
+            per_system, _, _, nl, g_pos, g_strain, _ = rank_evaluate(
                 model, f["local"], a["positions"], a["system"], f["owned_rows"], f["routing"], f["cell"],
                 f["system_mask"], static, report, forces=True, stress=True)
             forces, virial = -g_pos, jax.lax.psum(g_strain, axes)
