@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import integral, integral_array
+from .checks import integral, integral_array
 from .periodic import wrap_fractional
 
 __all__ = ["AtomicData", "Batch", "as_batch", "wrap_positions"]

@@ -29,7 +29,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import programs, virials
-from ._checks import integral
+from .checks import integral
 from .capacity import Capacities, factors, headroom
 from .data import AtomicData, Batch, as_batch, is_concrete
 from .dispatch import DispatchError, DispatchReport, Kind, warn_fallbacks

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import programs
-from ._checks import integral
+from .checks import integral
 from .capacity import DEFAULT_GROWTH_FACTOR, grow
 from .capacity import headroom as with_headroom
 from .data import is_concrete

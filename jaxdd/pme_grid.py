@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import integral
+from .checks import integral
 from .dispatch import Decision, Kind, Layout, register_rule
 from .ops import GraphParallelPolicy, register_op
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._checks import integral
+from .checks import integral
 from .adapters import HELPER_ADAPTERS, HelperAdapter
 from .ops import POLICIES, TRANSFORMS, HaloStoragePolicy, OpHandle, SpecError, StoragePolicy, Transform, get_op
 

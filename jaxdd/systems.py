@@ -16,7 +16,7 @@ import numbers
 
 import numpy as np
 
-from ._checks import integral
+from .checks import integral
 
 __all__ = [
     "LAMMPS_MELT_ENERGY_PER_ATOM",

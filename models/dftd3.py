@@ -61,7 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdd._checks import integral
+from jaxdd.checks import integral
 from jaxdd.constants import BOHR, HARTREE
 from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import NeighborListFormat, edge_vectors

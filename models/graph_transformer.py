@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdd._checks import integral
+from jaxdd.checks import integral
 from jaxdd.ffi import attention
 from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import edge_vectors

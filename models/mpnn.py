@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import jraph
 import numpy as np
 
-from jaxdd._checks import integral
+from jaxdd.checks import integral
 from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import edge_vectors
 

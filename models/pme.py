@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdd import pme_grid
-from jaxdd._checks import integral
+from jaxdd.checks import integral
 from jaxdd.model import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.segments import per_system_sum
 

@@ -36,7 +36,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .._checks import integral
+from ..checks import integral
 from ..data import AtomicData, Batch, as_batch
 from ..dispatch import DispatchReport
 from ..capacity import Capacities

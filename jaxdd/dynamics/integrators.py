@@ -23,7 +23,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._checks import integral
+from ..checks import integral
 
 __all__ = ["RankState", "StepContext", "VelocityVerlet", "Langevin", "FIRE", "KB_EV_PER_K"]
 

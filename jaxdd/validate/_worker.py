@@ -19,9 +19,9 @@ def main(argv=None) -> int:
     import jax
 
     from ..spec import MLIPSpec
-    from .runner import _resolve_factory, load_batch, run_sharded, write_result
+    from .runner import resolve_factory, load_batch, run_sharded, write_result
 
-    factory, _ = _resolve_factory(request["factory"])
+    factory, _ = resolve_factory(request["factory"])
     model = factory()
     batch = load_batch(tmp / "batch.npz")
     spec = MLIPSpec.from_dict(request["spec"], source="validator request")

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
-from .._checks import integral
+from ..checks import integral
 from ..adapters import reference_of, resolve_reference
 from ..data import Batch, as_batch
 from ..dispatch import DispatchReport, DispatchWarning, Runtime, call_model
@@ -91,7 +91,7 @@ def trace_and_validate(
     :data:`~jaxdd.validate.FIX_RULES`, to which :func:`~jaxdd.validate.register_fix_rule` adds);
     a :class:`~jaxdd.validate.FixRuleRegistry` or a sequence of :class:`~jaxdd.validate.FixRule`.
     """
-    factory, factory_ref = _resolve_factory(model_factory)
+    factory, factory_ref = resolve_factory(model_factory)
     world_size = integral("world_size", world_size, minimum=1)
     max_fix_attempts = integral("max_fix_attempts", max_fix_attempts, minimum=0)
     rules = _rule_registry(fix_rules)
@@ -178,7 +178,9 @@ def trace_and_validate(
 # --------------------------------------------------------------------------- the reference
 
 
-def _resolve_factory(model_factory):
+def resolve_factory(model_factory):
+    """(the factory callable, a reference to it) of a ``model_factory``: a callable, or a
+    ``"module:function"`` string resolved by import (what a worker process receives)."""
     if isinstance(model_factory, str):
         fn = resolve_reference(model_factory, "model_factory")
         if not callable(fn):

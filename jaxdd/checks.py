@@ -1,4 +1,4 @@
-"""Checks of user-given integers, shared by every constructor that takes one.
+"""Checks of user-given integers, shared by every constructor that takes one (models included).
 
 A count, an index, a capacity or an atomic number given as a float is accepted only when it
 is a whole number (``18.0``); ``18.7`` or ``17.9999999`` is refused rather than truncated,
