@@ -19,7 +19,9 @@ Prints three tables:
    time of energy + forces through ``jaxdd.compute`` (the reference, measured in this run),
    ``DistributedModel.__call__`` (host work on every call) and ``DistributedModel.apply`` on
    inputs prepared once (as a training loop calls it), plain and under ``eqx.filter_jit``,
-   each with its ratio to the reference (target for prepared apply <= 1.05).
+   each with its ratio to the reference (target for prepared apply <= 1.05); the paths'
+   calls are taken in turn, so a drift of the machine's speed weighs on all alike. XLA's
+   flops of both compiled programs are printed above each table.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
+import time
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
@@ -64,38 +68,60 @@ def mixed_fcc(n_cells: int) -> jaxdd.AtomicData:
     return jaxdd.AtomicData(positions, rng.choice(SPECIES, len(atoms)), np.asarray(atoms.cell), True)
 
 
-def mlip_rows(names, n_cells: int, repeat: int) -> list[dict]:
+def interleaved_medians(fns: dict, repeat: int) -> dict:
+    """Median seconds per call of each of ``fns`` (label → callable), after one warm-up call
+    each, the calls taken in turn (round robin) so that a drift of the machine's speed
+    during the run weighs on every path alike."""
+    for fn in fns.values():
+        jax.block_until_ready(fn())
+    times = {label: [] for label in fns}
+    for _ in range(repeat):
+        for label, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[label].append(time.perf_counter() - t0)
+    return {label: statistics.median(t) for label, t in times.items()}
+
+
+def mlip_row(model, data, cap, mesh, repeat: int) -> dict:
     """Per-call seconds of compute, DistributedModel.__call__ and prepared apply (plain and
-    under eqx.filter_jit) on one device for each MLIP, with their ratios to compute."""
+    under eqx.filter_jit) of ``model`` on one device, their ratios to compute and their
+    largest differences from it."""
+    dm = DistributedModel(model, DomainConfig(cutoff=MLIP_CUTOFF, mesh=mesh, grid=(1, 1, 1)))
+    prepared = dm.prepare(data, OUTPUTS)
+    jitted = eqx.filter_jit(dm.apply)
+    paths = {
+        "compute": lambda: jaxdd.compute(model, data, OUTPUTS, capacity=cap),
+        "DistributedModel.__call__": lambda: dm(data, OUTPUTS),
+        "prepared apply": lambda: dm.apply(model, prepared),
+        "prepared apply, filter_jit": lambda: jitted(model, prepared),
+    }
+    ref = paths["compute"]()
+    row = {"seconds": interleaved_medians(paths, repeat), "ratio": {}, "agreement": {}}
+    for label, fn in paths.items():
+        row["ratio"][label] = row["seconds"][label] / row["seconds"]["compute"]
+        got = fn()
+        row["agreement"][label] = {
+            "energy_rel": abs(float(got["energy"][0] - ref["energy"][0])) / abs(float(ref["energy"][0])),
+            "forces_abs": float(np.abs(np.asarray(got["forces"] - ref["forces"])).max()),
+        }
+    # The work behind the times: the 1-rank program also carries the cell's periodic images
+    # within the ghost width as ghost rows, on which node-wise layers run too.
+    single = compute_program.lower(model, jaxdd.as_batch(data), OUTPUTS, cap).compile()
+    row["flops"] = {"compute": cost(single)["flops"], "distributed": cost(dm.lower(data, OUTPUTS).compile())["flops"]}
+    row["ghost_rows"] = int(prepared.program.layout.n_ghost)
+    return row
+
+
+def mlip_rows(names, n_cells: int, repeat: int) -> list[dict]:
+    """:func:`mlip_row` of each MLIP in ``names`` on the mixed fcc cell of ``n_cells``."""
     data = mixed_fcc(n_cells)
     batch = jaxdd.as_batch(data)
     # The reference gets its neighbour capacity up front, as the LJ row: no host sizing per call.
     cap = jaxdd.neighbor_capacity(batch.positions, batch.cell, batch.pbc, cutoff=MLIP_CUTOFF)
     mesh = default_mesh(jax.devices()[:1])
-    rows = []
-    for name in names:
-        model = MLIPS[name]()
-        dm = DistributedModel(model, DomainConfig(cutoff=MLIP_CUTOFF, mesh=mesh, grid=(1, 1, 1)))
-        prepared = dm.prepare(data, OUTPUTS)
-        jitted = eqx.filter_jit(dm.apply)
-        paths = {
-            "compute": lambda: jaxdd.compute(model, data, OUTPUTS, capacity=cap),
-            "DistributedModel.__call__": lambda: dm(data, OUTPUTS),
-            "prepared apply": lambda: dm.apply(model, prepared),
-            "prepared apply, filter_jit": lambda: jitted(model, prepared),
-        }
-        ref = paths["compute"]()
-        row = {"model": name, "n_atoms": batch.n_atoms, "seconds": {}, "ratio": {}, "agreement": {}}
-        for label, fn in paths.items():
-            row["seconds"][label] = median_time(fn, repeat)
-            row["ratio"][label] = row["seconds"][label] / row["seconds"]["compute"]
-            got = fn()
-            row["agreement"][label] = {
-                "energy_rel": abs(float(got["energy"][0] - ref["energy"][0])) / abs(float(ref["energy"][0])),
-                "forces_abs": float(np.abs(np.asarray(got["forces"] - ref["forces"])).max()),
-            }
-        rows.append(row)
-    return rows
+    return [dict(model=name, n_atoms=int(batch.n_atoms), **mlip_row(MLIPS[name](), data, cap, mesh, repeat))
+            for name in names]
 
 
 def main(argv=None):
@@ -168,6 +194,9 @@ def main(argv=None):
         print()
         print(f"{row['model']}, {row['n_atoms']:,} atoms (mixed H/C/N/O fcc), rc {MLIP_CUTOFF} Å, float64, "
               f"1 device; median of {args.repeat}")
+        flops = row["flops"]
+        print(f"XLA flops: compute {flops['compute']:.3e}, distributed {flops['distributed']:.3e} "
+              f"(ratio {flops['distributed'] / flops['compute']:.3f}; {row['ghost_rows']} ghost row slots)")
         print(f"{'':28s} {'ms/call':>9} {'compute':>9} {'ratio':>7}   agreement with compute")
         for label, t in row["seconds"].items():
             agree = row["agreement"][label]
