@@ -1,10 +1,11 @@
 """jaxdd: machine-learning interatomic potentials under spatial domain decomposition, in JAX.
 
 The public surface lives here; subpackages named for one concept hold the rest
-(``jaxdd.data``, ``jaxdd.neighbors``, ``jaxdd.model``, ``jaxdd.driver``, ``jaxdd.models`` ...).
+(``jaxdd.data``, ``jaxdd.neighbors``, ``jaxdd.model``, ``jaxdd.driver``, ``jaxdd.models`` ...); the
+decomposition engine (partition, halo plans, rank programs, ``DistributedModel``) is ``jaxdd.engine``.
 """
 
-from .distributed import DistributedModel, DomainConfig
+from .engine.distributed import DistributedModel, DomainConfig
 from .driver import compute, energy_and_derivatives
 from .adapters import AdapterRegistry, JitAdapter, MethodAdapter, ModuleForwardAdapter, PythonAdapter
 from .context import DDContext, current_dd_context
@@ -19,6 +20,22 @@ from .dynamics import FIRE, DomainParallel, Langevin, VelocityVerlet
 from .checkpoint import CheckpointError
 from . import ase  # noqa: E402  (jaxdd.ase.Calculator; the module imports ase, a core dependency)
 from . import ffi  # noqa: E402  (custom FFI kernels as named ops; the compiled library loads on first use)
+from . import engine  # noqa: E402
+
+
+def _engine_aliases() -> None:
+    """Make ``jaxdd.halo``, ``jaxdd.distributed``, ... the engine's modules (their import
+    paths before the engine had a package of its own), so every existing import keeps working."""
+    import importlib
+    import sys
+
+    for name in engine.MODULES:
+        module = importlib.import_module(f"{__name__}.engine.{name}")
+        sys.modules.setdefault(f"{__name__}.{name}", module)
+        globals().setdefault(name, module)
+
+
+_engine_aliases()
 
 __version__ = "0.1.0"
 

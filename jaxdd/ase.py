@@ -22,7 +22,7 @@ from ase.calculators.calculator import PropertyNotImplementedError, all_changes
 from ase.stress import full_3x3_to_voigt_6_stress
 
 from .data import AtomicData, as_batch
-from .distributed import DistributedModel
+from .engine.distributed import DistributedModel
 from .driver import bucketed_atoms, compute, pad_atoms, program_capacity
 from .model import BaseModel, ModelConfig
 from .neighbors import neighbor_capacity

@@ -38,8 +38,8 @@ import numpy as np
 
 from . import programs
 from .checks import integral
-from .capacity import DEFAULT_GROWTH_FACTOR, grow
-from .capacity import headroom as with_headroom
+from .engine.capacity import DEFAULT_GROWTH_FACTOR, grow
+from .engine.capacity import headroom as with_headroom
 from .data import is_concrete
 from .periodic import wrap_fractional
 

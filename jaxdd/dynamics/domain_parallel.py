@@ -39,13 +39,13 @@ from jax.sharding import PartitionSpec as P
 from ..checks import integral
 from ..data import AtomicData, Batch, as_batch
 from ..dispatch import DispatchReport
-from ..capacity import Capacities
-from ..distributed import DistributedModel
-from ..rank_program import (neighbor_needs, neighbor_stats, on_ranks, place_ranked, rank_evaluate,
+from ..engine.capacity import Capacities
+from ..engine.distributed import DistributedModel
+from ..engine.rank_program import (neighbor_needs, neighbor_stats, on_ranks, place_ranked, rank_evaluate,
                             rank_neighbors)
-from ..halo import Exchange, HaloLayout, HaloRouting, halo_forward
+from ..engine.halo import Exchange, HaloLayout, HaloRouting, halo_forward
 from ..neighbors import NeighborCapacity
-from ..replan import ReplanConfig, frame_of, rank_replan
+from ..engine.replan import ReplanConfig, frame_of, rank_replan
 from .integrators import FIRE, KB_EV_PER_K, Langevin, RankState, StepContext, VelocityVerlet
 from .io import ExtXYZWriter, Progress, read_md_arrays, read_md_json
 

@@ -307,7 +307,7 @@ def _runner(model, factory_ref, batch, outputs, world_size, devices):
 
 def run_sharded(model, batch: Batch, spec: MLIPSpec, outputs, devices) -> _Result:
     """One distributed run of ``model`` on ``devices`` under ``spec``, with its diagnostics."""
-    from ..distributed import DistributedModel, DomainConfig
+    from ..engine.distributed import DistributedModel, DomainConfig
 
     res = _Result()
     mesh = Mesh(np.asarray(devices), ("dd",), axis_types=(AxisType.Auto,))

@@ -17,8 +17,8 @@ import itertools
 
 import numpy as np
 
-from .neighbors import effective_cell
-from .periodic import wrap_fractional
+from ..neighbors import effective_cell
+from ..periodic import wrap_fractional
 
 __all__ = ["Partition", "choose_grid", "partition", "rank_coords", "rank_of"]
 

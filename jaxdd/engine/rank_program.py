@@ -19,17 +19,17 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .adapters import AdapterRegistry
+from ..adapters import AdapterRegistry
 from .capacity import Capacities
-from .context import DDContext, dd_scope
-from .data import Batch
-from .dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model
+from ..context import DDContext, dd_scope
+from ..data import Batch
+from ..dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model
 from .graph_partition import block_neighbor_list, gathered_inputs
 from .halo import HaloLayout, halo_forward
-from .neighbors import NeighborCapacity, NeighborListFormat, NeighborStats, edge_vectors, local_neighbor_list
-from .segments import per_system_sum
-from .spec import MLIPSpec
-from .virials import atomic_virials, sum_rule_residual, tolerance
+from ..neighbors import NeighborCapacity, NeighborListFormat, NeighborStats, edge_vectors, local_neighbor_list
+from ..segments import per_system_sum
+from ..spec import MLIPSpec
+from ..virials import atomic_virials, sum_rule_residual, tolerance
 
 __all__ = ["RankProgram", "RankInputs", "ReportSink", "on_ranks", "rank_evaluate", "rank_neighbors",
            "neighbor_needs", "neighbor_stats", "place_ranked", "own_ranks", "agree_max"]

@@ -30,9 +30,9 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from .halo import HaloLayout, HaloRouting
-from .neighbors import effective_cell
+from ..neighbors import effective_cell
 from .partition import rank_coords, rank_of
-from .periodic import wrap_fractional
+from ..periodic import wrap_fractional
 
 __all__ = ["Frame", "ReplanConfig", "frame_of", "hops_per_axis", "rank_replan", "replan"]
 

@@ -28,22 +28,22 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import programs, virials
-from .checks import integral
+from .. import programs, virials
+from ..checks import integral
 from .capacity import Capacities, factors, headroom
-from .data import AtomicData, Batch, as_batch, is_concrete
-from .dispatch import DispatchError, DispatchReport, Kind, warn_fallbacks
-from .driver import bucketed_atoms, check_stress_cells, default_order, model_config, unpad_atoms
+from ..data import AtomicData, Batch, as_batch, is_concrete
+from ..dispatch import DispatchError, DispatchReport, Kind, warn_fallbacks
+from ..driver import bucketed_atoms, check_stress_cells, default_order, model_config, unpad_atoms
 from .graph_partition import STRATEGIES, block_capacity, node_blocks
 from .halo import HaloLayout, HaloPlan, build_halo_plan, build_rank_plans
-from .model import ModelOutputs
-from .neighbors import (NEIGHBOR_BACKENDS, NeighborCapacity, NeighborListFormat, NeighborStats, capacity_bucket,
+from ..model import ModelOutputs
+from ..neighbors import (NEIGHBOR_BACKENDS, NeighborCapacity, NeighborListFormat, NeighborStats, capacity_bucket,
                         neighbor_capacity)
-from .ops import GraphParallelPolicy, HaloRefreshPolicy, HaloStoragePolicy
+from ..ops import GraphParallelPolicy, HaloRefreshPolicy, HaloStoragePolicy
 from .partition import Partition, partition
 from .rank_program import (RankInputs, RankProgram, ReportSink, agree_max, neighbor_needs, neighbor_stats, on_ranks,
                            own_ranks, rank_evaluate)
-from .spec import SPEC_MPNN_HALO, MLIPSpec, OutputKind
+from ..spec import SPEC_MPNN_HALO, MLIPSpec, OutputKind
 
 __all__ = ["DomainConfig", "DistributedModel", "PartitionHealth", "default_mesh"]
 
@@ -81,7 +81,7 @@ def _positive(name, value, *, allow_zero=False):
 
 def _kernel_neighbors_possible(mesh: Mesh) -> bool:
     """True when every device of ``mesh`` is a CPU and the compiled kernels are built."""
-    from . import ffi
+    from .. import ffi
 
     return ffi.available() and all(d.platform == "cpu" for d in mesh.devices.flat)
 

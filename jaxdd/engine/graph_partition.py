@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .halo import HaloLayout, HaloPlan, HaloRouting
-from .neighbors import NeighborCapacity, NeighborList, NeighborListFormat, build_neighbor_list, neighbor_capacity
+from ..neighbors import NeighborCapacity, NeighborList, NeighborListFormat, build_neighbor_list, neighbor_capacity
 from .partition import Partition
 
 __all__ = ["node_blocks", "block_neighbor_list", "block_capacity", "STRATEGIES"]
