@@ -36,7 +36,7 @@ def make_atom_sum(name: str) -> Primitive:
     return p
 
 
-atom_sum_p = make_atom_sum("atom_sum")
+atom_sum_p = make_atom_sum("test_atom_sum")
 
 
 @register_rule(atom_sum_p)
@@ -138,3 +138,12 @@ def test_a_rule_must_be_callable_and_a_primitive_named():
         register_rule("atom_sum_not_callable", 3)
     with pytest.raises(DispatchError, match="Primitive or its name"):
         register_rule(42, lambda ctx, eqn, ins: None)
+
+
+def test_every_intent_verb_and_the_pme_verb_have_registered_rules():
+    import jaxdd.pme_grid  # noqa: F401  (registers its verb on import)
+    from jaxdd.intent import VERBS
+
+    rules = jaxdd.dispatch.registered_rules()
+    for name in VERBS + ("jaxdd::pme_energy",):
+        assert name in rules, name

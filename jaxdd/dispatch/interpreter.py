@@ -105,12 +105,14 @@ class Dispatcher:
         if rule is not None:
             return rule(self, eqn, ins)
         d = self.default(eqn, ins)
-        rows = [lay.kind for lay in ins if lay.kind in ROWS]
-        if rows and all(out.kind is None for out in d.outs):
-            # An unknown primitive that consumes rank rows and keeps none (a reduction of
-            # its own, say) has no distributed meaning the dispatch could infer.
+        rows = [(lay.kind, shape_of(v)[lay.axis]) for lay, v in zip(ins, eqn.invars) if lay.kind in ROWS]
+        lengths = {n for v in eqn.outvars for n in shape_of(v)}
+        dropped = [kind for kind, n in rows if n not in lengths]
+        if dropped and all(out.kind is None for out in d.outs):
+            # An unknown primitive that consumes rank rows and returns no axis as long (a
+            # reduction of its own, say) has no distributed meaning the dispatch could infer.
             d = dataclasses.replace(d, notes=d.notes + (
-                f"{eqn.primitive.name} in {where(eqn)} has no dispatch rule and drops the per-{rows[0].value} "
+                f"{eqn.primitive.name} in {where(eqn)} has no dispatch rule and drops the per-{dropped[0].value} "
                 "axis of its input: left rank-local (give it a distributed meaning with jaxdd.register_rule)",))
         return d
 
