@@ -772,7 +772,7 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
 
         def neighbors(x):
             return rank_neighbors(halo_forward(x, static.layout, f["routing"], axes, cell=f["cell"]), f["local"],
-                                  static, routing=f["routing"])
+                                  static, cell=f["cell"], routing=f["routing"])
 
         def evaluate(x, nl):
             forces, per_system, nl = rank_forces(model, f, x, a["system"], static, report, neighbors=nl)

@@ -284,6 +284,10 @@ class DistributedModel:
         self.use_node_energy = use_node
         self.ghost_width = ghost_width
         self.deep_halo = deep
+        # One rank needs no ghost images: it searches its periodic cell itself, as one device does
+        # (the kernel search has open boundaries only, so asking for it keeps the images).
+        self.periodic_search = (domain_config.n_ranks == 1 and layout == "halo" and not deep and not nc.half_list
+                                and domain_config.neighbor_backend != "kernel")
         self.capacity_factor, self.growth_factor = factors(domain_config.capacity_factor, spec.compile)
         self._model = model
         #: The static sizes the next program compiles with (None until the first plan).
@@ -400,7 +404,10 @@ class DistributedModel:
         """The plan of ``ranks`` (None: all) with ``capacity``; with several processes its
         needs are agreed over all of them."""
         if ranks is None:
-            return build_halo_plan(part, self.ghost_width, capacity_factor=self.capacity_factor, capacity=capacity)
+            # A single rank owns every atom whatever they do: no headroom for imbalance.
+            factor = 1.0 if self.periodic_search else self.capacity_factor
+            return build_halo_plan(part, self.ghost_width, capacity_factor=factor, capacity=capacity,
+                                   periodic_search=self.periodic_search)
         plan = build_rank_plans(part, self.ghost_width, ranks, capacity_factor=self.capacity_factor, capacity=capacity)
         needs = agree_max([plan.needed_owned, *plan.needed_exchange])
         layout = plan.layout
@@ -461,9 +468,9 @@ class DistributedModel:
             positions=np.zeros(ids.shape + (3,), dtype),  # filled by halo_forward on device
             atomic_numbers=rows("atomic_numbers", 0).astype(np.int32),
             cell=np.broadcast_to(cell, (len(ids),) + cell.shape),
-            # Ghosts are explicit images; node blocks search their images themselves.
-            pbc=np.broadcast_to(np.asarray(batch.pbc, bool), (len(ids), n_sys, 3)) if self.strategy == "graph_partition"
-            else np.zeros((len(ids), n_sys, 3), bool),
+            # Ghosts are explicit images; node blocks and a single rank search their images themselves.
+            pbc=np.broadcast_to(np.asarray(batch.pbc, bool), (len(ids), n_sys, 3))
+            if self.strategy == "graph_partition" or self.periodic_search else np.zeros((len(ids), n_sys, 3), bool),
             batch_idx=bidx.astype(np.int32),
             ptr=ptr.astype(np.int32),
             atom_mask=valid,
@@ -495,12 +502,15 @@ class DistributedModel:
         local_positions = wrapped[safe] + np.einsum("pli,plij->plj", plan.local_shifts, cell[part.system[safe]])
         return inputs, local_positions
 
-    def size_neighbors(self, inputs: RankInputs, local_positions: np.ndarray) -> NeighborCapacity:
+    def size_neighbors(self, inputs: RankInputs, local_positions: np.ndarray,
+                       headroom: float | None = None) -> NeighborCapacity:
         """The neighbour-list capacity every rank's list needs for these rows, with headroom.
 
         Args:
           inputs, local_positions: as :meth:`rank_inputs` returns them (host arrays).
+          headroom: factor over the exact needs (default: the capacity factor).
         """
+        headroom = self.capacity_factor if headroom is None else headroom
         pos = np.asarray(local_positions)
         local = inputs.local
         n_owned = inputs.own_pos.shape[1]
@@ -510,14 +520,18 @@ class DistributedModel:
             return block_capacity(
                 pos.reshape(-1, 3), np.asarray(inputs.cell), np.asarray(local.pbc[0]),
                 np.asarray(local.batch_idx).reshape(-1), np.asarray(local.atom_mask).reshape(-1), n_ranks, n_owned,
-                cutoff=nc.search_cutoff, headroom=self.capacity_factor, max_neighbors=nc.max_neighbors or 1)
+                cutoff=nc.search_cutoff, headroom=headroom, max_neighbors=nc.max_neighbors or 1)
+        if self.periodic_search:  # one rank, its periodic cell: sized as on one device
+            return neighbor_capacity(pos[0], np.asarray(inputs.cell), np.asarray(local.pbc[0]),
+                                     np.asarray(local.batch_idx[0]), np.asarray(local.atom_mask[0]),
+                                     cutoff=nc.search_cutoff, headroom=headroom, n_receivers=n_owned)
         # Systems sized apart, as the ranks search them: a batch of molecules that overlap in
         # space (each in its own box) would otherwise count each other as neighbours.
         n_sys = int(local.cell.shape[1])
         caps = [
             neighbor_capacity(pos[r], np.broadcast_to(np.eye(3), (n_sys, 3, 3)), np.zeros((n_sys, 3), bool),
                               np.asarray(local.batch_idx[r]), np.asarray(local.atom_mask[r]), cutoff=nc.search_cutoff,
-                              headroom=self.capacity_factor, half=nc.half_list,
+                              headroom=headroom, half=nc.half_list,
                               n_receivers=pos.shape[1] if self.deep_halo else n_owned)
             for r in range(pos.shape[0])
         ]
@@ -573,13 +587,13 @@ class DistributedModel:
         batch, outputs = self._check_call(data, outputs)
         part, plan = self.plan(batch, bucketed=True)
         inputs, local_positions = self.rank_inputs(batch, part, plan)
-        known = self.capacities.neighbors
-        if size or known is None:
-            fit = self.size_neighbors(inputs, local_positions)
-            fit = fit if known is None else NeighborCapacity.covering([known, fit])
-            if fit != known:
-                self.capacities = dataclasses.replace(self.capacities, neighbors=fit.bucketed())
-        program = self.program(batch.n_systems, outputs, plan.layout)
+        neighbors = None
+        if self.capacities.neighbors is None:
+            self.capacities = dataclasses.replace(
+                self.capacities, neighbors=self.size_neighbors(inputs, local_positions).bucketed())
+        if size:  # exactly what these positions need (bucketed): the positions of prepared inputs do not move
+            neighbors = self.size_neighbors(inputs, local_positions, headroom=1.0).bucketed()
+        program = self.program(batch.n_systems, outputs, plan.layout, neighbors=neighbors)
         return part, plan, dataclasses.replace(inputs.place(self.config.mesh, plan.ranks), program=program)
 
     def prepare(self, data: AtomicData | Batch, outputs: Iterable[str] | str | None = None) -> RankInputs:
@@ -596,17 +610,20 @@ class DistributedModel:
         """
         return self._prepare(data, outputs, size=True)[2]
 
-    def program(self, n_systems: int, outputs: tuple[str, ...], layout: HaloLayout) -> RankProgram:
+    def program(self, n_systems: int, outputs: tuple[str, ...], layout: HaloLayout,
+                neighbors: NeighborCapacity | None = None) -> RankProgram:
         """The :class:`~jaxdd.rank_program.RankProgram` of this model for ``n_systems`` systems,
-        ``outputs`` and a halo ``layout``, with the neighbour capacity of :attr:`capacities`."""
+        ``outputs`` and a halo ``layout``, with the neighbour capacity ``neighbors`` (default:
+        that of :attr:`capacities`)."""
         nc = model_config(self.model).neighbor_config
         program = RankProgram(
             layout=layout,
-            nl_capacity=self.capacities.neighbors,
+            nl_capacity=self.capacities.neighbors if neighbors is None else neighbors,
             search_cutoff=nc.search_cutoff,
             nl_format=nc.format,
             nl_backend=self.config.neighbor_search,
             nl_half=bool(nc.half_list),
+            periodic_search=self.periodic_search,
             strategy=self.strategy,
             policy=self.policy,
             autograd=frozenset(model_config(self.model).autograd_outputs),

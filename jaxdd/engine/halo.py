@@ -137,6 +137,7 @@ def build_halo_plan(
     capacity_factor: float = 1.2,
     capacity: tuple[int, tuple[int, ...]] | None = None,
     present: np.ndarray | None = None,
+    periodic_search: bool = False,
 ) -> HaloPlan:
     """Plan the ghost shell of width ``ghost_width`` (Å) for a partition.
 
@@ -144,8 +145,12 @@ def build_halo_plan(
     program); when any is too small the plan is returned with ``overflow`` set. Without
     it, capacities are the exact needs times ``capacity_factor``. present: [S] bool, the
     systems that have atoms (default: those of ``part``), which set the exchanges' hops.
+    periodic_search: one rank that finds its periodic neighbours itself (a neighbour search
+    in the periodic cell, as on one device): no ghost rows at all. Needs a 1-rank grid.
     """
     grid = part.grid
+    if periodic_search and part.n_ranks != 1:
+        raise ValueError(f"periodic_search plans one rank, but the partition has {part.n_ranks}")
     n_ranks = part.n_ranks
     coords = rank_coords(np.arange(n_ranks), grid)  # [P, 3]
     bounds = [part.bounds(r) for r in range(n_ranks)]  # (lo, hi), each [S, 3]
@@ -165,7 +170,7 @@ def build_halo_plan(
     ]
 
     steps = []  # per exchange: (axis, direction, hop, pairs, wraps [P], sends {rank: held-like dict})
-    for axis in range(3):
+    for axis in range(0 if periodic_search else 3):  # one rank searching its cell: nothing to exchange
         periodic_any = bool(np.any(part.pbc[present, axis]))
         n_axis = grid[axis]
         hops = 1

@@ -26,7 +26,8 @@ from ..data import Batch
 from ..dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model
 from .graph_partition import block_neighbor_list, gathered_inputs
 from .halo import HaloLayout, halo_forward
-from ..neighbors import NeighborCapacity, NeighborListFormat, NeighborStats, edge_vectors, local_neighbor_list
+from ..neighbors import (NeighborCapacity, NeighborListFormat, NeighborStats, build_neighbor_list, edge_vectors,
+                         local_neighbor_list)
 from ..segments import per_system_sum
 from ..spec import MLIPSpec
 from ..virials import atomic_virials, sum_rule_residual, tolerance
@@ -54,6 +55,7 @@ class RankProgram:
 
     layout: the halo layout (owned rows, exchange slots). nl_capacity: the neighbour-list
     capacity. search_cutoff (Å), nl_format, nl_backend, nl_half: the neighbour search.
+    periodic_search: one rank that searches its periodic cell itself (no ghost images).
     strategy: ``"halo"`` or ``"graph_partition"``. policy: the dispatch's storage policy.
     autograd: outputs the engine derives from the energy. outputs: keys computed, in order.
     energy_key, use_node_energy: what is differentiated. deep: a deep halo (ghost rows
@@ -70,6 +72,7 @@ class RankProgram:
     nl_format: NeighborListFormat
     nl_backend: str
     nl_half: bool
+    periodic_search: bool
     strategy: str
     policy: object
     autograd: frozenset
@@ -228,6 +231,11 @@ def rank_neighbors(positions, local, program: RankProgram, cell=None, routing=No
         return block_neighbor_list(
             all_pos, jax.lax.stop_gradient(cell), local.pbc, all_sys, all_mask, jax.lax.axis_index(program.axes),
             layout.n_owned, cutoff=program.search_cutoff, capacity=program.nl_capacity, format=program.nl_format)
+    if program.periodic_search:  # one rank, no ghost rows: the periodic search of one device
+        return build_neighbor_list(
+            jax.lax.stop_gradient(positions), jax.lax.stop_gradient(cell), local.pbc, local.batch_idx, local.atom_mask,
+            cutoff=program.search_cutoff, capacity=program.nl_capacity, format=program.nl_format,
+            n_receivers=layout.n_owned)
     order = None
     if program.nl_half:
         s = routing.row_shifts + 512  # images within ±512 cells, 10 bits per axis

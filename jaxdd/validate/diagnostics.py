@@ -87,14 +87,18 @@ def _rank_edges(dist, batch: Batch, cutoff: float):
             yield ids[np.asarray(lnl.receivers)[lm]], plan.local_ids.reshape(-1)[np.asarray(lnl.senders)[lm]], \
                 np.asarray(lnl.shifts)[lm]
             continue
+        # A rank with ghost images searches open boundaries; a single rank searches its periodic cell.
+        periodic = bool(np.asarray(local.pbc[r]).any())
         lnl = build_neighbor_list(
-            jnp.asarray(local_pos[r]), jnp.broadcast_to(jnp.eye(3, dtype=local_pos.dtype), (n_sys, 3, 3)),
-            jnp.zeros((n_sys, 3), bool), local.batch_idx[r], local.atom_mask[r], cutoff=cutoff, capacity=cap,
+            jnp.asarray(local_pos[r]),
+            jnp.asarray(inputs.cell) if periodic else jnp.broadcast_to(jnp.eye(3, dtype=local_pos.dtype), (n_sys, 3, 3)),
+            jnp.asarray(local.pbc[r]), local.batch_idx[r], local.atom_mask[r], cutoff=cutoff, capacity=cap,
             n_receivers=n_owned)
         lm = np.asarray(lnl.mask)
         lr, ls = np.asarray(lnl.receivers)[lm], np.asarray(lnl.senders)[lm]
         gr, gs = ids[lr], ids[ls]
-        yield gr, gs, plan.local_shifts[r][ls] - plan.local_shifts[r][lr] - part.wraps[gs] + part.wraps[gr]
+        yield gr, gs, (plan.local_shifts[r][ls] - plan.local_shifts[r][lr] - part.wraps[gs] + part.wraps[gr]
+                       + np.asarray(lnl.shifts)[lm])
 
 
 # --------------------------------------------------------------------------- helpers
