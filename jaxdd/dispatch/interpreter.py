@@ -49,11 +49,6 @@ class Dispatcher:
         self.n_padded, self.n_edges, self.n_systems = sizes
         self._plans: dict = {}
 
-    @property
-    def rt(self) -> Runtime | None:
-        """Short for :attr:`runtime`."""
-        return self.runtime
-
     # ---------------------------------------------------------------- entry points
 
     def run_closed(self, closed, args: Sequence, layouts: Sequence[Layout]) -> list:
