@@ -18,7 +18,7 @@ from ..registry import register_rule
 from .elementwise import elementwise
 
 __all__ = ["broadcast_in_dim", "reshape", "squeeze", "transpose", "slice_", "dynamic_slice", "dynamic_update_slice",
-           "concatenate", "pad", "iota", "sort"]
+           "concatenate", "stack", "pad", "iota", "sort"]
 
 
 @register_rule("broadcast_in_dim")
@@ -78,6 +78,10 @@ def slice_(ctx, eqn, ins) -> Decision:
     strides = eqn.params.get("strides") or (1,) * len(eqn.params["start_indices"])
     full = shape_of(eqn.invars[0])[a]
     if start == 0 and strides[a] == 1:
+        last = len(shape_of(eqn.invars[0])) - 1
+        c0, c1 = eqn.params["start_indices"][last], eqn.params["limit_indices"][last]
+        if lay.columns and last != a and c1 - c0 == 1:  # one index column (pairs[:, 0]): what it points at
+            return Decision((Layout(lay.kind, a, lay.columns[c0]),))
         return Decision((lay,))
     note = ()
     if lay.kind in ROWS:
@@ -126,6 +130,33 @@ def concatenate(ctx, eqn, ins) -> Decision:
         return Decision((REPLICATED,), notes=(
             f"concatenate puts per-{along[0].kind.value} rows after other rows in {where(eqn)}: layout lost",))
     return elementwise(ctx, eqn, ins)
+
+
+@register_rule("stack")
+def stack(ctx, eqn, ins) -> Decision:
+    """``jnp.stack``: each input gains a new axis, then they sit side by side along it. Index
+    arrays stacked as the last axis (``jnp.stack([senders, receivers], -1)``) keep what each
+    column points at; stacked as rows they keep their index kind when all inputs share it."""
+    axis = eqn.params["axis"]
+    oshape = shape_of(eqn.outvars[0])
+    grown = [lay if lay.kind is None else Layout(lay.kind, lay.axis + (lay.axis >= axis), lay.index, columns=None)
+             for lay in ins]
+    rows = [lay for lay in grown if lay.kind is not None]
+    out = rows[0] if rows else Layout(None, 0, ins[0].index, any(lay.local for lay in ins))
+    notes = ()
+    for lay in grown[1:]:
+        if lay.kind is not None and (lay.kind, lay.axis) != (out.kind, out.axis) and out.kind is not None:
+            return Decision((REPLICATED,), notes=(
+                f"stack of values distributed along different axes in {where(eqn)}: layout lost",))
+    indices = {lay.index for lay in ins}
+    if axis == len(oshape) - 1 and oshape[axis] <= 8 and any(lay.index is not None for lay in ins):
+        common = next(iter(indices)) if len(indices) == 1 else None
+        return Decision((dataclasses.replace(out, index=common, columns=tuple(lay.index for lay in ins)),))
+    if len(indices) > 1:
+        notes = (f"stack of indices into different kinds {sorted(str(i) for i in indices)} as rows in {where(eqn)}: "
+                 "index meaning lost; stack them as columns (axis=-1) instead",)
+        out = dataclasses.replace(out, index=None)
+    return Decision((dataclasses.replace(out, columns=None),), notes=notes)
 
 
 @register_rule("pad")
