@@ -84,25 +84,37 @@ def test_growth_factor_sets_how_far_an_overflowing_capacity_grows(growth):
 # ----------------------------------------------------------------------------- outputs
 
 
-class PairWithCoordination(eqx.Module, BaseModel):
-    """A smooth pair energy and a per-atom output: each atom's smooth coordination number."""
+def smooth_coordination(positions, cell, batch_idx, neighbors):
+    """[V] each atom's smooth coordination number, by edge vector."""
+    vec = jaxdd.edge_vectors(positions, cell, batch_idx, neighbors)
+    r2 = jnp.sum(vec * vec, axis=-1)
+    smooth = jnp.where(neighbors.mask & (r2 < CUTOFF**2), (1.0 - r2 / CUTOFF**2) ** 2, 0.0)
+    return jax.ops.segment_sum(smooth, neighbors.receivers, positions.shape[0])
+
+
+class EdgeModel(eqx.Module, BaseModel):
+    """A wrapper reading positions, cell and the neighbour list; subclasses give ``forward``."""
 
     model_config: ModelConfig = eqx.field(static=True)
 
-    def __init__(self):
+    def __init__(self, outputs, autograd):
         self.model_config = ModelConfig(
-            outputs=frozenset({"energy", "forces", "coordination"}), autograd_outputs=frozenset({"forces"}),
-            autograd_inputs=frozenset({"positions"}), neighbor_config=NeighborConfig(cutoff=CUTOFF))
+            outputs=frozenset(outputs), autograd_outputs=frozenset(autograd),
+            autograd_inputs=frozenset({"positions", "cell"}), neighbor_config=NeighborConfig(cutoff=CUTOFF))
 
     def adapt_input(self, data, **kwargs):
         return dict(positions=data.positions, cell=data.cell, batch_idx=data.batch_idx, neighbors=data.neighbors,
                     n_systems=data.n_systems)
 
+
+class PairWithCoordination(EdgeModel):
+    """A smooth pair energy and a per-atom output: each atom's smooth coordination number."""
+
+    def __init__(self):
+        super().__init__({"energy", "forces", "coordination"}, {"forces"})
+
     def forward(self, positions, cell, batch_idx, neighbors, n_systems):
-        vec = jaxdd.edge_vectors(positions, cell, batch_idx, neighbors)
-        r2 = jnp.sum(vec * vec, axis=-1)
-        smooth = jnp.where(neighbors.mask & (r2 < CUTOFF**2), (1.0 - r2 / CUTOFF**2) ** 2, 0.0)
-        coordination = jax.ops.segment_sum(smooth, neighbors.receivers, positions.shape[0])
+        coordination = smooth_coordination(positions, cell, batch_idx, neighbors)
         return {"energy": per_system_sum(0.01 * coordination, batch_idx, n_systems), "coordination": coordination}
 
 
@@ -208,27 +220,16 @@ def test_per_atom_virials_of_a_matrix_list_model_are_refused():
         jaxdd.compute(model, DATA, ("energy", "atomic_virials"), spec=spec)
 
 
-class PairInAField(eqx.Module, BaseModel):
+class PairInAField(EdgeModel):
     """A pair energy plus an external field acting on positions directly (not by edge vector)."""
 
-    model_config: ModelConfig = eqx.field(static=True)
-
     def __init__(self):
-        self.model_config = ModelConfig(
-            outputs=frozenset({"energy", "forces", "stress"}), autograd_outputs=frozenset({"forces", "stress"}),
-            autograd_inputs=frozenset({"positions", "cell"}), neighbor_config=NeighborConfig(cutoff=CUTOFF))
-
-    def adapt_input(self, data, **kwargs):
-        return dict(positions=data.positions, cell=data.cell, batch_idx=data.batch_idx, neighbors=data.neighbors,
-                    n_systems=data.n_systems)
+        super().__init__({"energy", "forces", "stress"}, {"forces", "stress"})
 
     def forward(self, positions, cell, batch_idx, neighbors, n_systems):
-        vec = jaxdd.edge_vectors(positions, cell, batch_idx, neighbors)
-        r2 = jnp.sum(vec * vec, axis=-1)
-        pair = jnp.where(neighbors.mask & (r2 < CUTOFF**2), (1.0 - r2 / CUTOFF**2) ** 2, 0.0)
         field = 1e-3 * jnp.sum(positions * positions, axis=1)
-        return {"energy": per_system_sum(0.01 * jax.ops.segment_sum(pair, neighbors.receivers, positions.shape[0])
-                                         + field, batch_idx, n_systems)}
+        atomic = 0.01 * smooth_coordination(positions, cell, batch_idx, neighbors) + field
+        return {"energy": per_system_sum(atomic, batch_idx, n_systems)}
 
 
 def test_per_atom_virials_of_an_energy_not_of_edge_vectors_are_refused():
