@@ -27,12 +27,12 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec as P
 
-from .halo import HaloLayout, HaloRouting
 from ..neighbors import effective_cell
-from .partition import rank_coords, rank_of
 from ..periodic import wrap_fractional
+from .halo import HaloLayout, HaloRouting
+from .partition import rank_coords, rank_of
+from .rank_program import on_ranks
 
 __all__ = ["Frame", "ReplanConfig", "frame_of", "hops_per_axis", "rank_replan", "replan"]
 
@@ -264,13 +264,11 @@ def rank_replan(owned: dict, frame: Frame, cfg: ReplanConfig):
 def replan(owned: dict, frame: Frame, cfg: ReplanConfig, mesh):
     """:func:`rank_replan` on every rank of ``mesh``: owned arrays ``[P, n, ...]`` (one block per
     rank) in, ``((owned, routing, rows), report)`` out, per-rank blocks stacked on ``[P]``."""
-    ranked = P(cfg.axes)
-
     def fn(owned, frame):
-        out = rank_replan(jax.tree_util.tree_map(lambda x: x[0], owned), frame, cfg)
-        return jax.tree_util.tree_map(lambda x: x[None], out[:3]), out[3]
+        out = rank_replan(owned, frame, cfg)
+        return out[:3], out[3]
 
-    return jax.shard_map(fn, mesh=mesh, in_specs=(ranked, P()), out_specs=(ranked, P()), check_vma=False)(owned, frame)
+    return on_ranks(fn, mesh, ranked=(owned,), replicated=(frame,), replicated_out=(False, True))
 
 
 def _moved(c: np.ndarray, axis: int, step: int, n: int) -> np.ndarray:
