@@ -103,18 +103,15 @@ def energy_and_derivatives(model, batch: Batch, outputs: tuple[str, ...], virial
     if want_virials:
         dtype = batch.positions.dtype
         strain = jnp.zeros((n_sys, 3, 3), dtype)
-        probe = virials.with_probe(batch.neighbors, dtype).displacement
+        nl = batch.neighbors
+        probe = jnp.zeros(nl.shifts.shape, dtype)  # a zero offset of every edge vector: dE/dr_e
         (_, out), (g_pos, g_strain, g_edges) = jax.value_and_grad(total_energy, argnums=(0, 1, 2), has_aux=True)(
             batch.positions, strain, probe)
-        nl = batch.neighbors
         vectors = edge_vectors(batch.positions, batch.cell, batch.batch_idx, nl)
-        per_atom = virials.atomic_virials(vectors, jnp.where(nl.mask[:, None], g_edges, 0.0), nl.receivers,
-                                          batch.n_atoms)
+        per_atom = virials.atomic_virials(vectors, g_edges, nl.mask, nl.receivers, batch.n_atoms)
         per_atom = jnp.where(batch.atom_mask[:, None, None], per_atom, 0.0)
         summed = per_system_sum(per_atom, batch.batch_idx, n_sys)
-        residual = virials.sum_rule_residual(jnp.where(batch.system_mask[:, None, None], summed, 0.0),
-                                             jnp.where(batch.system_mask[:, None, None], g_strain, 0.0))
-        extra[virial_key] = jnp.where(residual <= virials.tolerance(dtype), per_atom, jnp.nan)
+        extra[virial_key] = virials.enforce_sum_rule(per_atom, summed, g_strain, batch.system_mask)
     elif want_stress:
         strain = jnp.zeros((n_sys, 3, 3), batch.positions.dtype)
         (_, out), (g_pos, g_strain) = jax.value_and_grad(total_energy, argnums=(0, 1), has_aux=True)(
@@ -183,13 +180,9 @@ def compute(
     cfg = model_config(model)
     spec = spec if spec is not None else getattr(model, "distribution_spec", None)
     virial_key = spec.node_virial_key if isinstance(spec, MLIPSpec) else None
-    requested = default_order(cfg.active_outputs) if outputs is None else outputs
-    requested = (requested,) if isinstance(requested, str) else tuple(requested)
-    rest = tuple(k for k in requested if k != virial_key)
-    outputs = cfg.check_outputs(rest) if rest or virial_key not in requested else ()
-    if virial_key is not None and virial_key in requested:
+    outputs, wants_virials = requested_outputs(cfg, outputs, virial_key)
+    if wants_virials:
         virials.check_supported(cfg.neighbor_config, type(model).__name__, virial_key)
-        outputs = outputs + (virial_key,)
     else:
         virial_key = None
     batch = as_batch(data)
@@ -282,6 +275,23 @@ def _first_rows(value, n: int):
     if not value.committed:
         return jax.device_put(host)
     return jax.make_array_from_callback(host.shape, value.sharding, lambda index: host[index])
+
+
+def requested_outputs(cfg: ModelConfig, outputs, virial_key: str | None = None) -> tuple[tuple[str, ...], bool]:
+    """The output keys of a call, checked against the model's ``cfg``, and whether they ask for
+    the per-atom virials ``virial_key`` (a spec's ``node_virial_key``, which the model need not
+    list among its outputs; then it comes last).
+
+    Args:
+      cfg: the model's :class:`~jaxdd.ModelConfig`. outputs: the keys asked for (a key, an
+      iterable of keys, or None: the model's active outputs). virial_key: or None.
+    """
+    requested = default_order(cfg.active_outputs) if outputs is None else outputs
+    requested = (requested,) if isinstance(requested, str) else tuple(requested)
+    wants = virial_key is not None and virial_key in requested
+    rest = tuple(k for k in requested if k != virial_key)
+    checked = cfg.check_outputs(rest) if rest or not wants else ()
+    return (checked + (virial_key,) if wants else checked), wants
 
 
 def default_order(keys) -> tuple[str, ...]:

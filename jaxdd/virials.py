@@ -12,19 +12,17 @@ and the per-atom virials of a system sum to ``-V σ`` (its virial), as heat-flux
 calculations need. ``dE/dr_e`` is the gradient with respect to a zero offset added to every
 edge vector (``NeighborList.displacement``). A model whose energy also depends on positions
 another way (a reciprocal-space sum, its own distance computation) breaks the sum rule;
-:func:`sum_rule_residual` measures that, and callers refuse such results.
+:func:`enforce_sum_rule` turns such results into NaN, which :func:`refuse_broken` refuses.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
-from .neighbors import NeighborList, NeighborListFormat
+from .neighbors import NeighborListFormat
 
-__all__ = ["with_probe", "atomic_virials", "sum_rule_residual", "tolerance", "check_supported", "refuse_broken"]
+__all__ = ["atomic_virials", "enforce_sum_rule", "tolerance", "check_supported", "refuse_broken"]
 
 
 def tolerance(dtype) -> float:
@@ -66,25 +64,25 @@ def check_supported(nc, model_name: str, key: str, *, deep: bool = False) -> Non
                          f"{model_name} cannot give it: {why}")
 
 
-def with_probe(nl: NeighborList, dtype) -> NeighborList:
-    """``nl`` with a zero ``displacement`` [max_edges, 3] to differentiate the energy by."""
-    return dataclasses.replace(nl, displacement=jnp.zeros(nl.shifts.shape, dtype))
-
-
-def atomic_virials(vectors, grad_vectors, receivers, n_rows: int):
+def atomic_virials(vectors, grad_vectors, mask, receivers, n_rows: int):
     """Per-atom virials [n_rows, 3, 3] eV from edge vectors and the energy's gradient by them.
 
     Args:
       vectors: [E, 3] Å edge vectors (padding rows zero). grad_vectors: [E, 3] eV/Å dE/dr_e.
-      receivers: [E] receiving row of each edge (padding: n_rows or beyond, dropped).
-      n_rows: rows of the result.
+      mask: [E] real edges. receivers: [E] receiving row of each edge (padding: n_rows or
+      beyond, dropped). n_rows: rows of the result.
     """
-    per_edge = -vectors[:, :, None] * grad_vectors[:, None, :]
+    per_edge = -vectors[:, :, None] * jnp.where(mask[:, None], grad_vectors, 0.0)[:, None, :]
     return jax.ops.segment_sum(per_edge, receivers, num_segments=n_rows)
 
 
-def sum_rule_residual(summed, strain_derivative):
-    """Largest relative difference [] between per-system sums of the per-atom virials
-    ([S, 3, 3] eV) and ``-dE/dε`` ([S, 3, 3] eV), relative to the largest of the latter."""
+def enforce_sum_rule(per_atom, summed, strain_derivative, system_mask):
+    """``per_atom`` ([V, 3, 3] eV), or NaN everywhere when the per-system sums of the per-atom
+    virials (``summed`` [S, 3, 3]) differ from ``-dE/dε`` (``strain_derivative`` [S, 3, 3]) of
+    the real systems (``system_mask`` [S]) by more than :func:`tolerance`, relative to the
+    largest of the latter."""
+    real = system_mask[:, None, None]
+    summed, strain_derivative = jnp.where(real, summed, 0.0), jnp.where(real, strain_derivative, 0.0)
     scale = jnp.maximum(jnp.max(jnp.abs(strain_derivative)), jnp.finfo(strain_derivative.dtype).tiny)
-    return jnp.max(jnp.abs(summed + strain_derivative)) / scale
+    residual = jnp.max(jnp.abs(summed + strain_derivative)) / scale
+    return jnp.where(residual <= tolerance(per_atom.dtype), per_atom, jnp.nan)

@@ -79,11 +79,6 @@ class Capacities:
         """(owned rows, exchange slots): the capacity argument of :func:`~jaxdd.halo.build_halo_plan`."""
         return self.owned, self.exchange
 
-    def fits(self, owned: int = 0, exchange=(), migrate: int = 0) -> bool:
-        """Whether needs of ``owned`` rows, ``exchange`` slots and ``migrate`` slots fit."""
-        return (owned <= self.owned and migrate <= self.migrate
-                and all(n <= c for n, c in zip(exchange, self.exchange)))
-
     def grown(self, factor: float, *, owned: int = 0, exchange=(), neighbors=None, migrate: int = 0) -> Capacities:
         """These capacities grown (:func:`grow`) to hold the needs given.
 

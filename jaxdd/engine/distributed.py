@@ -33,7 +33,7 @@ from ..checks import integral
 from .capacity import Capacities, factors, headroom
 from ..data import AtomicData, Batch, as_batch, is_concrete
 from ..dispatch import DispatchError, DispatchReport, Kind, warn_fallbacks
-from ..driver import bucketed_atoms, check_stress_cells, default_order, model_config, unpad_atoms
+from ..driver import bucketed_atoms, check_stress_cells, model_config, requested_outputs, unpad_atoms
 from .graph_partition import STRATEGIES, block_capacity, node_blocks
 from .halo import HaloLayout, HaloPlan, build_halo_plan, build_rank_plans
 from ..model import ModelOutputs
@@ -555,17 +555,13 @@ class DistributedModel:
 
     def _check_call(self, data, outputs) -> tuple[Batch, tuple[str, ...]]:
         cfg = model_config(self.model)
-        requested = default_order(cfg.active_outputs) if outputs is None else outputs
-        requested = (requested,) if isinstance(requested, str) else tuple(requested)
         key = self.spec.node_virial_key
-        rest = tuple(k for k in requested if k != key)
-        outputs = cfg.check_outputs(rest) if rest or key not in requested else ()
-        if key is not None and key in requested:
+        outputs, wants_virials = requested_outputs(cfg, outputs, key)
+        if wants_virials:
             if self.strategy != "halo":
                 raise ValueError(f"{key!r} (the spec's node_virial_key): per-atom virials are derived under the halo "
                                  "strategy; node blocks (graph_partition) do not give them yet: use strategy='halo'")
             virials.check_supported(cfg.neighbor_config, type(self.model).__name__, key, deep=self.deep_halo)
-            outputs = outputs + (key,)
         batch = as_batch(data)
         self.model.validate_input(batch)
         if "stress" in outputs:

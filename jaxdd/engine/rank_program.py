@@ -30,7 +30,7 @@ from ..neighbors import (NeighborCapacity, NeighborListFormat, NeighborStats, bu
                          local_neighbor_list)
 from ..segments import per_system_sum
 from ..spec import MLIPSpec
-from ..virials import atomic_virials, sum_rule_residual, tolerance
+from ..virials import atomic_virials, enforce_sum_rule
 
 __all__ = ["RankProgram", "RankInputs", "ReportSink", "on_ranks", "rank_evaluate", "rank_neighbors",
            "neighbor_needs", "neighbor_stats", "place_ranked", "own_ranks", "agree_max"]
@@ -319,14 +319,11 @@ def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, sys
             own_pos, strain, probe)
         nl, positions = aux[3], aux[4]
         vectors = edge_vectors(positions, cell, local.batch_idx, nl)
-        w_atoms = atomic_virials(vectors, jnp.where(nl.mask[:, None], g_edges, 0.0), nl.receivers,
-                                 layout.n_local)[:layout.n_owned]
+        w_atoms = atomic_virials(vectors, g_edges, nl.mask, nl.receivers, layout.n_local)[:layout.n_owned]
         w_atoms = jnp.where((own_sys < n_sys)[:, None, None] & owned_rows[:layout.n_owned, None, None], w_atoms, 0.0)
         summed = jax.lax.psum(per_system_sum(w_atoms, jnp.where(owned_rows[:layout.n_owned], own_sys, n_sys), n_sys),
                               axes)
-        residual = sum_rule_residual(jnp.where(system_mask[:, None, None], summed, 0.0),
-                                     jnp.where(system_mask[:, None, None], jax.lax.psum(g_strain, axes), 0.0))
-        w_atoms = jnp.where(residual <= tolerance(dtype), w_atoms, jnp.nan)
+        w_atoms = enforce_sum_rule(w_atoms, summed, jax.lax.psum(g_strain, axes), system_mask)
     elif stress:
         strain = jnp.zeros((n_sys, 3, 3), own_pos.dtype)
         (_, aux), (g_pos, g_strain) = jax.value_and_grad(global_energy, argnums=(0, 1), has_aux=True)(own_pos, strain)
