@@ -96,6 +96,17 @@ def test_nve_trajectory_equals_single_device_through_migrations(grid):
     np.testing.assert_allclose(np.asarray(got.velocities), vel, rtol=0, atol=1e-9)
 
 
+def test_one_rank_trajectory_equals_single_device_through_rebuilds():
+    # One rank searches its periodic cell itself: a rebuild on the device must keep the
+    # cell's periodic axes (it has no ghost images to stand in for them).
+    md, state = nve_run((1, 1, 1), 40)
+    assert md.last_run.rebuilds >= 1
+    got = md.gather(state)
+    pos, vel = reference(200)[39]
+    np.testing.assert_allclose(np.asarray(got.positions), pos, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(got.velocities), vel, rtol=0, atol=1e-9)
+
+
 def test_kept_neighbour_list_gives_the_single_device_trajectory():
     md = md_on((2, 2, 1), skin=SKIN)
     assert md.nl_skin == SKIN

@@ -352,7 +352,7 @@ class DomainParallel:
             cfg = ReplanConfig(layout=layout, n_migrate=dm.capacities.migrate, n_systems=state.template.n_systems,
                                axes=tuple(mesh.axis_names))
             arrays, plan, report = _replanned(arrays, state.fixed["cell"], state.fixed["system_mask"], self._frame,
-                                              cfg, mesh, _carried(state.fixed["local"]))
+                                              cfg, mesh, _carried(state.fixed["local"]), state.fixed["local"].pbc)
             report = jax.tree_util.tree_map(np.asarray, report)
             if bool(report["far"]) or bool(report["hops"]):
                 return self._rebuild_on_host(state)
@@ -850,15 +850,17 @@ def _carried(local: Batch) -> tuple[str, ...]:
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "mesh", "fields"))
-def _replanned(arrays, cell, system_mask, frame, cfg: ReplanConfig, mesh, fields: tuple[str, ...]):
+def _replanned(arrays, cell, system_mask, frame, cfg: ReplanConfig, mesh, fields: tuple[str, ...], pbc):
     """A rebuild on the devices (:func:`jaxdd.replan.rank_replan`) and the plan's local rows:
     (arrays, plan) laid out as :meth:`DomainParallel._place` lays them out (the plan's
     ``local`` batch, ``owned_rows`` and ``routing``). Inputs depend on the owned rows only,
-    so one program serves every rebuild of a layout. fields: the optional per-atom fields the local batch carries."""
+    so one program serves every rebuild of a layout. fields: the optional per-atom fields the local batch carries.
+    pbc: [P, S, 3] the local batch's periodic axes, kept (none where ghost rows are explicit
+    images; a single rank that searches its periodic cell itself keeps the cell's)."""
     axes = cfg.axes
     layout, n_sys = cfg.layout, cfg.n_systems
 
-    def fn(arrays, cell, system_mask, frame):
+    def fn(arrays, pbc, cell, system_mask, frame):
         carried = {k: v for k, v in arrays.items() if k != "reference"}
         rows, routing, held, report = rank_replan(carried, frame, cfg)
         valid = held["ids"] >= 0
@@ -869,7 +871,7 @@ def _replanned(arrays, cell, system_mask, frame, cfg: ReplanConfig, mesh, fields
         local = Batch.unchecked(
             positions=jnp.zeros((layout.n_local, 3), dtype),
             atomic_numbers=forward(rows["atomic_numbers"]),
-            cell=cell, pbc=jnp.zeros((n_sys, 3), bool), batch_idx=batch_idx,
+            cell=cell, pbc=pbc, batch_idx=batch_idx,
             ptr=jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts)]).astype(jnp.int32),
             atom_mask=valid, system_mask=system_mask,
             charges=forward(rows["charges"]) if "charges" in fields else None,
@@ -880,6 +882,6 @@ def _replanned(arrays, cell, system_mask, frame, cfg: ReplanConfig, mesh, fields
         return dict(rows, reference=rows["positions"]), local, owned_rows, routing, report
 
     new, local, owned_rows, routing, report = on_ranks(
-        fn, mesh, ranked=(arrays,), replicated=(cell, system_mask, frame),
+        fn, mesh, ranked=(arrays, pbc), replicated=(cell, system_mask, frame),
         replicated_out=(False, False, False, False, True))
     return new, dict(local=local, owned_rows=owned_rows, routing=routing), report
