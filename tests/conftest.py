@@ -12,6 +12,17 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if os.environ.get("JAXDD_TEST_XLA_OPTIMIZE", "0") != "1" and "xla_backend_optimization_level" not in _flags:
     os.environ["XLA_FLAGS"] = (_flags + " --xla_backend_optimization_level=0").strip()
 
+# Most of the suite's time is XLA compiling, and its programs change only with the code: they
+# persist between runs in a compilation cache (JAX keys each entry by the program, the JAX and
+# XLA versions and the flags, so a changed program is compiled afresh, never taken stale).
+# Child processes the tests start inherit it. JAXDD_TEST_CACHE: its directory, or 0 for none;
+# delete the directory to reclaim its space (a few hundred MB at most).
+_cache = os.environ.get("JAXDD_TEST_CACHE") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "jaxdd", "xla-tests")
+if _cache != "0":
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _cache)
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # the suite's programs are small
+
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
