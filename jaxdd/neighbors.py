@@ -307,13 +307,21 @@ def _fit_budget(nb, budget):
     return nb
 
 
-def _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, max_bins):
-    """Bin every atom into a dense table of ``max_bins`` bins; all shapes static."""
+def _lengths(cutoff: float, divisions: int, dtype) -> tuple[float, float]:
+    """(reach, target bin width) in Å of a search to ``cutoff`` with ``divisions`` bins per cutoff."""
+    reach = cutoff * (1.0 + _margin(dtype))
+    return reach, reach / divisions
+
+
+def _bins(positions, cell, pbc, batch_idx, atom_mask, lengths, max_bins):
+    """Bin every atom into a dense table of ``max_bins`` bins; all shapes static.
+
+    lengths: :func:`_lengths` (Python floats, or arrays of the positions' dtype holding the
+    same values: the arithmetic is the same, so the bins are too)."""
     n_atoms = positions.shape[0]
     n_sys = cell.shape[0]
     dtype = positions.dtype
-    reach = cutoff * (1.0 + _margin(dtype))
-    target = reach / divisions  # wanted bin width
+    reach, target = lengths
 
     ceff = jax.lax.stop_gradient(effective_cell(cell, pbc))
     inv = jnp.linalg.inv(ceff)  # [S, 3, 3]
@@ -386,9 +394,10 @@ def _lex_positive(s):
     return (sx > 0) | ((sx == 0) & ((sy > 0) | ((sy == 0) & (sz > 0))))
 
 
-def _block_counts(g, pbc, atom_mask, search_range, max_bins, rows):
+def _block_counts(g, pbc, receiving, search_range, max_bins, rows):
     """For each of the first ``rows`` atoms and each neighbouring bin: the bin's run in the
-    sorted order and its image. Returns start, count [rows, n_off] and image [rows, n_off, 3].
+    sorted order and its image. receiving: [rows] bool, the rows that search (others count
+    no candidates). Returns start, count [rows, n_off] and image [rows, n_off, 3].
     """
     offsets = jnp.asarray(_offsets(search_range))  # [n_off, 3]
     sys_idx = g["sys_idx"][:rows]
@@ -399,24 +408,29 @@ def _block_counts(g, pbc, atom_mask, search_range, max_bins, rows):
     wrapped = jnp.where(per, jnp.mod(raw, nb), raw)
     inside = jnp.all(per | ((raw >= 0) & (raw < nb)), axis=-1)
     key = jnp.clip(_linear_key(g["sys_base"][sys_idx][:, None], wrapped, nb), 0, max_bins - 1)
-    count = jnp.where(inside & atom_mask[:rows, None], g["bin_count"][key], 0)
+    count = jnp.where(inside & receiving[:, None], g["bin_count"][key], 0)
     return g["bin_start"][key], count, image
 
 
-def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, capacity, n_receivers=None, order=None):
+def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, capacity, n_receivers=None, order=None,
+                lengths=None, receiving=None):
     """Examine, for every receiver, the atoms of its block of neighbouring bins.
 
     Receivers are the first ``n_receivers`` rows (default all). The block of atom i is the
     concatenation of the runs (in bin-sorted order) of its n_off neighbouring bins; slot t
     of row i is one candidate. Returns (mask [R, C], aux) with mask[i, t] True when
-    candidate t is a neighbour of i.
+    candidate t is a neighbour of i. lengths: (reach, bin width, cutoff²) as arrays (default
+    from ``cutoff``); receiving: [R] bool, receivers that search (default the atoms').
     """
     table = capacity.table_size(positions.shape[0])
-    g = _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff, capacity.bin_divisions, table)
+    if lengths is None:
+        lengths = (*_lengths(cutoff, capacity.bin_divisions, positions.dtype), cutoff * cutoff)
+    g = _bins(positions, cell, pbc, batch_idx, atom_mask, lengths[:2], table)
     n_all = g["n_atoms"]
     n = n_all if n_receivers is None else int(n_receivers)
     c = capacity.max_candidates
-    start, count, image = _block_counts(g, pbc, atom_mask, capacity.search_range, table, n)
+    receiving = atom_mask[:n] if receiving is None else receiving
+    start, count, image = _block_counts(g, pbc, receiving, capacity.search_range, table, n)
     n_off = count.shape[1]
     end = jnp.cumsum(count, axis=1)
     first = end - count  # first slot of each bin's run in the atom's row
@@ -444,7 +458,7 @@ def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, cap
     # The atom itself in its own image is the only candidate at exactly zero distance
     # that is the atom itself (a lattice translation of a non-singular cell is never zero).
     itself = sorted_pos == g["rank"][:n, None]
-    mask = (t < total[:, None]) & (d2 < cutoff * cutoff) & ~(itself & (d2 == 0))
+    mask = (t < total[:, None]) & (d2 < lengths[2]) & ~(itself & (d2 == 0))
     if half and order is not None:  # rows ranked by (key a, key b); no periodic images here
         j = g["order"][sorted_pos]
         ka, kb = (jnp.asarray(k, jnp.int32) for k in order)
@@ -623,29 +637,51 @@ def local_neighbor_list(positions, batch_idx, atom_mask, *, n_systems: int, cuto
                      needed_candidates=zero, needed_range=jnp.zeros(3, jnp.int32), needed_bins=zero)
 
 
-@programs.track
-@jax.jit(static_argnames=("cutoff", "divisions", "table"))
-def _range_stats(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, table):
-    return _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, table)["need"]
+# The sizing passes below compile once per bucket of rows (capacity_bucket) and take the cutoff
+# and the receiver count as data: systems of nearby sizes and any cutoff share their programs.
+# Padding rows are masked atoms, which no pass bins or counts.
+
+
+def _receiving(atom_mask, rows, n_receivers):
+    return atom_mask[:rows] & (jnp.arange(rows) < n_receivers)
 
 
 @programs.track
-@jax.jit(static_argnames=("cutoff", "divisions", "table", "search_range", "n_receivers"))
-def _candidate_stats(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, table, search_range, n_receivers):
-    g = _bins(positions, cell, pbc, batch_idx, atom_mask, cutoff, divisions, table)
-    rows = positions.shape[0] if n_receivers is None else n_receivers
-    _, count, _ = _block_counts(g, pbc, atom_mask, search_range, table, rows)
+@jax.jit(static_argnames=("table",))
+def _range_stats(positions, cell, pbc, batch_idx, atom_mask, lengths, table):
+    return _bins(positions, cell, pbc, batch_idx, atom_mask, lengths[:2], table)["need"]
+
+
+@programs.track
+@jax.jit(static_argnames=("table", "search_range", "rows"))
+def _candidate_stats(positions, cell, pbc, batch_idx, atom_mask, lengths, n_receivers, table, search_range, rows):
+    g = _bins(positions, cell, pbc, batch_idx, atom_mask, lengths[:2], table)
+    _, count, _ = _block_counts(g, pbc, _receiving(atom_mask, rows, n_receivers), search_range, table, rows)
     return jnp.max(jnp.sum(count, axis=1), initial=0)
 
 
 @programs.track
-@jax.jit(static_argnames=("cutoff", "half", "capacity", "n_receivers"))
-def _pair_stats(positions, cell, pbc, batch_idx, atom_mask, cutoff, half, capacity, n_receivers):
-    mask, _ = _candidates(
-        positions, cell, pbc, batch_idx, atom_mask, cutoff=cutoff, half=half, capacity=capacity, n_receivers=n_receivers
-    )
+@jax.jit(static_argnames=("half", "capacity", "rows"))
+def _pair_stats(positions, cell, pbc, batch_idx, atom_mask, lengths, n_receivers, half, capacity, rows):
+    mask, _ = _candidates(positions, cell, pbc, batch_idx, atom_mask, cutoff=None, half=half, capacity=capacity,
+                          n_receivers=rows, lengths=lengths, receiving=_receiving(atom_mask, rows, n_receivers))
     per_atom = jnp.sum(mask, axis=1, dtype=jnp.int32)
     return jnp.sum(per_atom), jnp.max(per_atom, initial=0)
+
+
+def _padded_rows(positions, cell, pbc, batch_idx, atom_mask, rows: int):
+    """Host copies of the inputs with ``rows`` atom rows: the extra ones are masked atoms of
+    system 0 (numpy, so sizing compiles no small programs of its own)."""
+    positions = np.asarray(positions)
+    n = positions.shape[0]
+    extra = rows - n
+    cell = np.asarray(cell, positions.dtype).reshape(-1, 3, 3)
+    pbc = np.asarray(pbc, bool).reshape(-1, 3)
+    batch_idx = np.zeros(n, np.int32) if batch_idx is None else np.asarray(batch_idx, np.int32)
+    atom_mask = np.ones(n, bool) if atom_mask is None else np.asarray(atom_mask, bool)
+    atom_mask = atom_mask & (batch_idx >= 0) & (batch_idx < cell.shape[0])
+    return (np.pad(positions, ((0, extra), (0, 0))), cell, pbc, np.pad(batch_idx, (0, extra)),
+            np.pad(atom_mask, (0, extra)))
 
 
 def _normalise_inputs(positions, cell, pbc, batch_idx, atom_mask):
@@ -674,25 +710,34 @@ def neighbor_capacity(
     """Host-side sizing: the capacities this configuration needs, times ``headroom``.
 
     Runs small device passes (binning, candidate count, then a pair count that stores no
-    pairs), so the result is exact for these positions; ``headroom`` leaves room for atoms
+    pairs; compiled once per size bucket of rows, for any cutoff), so the result is exact
+    for these positions; ``headroom`` leaves room for atoms
     to move before the capacity overflows. ``n_receivers`` as in :func:`build_neighbor_list`.
     """
     _check_cutoff(cutoff)
     if not headroom >= 1.0:
         raise ValueError(f"headroom must be >= 1, got {headroom}")
-    args = _normalise_inputs(positions, cell, pbc, batch_idx, atom_mask)
     cutoff, divisions = float(cutoff), integral("neighbor_capacity: bin_divisions", bin_divisions, minimum=1)
-    if n_receivers is not None:
-        n_receivers = integral("neighbor_capacity: n_receivers", n_receivers, minimum=0)
-    table = NeighborCapacity(1, 1, 1, (1, 1, 1)).table_size(args[0].shape[0])
-    kw = dict(cutoff=cutoff, divisions=divisions, table=table)
-    rng = tuple(int(r) for r in np.asarray(_range_stats(*args, **kw)))
-    candidates = int(_candidate_stats(*args, **kw, search_range=rng, n_receivers=n_receivers))
+    positions = np.asarray(positions)
+    positions = positions.astype(jax.dtypes.canonicalize_dtype(positions.dtype))  # the dtype JAX computes in
+    dtype = positions.dtype
+    if positions.ndim != 2 or positions.shape[1] != 3:
+        raise ValueError(f"neighbor_capacity: positions must be [n_atoms, 3], got shape {positions.shape}")
+    n = positions.shape[0]
+    n_receivers = n if n_receivers is None else integral("neighbor_capacity: n_receivers", n_receivers, minimum=0)
+    # The table of the list being sized (its real rows), whatever the padding.
+    table = NeighborCapacity(1, 1, 1, (1, 1, 1)).table_size(n)
+    lengths = np.asarray((*_lengths(cutoff, divisions, dtype), cutoff * cutoff), dtype)
+    padded = capacity_bucket(n, minimum=64)
+    args = _padded_rows(positions, cell, pbc, batch_idx, atom_mask, padded)
+    rows = min(capacity_bucket(n_receivers, minimum=64), padded)
+    rng = tuple(int(r) for r in np.asarray(_range_stats(*args, lengths, table=table)))
+    candidates = int(_candidate_stats(*args, lengths, n_receivers, table=table, search_range=rng, rows=rows))
     probe = NeighborCapacity(1, 1, with_headroom(candidates, headroom), rng, divisions)
     # The pair count runs with bucketed candidate slots (the counts do not depend on spare
     # slots), so configurations of similar size share its compiled program.
-    edges, neighbors = _pair_stats(*args, cutoff=cutoff, half=bool(half), capacity=probe.bucketed(),
-                                   n_receivers=n_receivers)
+    edges, neighbors = _pair_stats(*args, lengths, n_receivers, half=bool(half),
+                                   capacity=dataclasses.replace(probe.bucketed(), max_bins=table), rows=rows)
     return dataclasses.replace(
         probe, max_edges=with_headroom(int(edges), headroom), max_neighbors=with_headroom(int(neighbors), headroom)
     )
