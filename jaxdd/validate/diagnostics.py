@@ -67,6 +67,11 @@ def halo_completeness(dist, batch: Batch) -> HaloCompleteness:
                             extra=tuple(extra[:20]))
 
 
+# One compiled search per shape (called op by op, each rank's search compiled dozens of small programs).
+_build = jax.jit(build_neighbor_list, static_argnames=("cutoff", "capacity", "half", "format", "n_receivers"))
+_block = jax.jit(block_neighbor_list, static_argnames=("n_block", "cutoff", "capacity", "format"))
+
+
 def _rank_edges(dist, batch: Batch, cutoff: float):
     """Per rank: (receivers, senders, image shifts) of its list, as global atoms and shifts
     relative to the batch's own positions."""
@@ -80,7 +85,7 @@ def _rank_edges(dist, batch: Batch, cutoff: float):
     for r in range(local_pos.shape[0]):
         ids = plan.local_ids[r]
         if dist.strategy == "graph_partition":  # positions as given; senders index every rank's rows
-            lnl = block_neighbor_list(
+            lnl = _block(
                 jnp.asarray(local_pos.reshape(-1, 3)), inputs.cell, local.pbc[0], local.batch_idx.reshape(-1),
                 local.atom_mask.reshape(-1), r, n_owned, cutoff=cutoff, capacity=cap)
             lm = np.asarray(lnl.mask)
@@ -89,7 +94,7 @@ def _rank_edges(dist, batch: Batch, cutoff: float):
             continue
         # A rank with ghost images searches open boundaries; a single rank searches its periodic cell.
         periodic = bool(np.asarray(local.pbc[r]).any())
-        lnl = build_neighbor_list(
+        lnl = _build(
             jnp.asarray(local_pos[r]),
             jnp.asarray(inputs.cell) if periodic else jnp.broadcast_to(jnp.eye(3, dtype=local_pos.dtype), (n_sys, 3, 3)),
             jnp.asarray(local.pbc[r]), local.batch_idx[r], local.atom_mask[r], cutoff=cutoff, capacity=cap,

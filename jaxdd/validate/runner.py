@@ -222,8 +222,9 @@ def _record_helpers(model, batch: Batch, watch) -> list:
     if not watch:
         return []
     try:
+        batch = _with_neighbors(model, batch)  # compiled: only the model's own forward runs eagerly
         with HelperRecorder(watch) as recorder, jax.disable_jit():
-            model(_with_neighbors(model, batch))
+            model(batch)
         return recorder.calls
     except Exception:  # diagnostics are a courtesy; the comparison does not depend on them
         return []
