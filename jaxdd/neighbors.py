@@ -523,21 +523,31 @@ def build_neighbor_list(
     axes, two [n_atoms] int32 keys (compared lexicographically) that decide which row of a
     pair lists it, e.g. global atom id and image under decomposition (default: the lower
     row index, and the positive image shift).
-    Check ``overflow`` (or use :func:`neighbor_list`, which grows and rebuilds).
+    Check ``overflow`` (or use :func:`neighbor_list`, which grows and rebuilds). Called
+    outside a trace it runs as one compiled program per shape and configuration.
     """
     _check_cutoff(cutoff)
     format = NeighborListFormat(format)
     if n_receivers is not None:
         n_receivers = integral("build_neighbor_list: n_receivers", n_receivers, minimum=0)
+    inputs = tuple(x if x is None or isinstance(x, (jax.Array, np.ndarray)) else np.asarray(x)
+                   for x in (positions, cell, pbc, batch_idx, atom_mask))
+    if order is not None:  # checked here, where a host pbc is still concrete
+        order = _check_order(order, inputs[0].shape[0], half, inputs[2])
+    kw = dict(cutoff=float(cutoff), capacity=capacity, half=bool(half), format=format, n_receivers=n_receivers)
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((inputs, order))):
+        return _build(*inputs, **kw, order=order)  # inside the caller's program
+    return _build_jit(*inputs, **kw, order=order)
+
+
+def _build(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, capacity, half, format, n_receivers, order):
     positions, cell, pbc, batch_idx, atom_mask = _normalise_inputs(positions, cell, pbc, batch_idx, atom_mask)
     n = positions.shape[0]
     atom_mask = atom_mask & (batch_idx >= 0) & (batch_idx < cell.shape[0])
-    if order is not None:
-        order = _check_order(order, n, half, pbc)
 
     mask, aux = _candidates(
         positions, cell, pbc, batch_idx, atom_mask,
-        cutoff=float(cutoff), half=half, capacity=capacity, n_receivers=n_receivers, order=order,
+        cutoff=cutoff, half=half, capacity=capacity, n_receivers=n_receivers, order=order,
     )
     c = mask.shape[1]
     per_atom = jnp.sum(mask, axis=1, dtype=jnp.int32)  # [R]
@@ -743,7 +753,7 @@ def neighbor_capacity(
     )
 
 
-_build_jit = programs.track(jax.jit(build_neighbor_list, static_argnames=("cutoff", "capacity", "half", "format")))
+_build_jit = programs.track(jax.jit(_build, static_argnames=("cutoff", "capacity", "half", "format", "n_receivers")))
 
 
 def neighbor_list(
@@ -763,11 +773,11 @@ def neighbor_list(
 
     Returns the list and the capacity it was built with (reuse it to avoid re-jitting).
     """
-    args = _normalise_inputs(positions, cell, pbc, batch_idx, atom_mask)
+    args = (positions, cell, pbc, batch_idx, atom_mask)
     if capacity is None:
         capacity = neighbor_capacity(*args, cutoff=cutoff, half=half)
     for _ in range(max_rebuilds):
-        nl = _build_jit(*args, cutoff=float(cutoff), capacity=capacity, half=bool(half), format=NeighborListFormat(format))
+        nl = build_neighbor_list(*args, cutoff=cutoff, capacity=capacity, half=half, format=format)
         if not bool(nl.overflow):
             return nl, capacity
         capacity = capacity.grown(nl.stats())

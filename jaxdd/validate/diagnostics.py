@@ -68,7 +68,6 @@ def halo_completeness(dist, batch: Batch) -> HaloCompleteness:
 
 
 # One compiled search per shape (called op by op, each rank's search compiled dozens of small programs).
-_build = jax.jit(build_neighbor_list, static_argnames=("cutoff", "capacity", "half", "format", "n_receivers"))
 _block = jax.jit(block_neighbor_list, static_argnames=("n_block", "cutoff", "capacity", "format"))
 
 
@@ -94,7 +93,7 @@ def _rank_edges(dist, batch: Batch, cutoff: float):
             continue
         # A rank with ghost images searches open boundaries; a single rank searches its periodic cell.
         periodic = bool(np.asarray(local.pbc[r]).any())
-        lnl = _build(
+        lnl = build_neighbor_list(
             jnp.asarray(local_pos[r]),
             jnp.asarray(inputs.cell) if periodic else jnp.broadcast_to(jnp.eye(3, dtype=local_pos.dtype), (n_sys, 3, 3)),
             jnp.asarray(local.pbc[r]), local.batch_idx[r], local.atom_mask[r], cutoff=cutoff, capacity=cap,
