@@ -131,9 +131,7 @@ def scatters_in_program(name):
     return 1 if name == "flax_scan" else MODELS[name][2]
 
 
-# Every model on the uneven grid in the default suite; the cube of ranks (every diagonal
-# exchange, which tests/test_distributed.py covers in the default suite) in the slow set.
-@pytest.mark.parametrize("grid", [pytest.param((2, 2, 2), marks=pytest.mark.slow), (3, 2, 1)], ids=["2x2x2", "3x2x1"])
+@pytest.mark.parametrize("grid", [(2, 2, 2), (3, 2, 1)], ids=["2x2x2", "3x2x1"])
 @pytest.mark.parametrize("name", DEFAULT_MODELS)
 def test_unchanged_model_with_halo_correction_equals_single_device(name, grid):
     dm, got = distributed(name, grid)
