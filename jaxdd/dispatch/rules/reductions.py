@@ -2,7 +2,8 @@
 
 ``reduce_sum/max/min/and/or`` and a ``dot_general`` contracting a rank-row axis (``x.T @ y``
 over atoms) count each row on its owner only (ghost and pad rows masked) and end in
-``psum``/``pmax``/``pmin``. Cumulative ops and ``argmax``/``argmin`` along rank rows have
+``psum``/``pmax``/``pmin``; a max or min has a derivative across ranks (:func:`across_ranks`).
+Cumulative ops and ``argmax``/``argmin`` along rank rows have
 no distributed meaning: they are left rank-local and recorded.
 """
 
@@ -18,10 +19,37 @@ from ..masks import along, identity_of
 from ..registry import register_rule
 from .elementwise import elementwise
 
-__all__ = ["reduce", "cumulative", "arg", "dot_general"]
+__all__ = ["reduce", "cumulative", "arg", "dot_general", "across_ranks"]
 
 _COLLECTIVES = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin, "or": jax.lax.pmax,
                 "and": jax.lax.pmin}
+
+
+def across_ranks(op: str, x, axes: tuple[int, ...], axis_names):
+    """``reduce_<op>`` of ``x`` over ``axes``, then over every rank: max or min with a derivative.
+
+    ``pmax``/``pmin`` have none in JAX; here the tangent goes to the entries equal to the
+    answer on every rank, shared equally among ties, as ``jnp.max`` shares it on one device.
+    Args: op: ``"max"`` or ``"min"``; x: this rank's values, rows it does not own already set to
+    the op's identity; axes: the axes reduced; axis_names: the mesh axes of the ranks.
+    """
+    local = jax.lax.reduce_max if op == "max" else jax.lax.reduce_min
+    collective = jax.lax.pmax if op == "max" else jax.lax.pmin
+
+    @jax.custom_jvp
+    def extremum(x):
+        return collective(local(x, axes), axis_names)
+
+    @extremum.defjvp
+    def _jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        out = extremum(x)
+        hit = x == jnp.expand_dims(out, axes)
+        count = jax.lax.psum(jnp.sum(hit, axis=axes, dtype=x.dtype), axis_names)
+        share = jax.lax.psum(jnp.sum(jnp.where(hit, t, 0.0), axis=axes), axis_names)
+        return out, share / count
+
+    return extremum(x)
 
 
 @register_rule("reduce_*")
@@ -61,6 +89,8 @@ def reduce(ctx, eqn, ins) -> Decision:
         x = invals[0]
         mask = along(rt.row_mask(kind, x.shape[axis]), x.ndim, axis)
         x = jnp.where(mask, x, identity_of(op, x.dtype))
+        if op in ("max", "min") and jnp.issubdtype(x.dtype, jnp.inexact):
+            return [across_ranks(op, x, axes, rt.axis_names)]
         (out,) = bind(eqn, [x])
         if op in ("or", "and"):
             return [collective(out.astype(jnp.int32), rt.axis_names).astype(out.dtype)]
