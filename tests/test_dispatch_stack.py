@@ -1,6 +1,6 @@
-"""Specification: edge indices built with ``jnp.stack`` (a primitive of its own in JAX) keep
-what they point at, so a model that stacks its senders and receivers, as rows or as
-columns, runs distributed and equals one device.
+"""Specification: edge indices built with ``jnp.stack`` (a primitive of its own in JAX) or with
+``jnp.concatenate`` of expanded index arrays keep what they point at, so a model that stacks
+its senders and receivers, as rows or as columns, runs distributed and equals one device.
 """
 
 from __future__ import annotations
@@ -23,13 +23,16 @@ CUTOFF = 5.0
 
 
 class StackedPairs(eqx.Module, BaseModel):
-    """Two message-passing steps over edge indices stacked as rows (axis 0) or columns (axis -1)."""
+    """Two message-passing steps over edge indices stacked as rows (axis 0) or columns (axis -1),
+    with ``jnp.stack`` or (``concatenate=True``) ``jnp.concatenate`` of ``i[None]`` / ``i[:, None]``."""
 
     axis: int = eqx.field(static=True)
+    concatenate: bool = eqx.field(static=True)
     model_config: ModelConfig = eqx.field(static=True)
 
-    def __init__(self, axis: int):
+    def __init__(self, axis: int, concatenate: bool = False):
         self.axis = axis
+        self.concatenate = concatenate
         self.model_config = ModelConfig(
             outputs=frozenset({"energy", "forces"}), autograd_outputs=frozenset({"forces"}),
             autograd_inputs=frozenset({"positions"}), neighbor_config=NeighborConfig(cutoff=CUTOFF))
@@ -39,7 +42,11 @@ class StackedPairs(eqx.Module, BaseModel):
                     n_systems=data.n_systems)
 
     def forward(self, positions, cell, batch_idx, neighbors, n_systems):
-        pairs = jnp.stack([neighbors.senders, neighbors.receivers], axis=self.axis)
+        if self.concatenate:
+            pairs = jnp.concatenate([jnp.expand_dims(neighbors.senders, self.axis),
+                                     jnp.expand_dims(neighbors.receivers, self.axis)], axis=self.axis)
+        else:
+            pairs = jnp.stack([neighbors.senders, neighbors.receivers], axis=self.axis)
         senders, receivers = (pairs[0], pairs[1]) if self.axis == 0 else (pairs[:, 0], pairs[:, 1])
         n = positions.shape[0]
         vec = (positions.at[senders].get(mode="fill", fill_value=0.0)
@@ -59,9 +66,10 @@ def bulk() -> AtomicData:
                       np.asarray(atoms.cell), True)
 
 
+@pytest.mark.parametrize("concatenate", [False, True], ids=["stack", "concatenate"])
 @pytest.mark.parametrize("axis", [0, -1], ids=["rows", "columns"])
-def test_stacked_edge_indices_distribute_exactly(axis):
-    model, data = StackedPairs(axis), bulk()
+def test_stacked_edge_indices_distribute_exactly(axis, concatenate):
+    model, data = StackedPairs(axis, concatenate), bulk()
     want = jaxdd.compute(model, data, ("energy", "forces"))
     dm = DistributedModel(model, DomainConfig(cutoff=CUTOFF, mesh=default_mesh(jax.devices()[:8]), grid=(2, 2, 2)))
     got = dm(data, ("energy", "forces"))

@@ -129,6 +129,15 @@ def concatenate(ctx, eqn, ins) -> Decision:
     if along:
         return Decision((REPLICATED,), notes=(
             f"concatenate puts per-{along[0].kind.value} rows after other rows in {where(eqn)}: layout lost",))
+    if first.kind is not None and all((lay.kind, lay.axis) == (first.kind, first.axis) for lay in ins):
+        # Arrays distributed alike, side by side along another axis (jnp.concatenate([s[None],
+        # r[None]])): the rows stay; an index meaning stays when every input has the same one.
+        indices = {lay.index for lay in ins}
+        if len(indices) == 1:
+            return Decision((Layout(first.kind, first.axis, first.index),))
+        return Decision((Layout(first.kind, first.axis),), notes=(
+            f"concatenate of indices into different kinds {sorted(str(i) for i in indices)} as rows in "
+            f"{where(eqn)}: index meaning lost; put them side by side as columns (axis=-1) instead",))
     return elementwise(ctx, eqn, ins)
 
 
