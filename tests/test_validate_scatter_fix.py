@@ -7,6 +7,7 @@ must name the op, the output index and the fix, and return the corrected spec.
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
@@ -190,8 +191,8 @@ def test_rule_keeps_other_transforms_of_the_adapter():
 
 
 def test_the_builtin_rules_in_order():
-    assert list(FIX_RULES) == ["add_scatter_outputs", "halo_correction_to_local", "add_all_reduce",
-                               "drop_extra_all_reduce"]
+    assert list(FIX_RULES) == ["add_scatter_outputs", "halo_correction_to_local", "deep_halo_for_unfollowed_values",
+                               "add_all_reduce", "drop_extra_all_reduce"]
     assert "add_all_reduce" in FIX_RULES and all(isinstance(r, FixRule) for r in FIX_RULES.rules())
 
 
@@ -202,7 +203,7 @@ def test_a_user_rule_is_registered_in_order_and_proposes_candidates():
         return [FixCandidate(ctx.spec.with_all_reduce("x"), "a guess", "x was a partial")]
 
     registry.register("mine", mine, before="add_all_reduce")
-    assert list(registry)[2:4] == ["mine", "add_all_reduce"]
+    assert list(registry)[3:5] == ["mine", "add_all_reduce"]
     with pytest.raises(ValueError, match="already registered"):
         registry.register("mine", mine)
     proposed = registry.propose(_ctx(SPEC_MPNN_HALO, {}))
@@ -233,3 +234,39 @@ def test_register_fix_rule_adds_to_the_global_registry():
 def test_fix_rules_argument_must_be_rules():
     with pytest.raises(ValueError, match="fix_rules must be"):
         trace_and_validate(forgotten, SYSTEM, fix_rules=["add_all_reduce"])
+
+
+# ----------------------------------------------------------------------------- unfollowed values
+
+
+class ModuloIndexed(eqx.Module, jaxdd.BaseModel):
+    """Two message-passing steps whose edge indices pass through ``% n_atoms`` (an arithmetic
+    the dispatch does not follow: the indices lose what they point at)."""
+
+    model_config: jaxdd.ModelConfig = eqx.field(static=True)
+
+    def __init__(self):
+        self.model_config = jaxdd.ModelConfig(
+            outputs=frozenset({"energy", "forces"}), autograd_outputs=frozenset({"forces"}),
+            autograd_inputs=frozenset({"positions"}), neighbor_config=jaxdd.NeighborConfig(cutoff=3.0))
+
+    def adapt_input(self, data, **kwargs):
+        return dict(data=data)
+
+    def forward(self, data):
+        nl, n = data.neighbors, data.n_atoms
+        senders, receivers = nl.senders % (n + 1), nl.receivers % (n + 1)
+        v = jaxdd.edge_vectors(data.positions, data.cell, data.batch_idx, nl)
+        r2 = jnp.sum(v * v, axis=1)
+        smooth = jnp.where(nl.mask, (1.0 - r2 / 9.0) ** 2, 0.0)
+        density = jax.ops.segment_sum(smooth, receivers, n)
+        messages = smooth * jnp.tanh(density.at[senders].get(mode="fill", fill_value=0.0))
+        atomic = jax.ops.segment_sum(messages, receivers, n) + 0.1 * density**2
+        return {"energy": jnp.sum(jnp.where(data.atom_mask, atomic, 0.0))[None]}
+
+
+def test_values_the_dispatch_cannot_follow_get_a_deep_halo_and_pass():
+    report = trace_and_validate(ModuloIndexed, SYSTEM, world_size=2, atol=1e-9, rtol=1e-10)
+    assert not report.attempts[0].passed and report.attempts[0].fallbacks
+    assert report.ok and report.fix_applied == "deep_halo_for_unfollowed_values", report.summary()
+    assert report.spec.policy.scatter_mode == "local" and report.spec.policy.halo_layers >= 1

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from .ghost_sums import add_scatter_outputs
 from .rule import FixCandidate, FixContext, FixRule
-from .spec_rules import add_all_reduce, drop_extra_all_reduce, halo_correction_to_local
+from .spec_rules import add_all_reduce, deep_halo_for_unfollowed_values, drop_extra_all_reduce, halo_correction_to_local
 
 __all__ = ["FIX_RULES", "FixRuleRegistry", "register_fix_rule"]
 
@@ -116,6 +116,8 @@ FIX_RULES = FixRuleRegistry([
             "an op adapter's per-atom output holds ghost partial sums: add ScatterOutputs on it"),
     FixRule("halo_correction_to_local", halo_correction_to_local,
             "a halo correction fired and outputs still differ: local scatters over a deep ghost shell"),
+    FixRule("deep_halo_for_unfollowed_values", deep_halo_for_unfollowed_values,
+            "the dispatch could not follow some values and outputs differ: local scatters over a deep ghost shell"),
     FixRule("add_all_reduce", add_all_reduce, "per-system outputs that are per-rank partials: all-reduce them"),
     FixRule("drop_extra_all_reduce", drop_extra_all_reduce,
             "all-reduced outputs that come out world_size times the reference: drop them"),

@@ -30,6 +30,29 @@ def halo_correction_to_local(ctx: FixContext) -> list[FixCandidate]:
         f"HaloStoragePolicy(scatter_mode='local', gather_mode='local', halo_layers={layers})")]
 
 
+# What the dispatch writes when it could not follow a value (DispatchReport.fallbacks).
+_UNFOLLOWED = ("unknown provenance", "left rank-local", "layout lost", "shape fallback")
+
+
+def deep_halo_for_unfollowed_values(ctx: FixContext) -> list[FixCandidate]:
+    """The dispatch reported values it could not follow (indices of unknown provenance, a
+    layout lost) and outputs differ: run the model unchanged on each rank over a ghost shell as
+    many layers deep as its scatters of such values (at least one), scatters and gathers local."""
+    spec = ctx.spec
+    policy = spec.policy
+    unfollowed = [m for m in ctx.attempt.fallbacks if any(k in m for k in _UNFOLLOWED)]
+    if not (isinstance(policy, HaloStoragePolicy) and policy.scatter_mode != "local" and unfollowed):
+        return []
+    layers = max(1, sum(1 for m in unfollowed if "scatter" in m))
+    return [FixCandidate(
+        spec.with_policy(HaloStoragePolicy(scatter_mode="local", gather_mode="local", halo_layers=layers)),
+        f"scatters stay local over a ghost shell {layers} layer(s) deep (the dispatch could not follow "
+        f"{len(unfollowed)} value(s))",
+        f"the dispatch could not follow {len(unfollowed)} value(s) of the model (first: {unfollowed[0]}): use "
+        f"HaloStoragePolicy(scatter_mode='local', gather_mode='local', halo_layers={layers}), or build the "
+        "indices so the dispatch can follow them (docs/dispatch.md)")]
+
+
 def add_all_reduce(ctx: FixContext) -> list[FixCandidate]:
     """Per-system outputs other than energy that differ by >= 1e-3 relative are per-rank
     partials: sum them across ranks."""
