@@ -6,6 +6,7 @@
 - :mod:`~jaxdd.engine.graph_partition` — contiguous node blocks, no ghost shell.
 - :mod:`~jaxdd.engine.capacity` — static capacities and the one rule that grows them.
 - :mod:`~jaxdd.engine.rank_program` — one rank's program, its inputs, the ``shard_map`` wrapper.
+- :mod:`~jaxdd.engine.guardrail` — each rank's share before compiling: warn or refuse an oversized halo.
 - :mod:`~jaxdd.engine.distributed` — ``DomainConfig`` and ``DistributedModel``.
 
 Each module is also importable by its earlier name (``jaxdd.halo``, ``jaxdd.distributed``, ...):

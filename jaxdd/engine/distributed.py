@@ -35,6 +35,7 @@ from ..data import AtomicData, Batch, as_batch, is_concrete
 from ..dispatch import DispatchError, DispatchReport, Kind, warn_fallbacks
 from ..driver import bucketed_atoms, check_stress_cells, model_config, requested_outputs, unpad_atoms
 from .graph_partition import STRATEGIES, block_capacity, node_blocks
+from .guardrail import check_halo, device_memory, halo_size
 from .halo import HaloLayout, HaloPlan, build_halo_plan, build_rank_plans
 from ..model import ModelOutputs
 from ..neighbors import (NEIGHBOR_BACKENDS, NeighborCapacity, NeighborListFormat, NeighborStats, capacity_bucket,
@@ -107,6 +108,9 @@ class DomainConfig:
     compiled cell list of :mod:`jaxdd.ffi.neighbors`; CPU devices only), ``"jnp"`` (the
     jit-compiled bin search, any device) or ``"auto"`` (default: the kernel on CPU devices
     when the compiled library is built, else jnp). Both give the same pairs.
+    memory_limit: bytes one rank may use (None, the default: what its device reports, none
+    on CPU); a halo whose rows and neighbour list alone need more is refused before
+    compiling (:mod:`jaxdd.engine.guardrail`).
     """
 
     cutoff: float
@@ -119,6 +123,7 @@ class DomainConfig:
     migration_hysteresis: float | None = None
     require_nondegenerate: bool = False
     neighbor_backend: str = "auto"
+    memory_limit: int | None = None
 
     def __post_init__(self):
         cutoff = _positive("cutoff", self.cutoff)
@@ -134,6 +139,8 @@ class DomainConfig:
         if self.neighbor_backend not in NEIGHBOR_BACKENDS:
             raise ValueError(f"DomainConfig.neighbor_backend must be one of {list(NEIGHBOR_BACKENDS)}, "
                              f"got {self.neighbor_backend!r}")
+        if self.memory_limit is not None:
+            object.__setattr__(self, "memory_limit", integral("DomainConfig.memory_limit", self.memory_limit, minimum=1))
         factor = None if self.capacity_factor is None else _positive("capacity_factor", self.capacity_factor)
         if factor is not None and factor < 1:
             raise ValueError(f"DomainConfig.capacity_factor must be >= 1, got {factor}")
@@ -421,9 +428,12 @@ class DistributedModel:
         n_real = int((part.owner >= 0).sum())
         held = _per_rank(plan, _distinct_held(plan))  # agreed, so every process decides alike
         if part.n_ranks > 1 and np.any(held >= n_real) and n_real > 0:
+            owned, ghosts = _per_rank(plan, plan.owned_counts()), _per_rank(plan, plan.ghost_counts())
+            r = int(np.argmax(owned + ghosts))
             msg = (
                 f"the ghost shell of some ranks covers every atom (grid {part.grid}, ghost width "
-                f"{self.ghost_width} Å): decomposition gains nothing here; use fewer ranks or a larger system"
+                f"{self.ghost_width} Å; the busiest rank holds {int(ghosts[r])} ghost rows for {int(owned[r])} owned "
+                "atoms): decomposition gains nothing here; use fewer ranks or a larger system"
             )
             if self.config.require_nondegenerate:
                 raise ValueError(msg)
@@ -589,8 +599,23 @@ class DistributedModel:
                 self.capacities, neighbors=self.size_neighbors(inputs, local_positions).bucketed())
         if size:  # exactly what these positions need (bucketed): the positions of prepared inputs do not move
             neighbors = self.size_neighbors(inputs, local_positions, headroom=1.0).bucketed()
+        self._check_halo_size(part, plan, (neighbors or self.capacities.neighbors).max_edges, batch.positions.dtype)
         program = self.program(batch.n_systems, outputs, plan.layout, neighbors=neighbors)
         return part, plan, dataclasses.replace(inputs.place(self.config.mesh, plan.ranks), program=program)
+
+    def _check_halo_size(self, part: Partition, plan: HaloPlan, edges: int, dtype) -> None:
+        """The guardrail (:mod:`jaxdd.engine.guardrail`), before anything compiles; a ghost
+        shell that covers every atom has its own warning (:meth:`plan`)."""
+        if self.strategy == "graph_partition" or part.n_ranks == 1:
+            return
+        n_real = int((part.owner >= 0).sum())
+        degenerate = bool(np.any(_per_rank(plan, _distinct_held(plan)) >= n_real))
+        size = halo_size(_per_rank(plan, plan.owned_counts()), _per_rank(plan, plan.ghost_counts()), edges,
+                         np.dtype(dtype).itemsize)
+        limit = self.config.memory_limit
+        if limit is None:
+            limit = device_memory(self.config.mesh.devices.flat[0])
+        check_halo(size, limit, grid=part.grid, ghost_width=self.ghost_width, stacklevel=5, warn=not degenerate)
 
     def prepare(self, data: AtomicData | Batch, outputs: Iterable[str] | str | None = None) -> RankInputs:
         """The host work of a call: partition, halo plan, capacities sized for these positions,
