@@ -91,3 +91,31 @@ def test_forces_through_a_max_and_a_min_over_rows_equal_one_device(how, grid):
     assert abs(float(got["energy"][0] - ref["energy"][0])) <= 1e-10 * abs(float(ref["energy"][0]))
     np.testing.assert_allclose(np.asarray(got["forces"]), np.asarray(ref["forces"]), rtol=0, atol=1e-9)
     assert np.abs(np.asarray(ref["forces"])).max() > 1e-3  # the forces are not trivially zero
+
+
+class UnfollowedSum(BaseModel):
+    """A per-atom energy summed by indices that pass through ``% n`` (the dispatch cannot
+    follow them, so the sum stays rank-local)."""
+
+    def __init__(self):
+        self.model_config = ModelConfig(
+            outputs={"energy", "forces"}, autograd_outputs={"forces"}, autograd_inputs={"positions"},
+            neighbor_config=NeighborConfig(cutoff=CUTOFF))
+
+    def adapt_input(self, data):
+        return dict(data=data)
+
+    def forward(self, data):
+        atomic = jnp.where(data.atom_mask, jnp.sum(data.positions**2, axis=1), 0.0)
+        system = data.batch_idx % (data.n_systems + 1)
+        return {"energy": jax.ops.segment_sum(atomic, system, data.n_systems)}  # the unfollowed line
+
+
+def test_a_rank_local_energy_is_refused_naming_the_users_line_in_words():
+    line = next(i for i, text in enumerate(open(__file__), 1) if text.rstrip().endswith("# the unfollowed line"))
+    dm = DistributedModel(UnfollowedSum(), DomainConfig(cutoff=CUTOFF, grid=(2, 1, 1)))
+    with pytest.raises(jaxdd.dispatch.DispatchError) as err:
+        dm(lattice())
+    message = str(err.value)
+    assert "not the same on every rank" in message and f"test_dispatch_extrema.py:{line}" in message
+    assert "Layout(" not in message

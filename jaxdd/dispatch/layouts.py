@@ -45,6 +45,16 @@ class Layout:
         """The same distributed axis, with no index meaning."""
         return Layout(self.kind, self.axis, None) if self.kind is not None else REPLICATED
 
+    def describe(self) -> str:
+        """The layout in words, for messages to users."""
+        if self.kind is not None:
+            rows = {Kind.NODE: "one row per atom of this rank", Kind.EDGE: "one row per edge of this rank",
+                    Kind.GRAPH: "one row per system", Kind.ALL_NODES: "every rank's atom rows"}[self.kind]
+            return f"{rows} (axis {self.axis})"
+        if self.local:
+            return "a value that differs between ranks (a rank's partial result, or one of its atoms)"
+        return "the same on every rank"
+
 
 #: Nothing distributed, the same on every rank (parameters, constants).
 REPLICATED = Layout()

@@ -300,10 +300,13 @@ def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, sys
             term = jnp.sum(jnp.where(system_mask, own_systems, 0.0))
         else:
             if lays["energy"].kind in (Kind.NODE, Kind.EDGE) or lays["energy"].local:
+                # What the dispatch could not follow names the user's file and line.
+                unfollowed = "".join(f"\n  - {m}" for m in report.fallbacks[:4])
                 raise DispatchError(
-                    "the model's 'energy' is not the same on every rank after dispatch (laid out as "
-                    f"{lays['energy']}); sum per-atom energies over atoms (segment_sum by batch_idx, jnp.sum, "
-                    "or jaxdd.system_sum) so the dispatch can reduce them across ranks"
+                    "the model's 'energy' is not the same on every rank after dispatch: it is "
+                    f"{lays['energy'].describe()}. Sum per-atom energies over atoms (segment_sum by batch_idx, "
+                    "jnp.sum, or jaxdd.system_sum) so the dispatch can reduce them across ranks"
+                    + (f"; the dispatch could not follow:{unfollowed}" if unfollowed else "")
                 )
             per_system = out["energy"]  # complete, and computed alike on every rank
             term = jnp.sum(jnp.where(system_mask, per_system, 0.0)) / program.n_ranks
