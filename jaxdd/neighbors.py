@@ -535,7 +535,7 @@ def build_neighbor_list(
     if order is not None:  # checked here, where a host pbc is still concrete
         order = _check_order(order, inputs[0].shape[0], half, inputs[2])
     kw = dict(cutoff=float(cutoff), capacity=capacity, half=bool(half), format=format, n_receivers=n_receivers)
-    if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((inputs, order))):
+    if not is_concrete(*jax.tree_util.tree_leaves((inputs, order))):
         return _build(*inputs, **kw, order=order)  # inside the caller's program
     return _build_jit(*inputs, **kw, order=order)
 
@@ -543,7 +543,6 @@ def build_neighbor_list(
 def _build(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, capacity, half, format, n_receivers, order):
     positions, cell, pbc, batch_idx, atom_mask = _normalise_inputs(positions, cell, pbc, batch_idx, atom_mask)
     n = positions.shape[0]
-    atom_mask = atom_mask & (batch_idx >= 0) & (batch_idx < cell.shape[0])
 
     mask, aux = _candidates(
         positions, cell, pbc, batch_idx, atom_mask,
@@ -682,25 +681,22 @@ def _pair_stats(positions, cell, pbc, batch_idx, atom_mask, lengths, n_receivers
 def _padded_rows(positions, cell, pbc, batch_idx, atom_mask, rows: int):
     """Host copies of the inputs with ``rows`` atom rows: the extra ones are masked atoms of
     system 0 (numpy, so sizing compiles no small programs of its own)."""
-    positions = np.asarray(positions)
-    n = positions.shape[0]
-    extra = rows - n
-    cell = np.asarray(cell, positions.dtype).reshape(-1, 3, 3)
-    pbc = np.asarray(pbc, bool).reshape(-1, 3)
-    batch_idx = np.zeros(n, np.int32) if batch_idx is None else np.asarray(batch_idx, np.int32)
-    atom_mask = np.ones(n, bool) if atom_mask is None else np.asarray(atom_mask, bool)
-    atom_mask = atom_mask & (batch_idx >= 0) & (batch_idx < cell.shape[0])
+    positions, cell, pbc, batch_idx, atom_mask = _normalise_inputs(positions, cell, pbc, batch_idx, atom_mask, xp=np)
+    extra = rows - positions.shape[0]
     return (np.pad(positions, ((0, extra), (0, 0))), cell, pbc, np.pad(batch_idx, (0, extra)),
             np.pad(atom_mask, (0, extra)))
 
 
-def _normalise_inputs(positions, cell, pbc, batch_idx, atom_mask):
-    positions = jnp.asarray(positions)
+def _normalise_inputs(positions, cell, pbc, batch_idx, atom_mask, xp=jnp):
+    """The inputs as ``xp`` arrays (``jnp``, or ``np`` on the host), defaults filled in; an
+    atom of no system (``batch_idx`` out of range) is masked."""
+    positions = xp.asarray(positions)
     n = positions.shape[0]
-    cell = jnp.asarray(cell, positions.dtype).reshape(-1, 3, 3)
-    pbc = jnp.asarray(pbc, bool).reshape(-1, 3)
-    batch_idx = jnp.zeros(n, jnp.int32) if batch_idx is None else jnp.asarray(batch_idx, jnp.int32)
-    atom_mask = jnp.ones(n, bool) if atom_mask is None else jnp.asarray(atom_mask, bool)
+    cell = xp.asarray(cell, positions.dtype).reshape(-1, 3, 3)
+    pbc = xp.asarray(pbc, bool).reshape(-1, 3)
+    batch_idx = xp.zeros(n, xp.int32) if batch_idx is None else xp.asarray(batch_idx, xp.int32)
+    atom_mask = xp.ones(n, bool) if atom_mask is None else xp.asarray(atom_mask, bool)
+    atom_mask = atom_mask & (batch_idx >= 0) & (batch_idx < cell.shape[0])
     return positions, cell, pbc, batch_idx, atom_mask
 
 

@@ -39,17 +39,24 @@ def _normalised_jvp(primals, tangents):
     return x / m, t / m - x * dm / m**2
 
 
-class ExtremumModel(BaseModel):
-    """Pair terms scaled by the system's longest edge, less the smallest atomic energy."""
+class EnergyModel(BaseModel):
+    """Energy and forces (by autograd) from the whole batch."""
 
-    def __init__(self, how):
-        self.how = how
+    def __init__(self):
         self.model_config = ModelConfig(
             outputs={"energy", "forces"}, autograd_outputs={"forces"}, autograd_inputs={"positions"},
             neighbor_config=NeighborConfig(cutoff=CUTOFF))
 
     def adapt_input(self, data):
         return dict(data=data)
+
+
+class ExtremumModel(EnergyModel):
+    """Pair terms scaled by the system's longest edge, less the smallest atomic energy."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
 
     def forward(self, data):
         nl = data.neighbors
@@ -93,17 +100,9 @@ def test_forces_through_a_max_and_a_min_over_rows_equal_one_device(how, grid):
     assert np.abs(np.asarray(ref["forces"])).max() > 1e-3  # the forces are not trivially zero
 
 
-class UnfollowedSum(BaseModel):
+class UnfollowedSum(EnergyModel):
     """A per-atom energy summed by indices that pass through ``% n`` (the dispatch cannot
     follow them, so the sum stays rank-local)."""
-
-    def __init__(self):
-        self.model_config = ModelConfig(
-            outputs={"energy", "forces"}, autograd_outputs={"forces"}, autograd_inputs={"positions"},
-            neighbor_config=NeighborConfig(cutoff=CUTOFF))
-
-    def adapt_input(self, data):
-        return dict(data=data)
 
     def forward(self, data):
         atomic = jnp.where(data.atom_mask, jnp.sum(data.positions**2, axis=1), 0.0)

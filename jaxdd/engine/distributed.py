@@ -425,10 +425,8 @@ class DistributedModel:
     def _check_degenerate(self, part: Partition, plan: HaloPlan) -> None:
         if self.strategy == "graph_partition":
             return  # no ghost shell to degenerate
-        n_real = int((part.owner >= 0).sum())
-        held = _per_rank(plan, _distinct_held(plan))  # agreed, so every process decides alike
-        if part.n_ranks > 1 and np.any(held >= n_real) and n_real > 0:
-            owned, ghosts = _per_rank(plan, plan.owned_counts()), _per_rank(plan, plan.ghost_counts())
+        if _covers_every_atom(part, plan):
+            owned, ghosts = _owned_and_ghosts(plan)
             r = int(np.argmax(owned + ghosts))
             msg = (
                 f"the ghost shell of some ranks covers every atom (grid {part.grid}, ghost width "
@@ -608,14 +606,12 @@ class DistributedModel:
         shell that covers every atom has its own warning (:meth:`plan`)."""
         if self.strategy == "graph_partition" or part.n_ranks == 1:
             return
-        n_real = int((part.owner >= 0).sum())
-        degenerate = bool(np.any(_per_rank(plan, _distinct_held(plan)) >= n_real))
-        size = halo_size(_per_rank(plan, plan.owned_counts()), _per_rank(plan, plan.ghost_counts()), edges,
-                         np.dtype(dtype).itemsize)
+        size = halo_size(*_owned_and_ghosts(plan), edges, np.dtype(dtype).itemsize)
         limit = self.config.memory_limit
         if limit is None:
             limit = device_memory(self.config.mesh.devices.flat[0])
-        check_halo(size, limit, grid=part.grid, ghost_width=self.ghost_width, stacklevel=5, warn=not degenerate)
+        check_halo(size, limit, grid=part.grid, ghost_width=self.ghost_width, stacklevel=5,
+                   warn=not _covers_every_atom(part, plan))
 
     def prepare(self, data: AtomicData | Batch, outputs: Iterable[str] | str | None = None) -> RankInputs:
         """The host work of a call: partition, halo plan, capacities sized for these positions,
@@ -742,10 +738,11 @@ class DistributedModel:
     def _record_health(self, part: Partition, plan: HaloPlan, recompiles: int) -> None:
         n_real = int((part.owner >= 0).sum())
         held = _per_rank(plan, _distinct_held(plan))
+        owned, ghosts = _owned_and_ghosts(plan)
         self.health = PartitionHealth(
             grid=part.grid,
-            owned=_per_rank(plan, plan.owned_counts()),
-            ghost=_per_rank(plan, plan.ghost_counts()),
+            owned=owned,
+            ghost=ghosts,
             remote=n_real - held,
             owned_capacity=plan.layout.n_owned,
             ghost_capacity=plan.layout.n_ghost,
@@ -764,6 +761,18 @@ def _per_rank(plan: HaloPlan, values) -> np.ndarray:
     full = np.full(int(np.prod(plan.layout.grid)), np.iinfo(np.int64).min, np.int64)
     full[plan.rank_ids] = values
     return agree_max(full)
+
+
+def _owned_and_ghosts(plan: HaloPlan) -> tuple[np.ndarray, np.ndarray]:
+    """Atoms every rank owns and ghost rows it holds, [P] each (agreed over processes)."""
+    return _per_rank(plan, plan.owned_counts()), _per_rank(plan, plan.ghost_counts())
+
+
+def _covers_every_atom(part: Partition, plan: HaloPlan) -> bool:
+    """Whether some rank of several holds a row of every real atom (agreed over processes, so
+    every process decides alike): decomposition gains nothing."""
+    n_real = int((part.owner >= 0).sum())
+    return part.n_ranks > 1 and n_real > 0 and bool(np.any(_per_rank(plan, _distinct_held(plan)) >= n_real))
 
 
 def _distinct_held(plan: HaloPlan) -> np.ndarray:

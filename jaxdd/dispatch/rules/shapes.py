@@ -13,7 +13,7 @@ import numpy as np
 
 from ..decision import Decision
 from ..equations import shape_of, where
-from ..layouts import REPLICATED, ROWS, Layout
+from ..layouts import REPLICATED, ROWS, Kind, Layout
 from ..registry import register_rule
 from .elementwise import elementwise
 
@@ -131,14 +131,20 @@ def concatenate(ctx, eqn, ins) -> Decision:
             f"concatenate puts per-{along[0].kind.value} rows after other rows in {where(eqn)}: layout lost",))
     if first.kind is not None and all((lay.kind, lay.axis) == (first.kind, first.axis) for lay in ins):
         # Arrays distributed alike, side by side along another axis (jnp.concatenate([s[None],
-        # r[None]])): the rows stay; an index meaning stays when every input has the same one.
-        indices = {lay.index for lay in ins}
-        if len(indices) == 1:
-            return Decision((Layout(first.kind, first.axis, first.index),))
-        return Decision((Layout(first.kind, first.axis),), notes=(
-            f"concatenate of indices into different kinds {sorted(str(i) for i in indices)} as rows in "
-            f"{where(eqn)}: index meaning lost; put them side by side as columns (axis=-1) instead",))
+        # r[None]])): the rows stay, and so does an index meaning every input shares.
+        index, notes = _shared_index(ins, eqn)
+        return Decision((Layout(first.kind, first.axis, index),), notes=notes)
     return elementwise(ctx, eqn, ins)
+
+
+def _shared_index(ins, eqn) -> tuple[Kind | None, tuple[str, ...]]:
+    """The index meaning of index arrays put together as rows: theirs when they all share one,
+    else none (and a note saying so)."""
+    indices = {lay.index for lay in ins}
+    if len(indices) == 1:
+        return ins[0].index, ()
+    return None, (f"{eqn.primitive.name} of indices into different kinds {sorted(str(i) for i in indices)} as rows "
+                  f"in {where(eqn)}: index meaning lost; put them side by side as columns (axis=-1) instead",)
 
 
 @register_rule("stack")
@@ -152,18 +158,14 @@ def stack(ctx, eqn, ins) -> Decision:
              for lay in ins]
     rows = [lay for lay in grown if lay.kind is not None]
     out = rows[0] if rows else Layout(None, 0, ins[0].index, any(lay.local for lay in ins))
-    notes = ()
     for lay in grown[1:]:
         if lay.kind is not None and (lay.kind, lay.axis) != (out.kind, out.axis) and out.kind is not None:
             return Decision((REPLICATED,), notes=(
                 f"stack of values distributed along different axes in {where(eqn)}: layout lost",))
-    indices = {lay.index for lay in ins}
+    index, notes = _shared_index(ins, eqn)
     if axis == len(oshape) - 1 and oshape[axis] <= 8 and any(lay.index is not None for lay in ins):
-        common = next(iter(indices)) if len(indices) == 1 else None
-        return Decision((dataclasses.replace(out, index=common, columns=tuple(lay.index for lay in ins)),))
-    if len(indices) > 1:
-        notes = (f"stack of indices into different kinds {sorted(str(i) for i in indices)} as rows in {where(eqn)}: "
-                 "index meaning lost; stack them as columns (axis=-1) instead",)
+        return Decision((dataclasses.replace(out, index=index, columns=tuple(lay.index for lay in ins)),))
+    if notes:
         out = dataclasses.replace(out, index=None)
     return Decision((dataclasses.replace(out, columns=None),), notes=notes)
 
