@@ -191,7 +191,8 @@ def compute(
         check_stress_cells(batch)
     programs.check()  # a long-lived process: drop jaxdd's programs when its code mappings crowd
     n_atoms = batch.n_atoms
-    batch = pad_atoms(batch, bucketed_atoms(batch))
+    if cfg.padding_atoms:
+        batch = pad_atoms(batch, bucketed_atoms(batch))
     nc = cfg.neighbor_config
     if nc is not None and capacity is None:
         capacity = program_capacity(neighbor_capacity(

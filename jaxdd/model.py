@@ -105,6 +105,10 @@ class ModelConfig:
     autograd_outputs: keys the framework derives from ``energy`` (``forces``, ``stress``).
     autograd_inputs: inputs those gradients are taken with respect to (``positions``, ``cell``).
     neighbor_config: the neighbour list to build, or None if the model builds its own.
+    padding_atoms: whether ``jaxdd.compute`` may append padding atom rows (``atom_mask`` False)
+        so that one program serves systems of nearby sizes. False for a function that sums over
+        every row it is given (a jax-md potential): it then sees exactly the system's atoms.
+        Under decomposition the dispatch masks padding and ghost rows out of every sum.
     """
 
     outputs: frozenset
@@ -112,6 +116,7 @@ class ModelConfig:
     autograd_outputs: frozenset = frozenset()
     autograd_inputs: frozenset = frozenset()
     neighbor_config: NeighborConfig | None = None
+    padding_atoms: bool = True
 
     def __post_init__(self):
         outputs = _frozen("outputs", self.outputs)
@@ -144,6 +149,7 @@ class ModelConfig:
         object.__setattr__(self, "active_outputs", active)
         object.__setattr__(self, "autograd_outputs", auto)
         object.__setattr__(self, "autograd_inputs", inputs)
+        object.__setattr__(self, "padding_atoms", bool(self.padding_atoms))
 
     def with_active_outputs(self, keys: Iterable[str]) -> "ModelConfig":
         return dataclasses.replace(self, active_outputs=frozenset(keys))

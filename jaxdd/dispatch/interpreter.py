@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import jax
+import numpy as np
 
 from ..ops import GraphParallelPolicy
 from .decision import Decision, Plan
@@ -39,8 +40,9 @@ class Dispatcher:
     A rule (``rule(ctx, eqn, in_layouts) -> Decision``) receives the dispatcher as ``ctx``
     and may use: :attr:`runtime` (inside a decision's ``apply``, where it is never None),
     :attr:`n_padded`, :attr:`n_edges`, :attr:`n_systems`, :meth:`fallback_kind`,
-    :meth:`default` (the rule of a primitive nobody registered), and for primitives with
-    bodies :meth:`analyse` and :meth:`eval`.
+    :meth:`default` (the rule of a primitive nobody registered), :meth:`constant` (the value
+    of an input computed from constants alone), and for primitives with bodies
+    :meth:`analyse` and :meth:`eval`.
     """
 
     def __init__(self, runtime: Runtime | None, report: DispatchReport, sizes: tuple[int, int, int]):
@@ -48,6 +50,7 @@ class Dispatcher:
         self.report = report
         self.n_padded, self.n_edges, self.n_systems = sizes
         self._plans: dict = {}
+        self._folds: list[_Constants] = []  # one per jaxpr being analysed, innermost last
 
     # ---------------------------------------------------------------- entry points
 
@@ -57,16 +60,30 @@ class Dispatcher:
 
     def out_layouts(self, closed, layouts: Sequence[Layout]) -> tuple[Layout, ...]:
         """Layouts of a ClosedJaxpr's outputs for inputs tagged with ``layouts``."""
-        return self.analyse(closed.jaxpr, tuple(layouts)).outs
+        return self.analyse(closed.jaxpr, tuple(layouts), closed.consts).outs
 
     # ---------------------------------------------------------------- analysis
 
-    def analyse(self, jaxpr, in_layouts: tuple[Layout, ...]) -> Plan:
-        """The :class:`Plan` of an open ``jaxpr`` for inputs tagged ``in_layouts`` (cached)."""
+    def analyse(self, jaxpr, in_layouts: tuple[Layout, ...], consts: Sequence | None = None) -> Plan:
+        """The :class:`Plan` of an open ``jaxpr`` for inputs tagged ``in_layouts`` (cached).
+        ``consts``: the values of its constvars, when known (for :meth:`constant`)."""
         key = (id(jaxpr), in_layouts)
         hit = self._plans.get(key)
         if hit is not None:
             return hit[1]
+        self._folds.append(_Constants(jaxpr, consts))
+        try:
+            return self._analyse(jaxpr, in_layouts, key)
+        finally:
+            self._folds.pop()
+
+    def constant(self, var) -> np.ndarray | None:
+        """The value of ``var`` (of the jaxpr being analysed) when it is computed from literals
+        and constants alone — the same on every rank and known before anything runs, like
+        the graph index ``jnp.repeat`` builds from fixed node counts — else None."""
+        return self._folds[-1].value(var) if self._folds else None
+
+    def _analyse(self, jaxpr, in_layouts, key) -> Plan:
         env: dict = {}
 
         def read(v):
@@ -125,7 +142,7 @@ class Dispatcher:
 
     def eval(self, jaxpr, consts, args, in_layouts: tuple[Layout, ...]) -> list:
         """Evaluate an open ``jaxpr`` on ``consts`` and ``args`` tagged ``in_layouts``; its outputs."""
-        plan = self.analyse(jaxpr, in_layouts)
+        plan = self.analyse(jaxpr, in_layouts, consts)
         env: dict = {}
 
         def read(v):
@@ -148,6 +165,40 @@ class Dispatcher:
             for v, x in zip(eqn.outvars, outvals):
                 env[v] = x
         return [read(v) for v in jaxpr.outvars]
+
+
+class _Constants:
+    """Values of one jaxpr's variables that follow from its literals and constants alone,
+    folded on demand (never for inputs, never for values larger than ``limit`` elements)."""
+
+    limit = 1 << 16
+
+    def __init__(self, jaxpr, consts):
+        self.producer = {v: eqn for eqn in jaxpr.eqns for v in eqn.outvars}
+        self.values: dict = {} if consts is None else dict(zip(jaxpr.constvars, consts))
+        self.unknown: set = set()
+
+    def value(self, var) -> np.ndarray | None:
+        if is_literal(var):
+            return np.asarray(var.val)
+        if var in self.values:
+            return np.asarray(self.values[var])
+        eqn = self.producer.get(var)
+        if var in self.unknown or eqn is None or any(np.prod(shape_of(v)) > self.limit for v in eqn.outvars):
+            return None
+        ins = [self.value(v) for v in eqn.invars]
+        if any(x is None for x in ins):
+            self.unknown.update(eqn.outvars)
+            return None
+        try:
+            with jax.ensure_compile_time_eval():  # evaluated now, even inside the rank program's trace
+                outs = bind(eqn, ins)
+        except Exception:  # a primitive that cannot run eagerly: simply not known
+            self.unknown.update(eqn.outvars)
+            return None
+        for v, x in zip(eqn.outvars, outs):
+            self.values[v] = x
+        return np.asarray(self.values[var])
 
 
 def batch_layouts(batch, graph_parallel: bool = False) -> object:

@@ -36,7 +36,7 @@ def call(ctx, eqn, ins) -> Decision:
     if rt is not None and name in rt.ops:
         return custom_op(ctx, rt.ops[name], eqn, ins)
     jaxpr, consts = sub_jaxpr(eqn.params.get("jaxpr", eqn.params.get("call_jaxpr")))
-    plan = ctx.analyse(jaxpr, ins)
+    plan = ctx.analyse(jaxpr, ins, consts)
     if not plan.active:
         return Decision(plan.outs, notes=plan.notes)
 
@@ -53,7 +53,7 @@ for _name in ("pjit", "jit", "closed_call", "core_call"):
 def custom_derivative(ctx, eqn, ins) -> Decision:
     """custom_jvp / custom_vjp: re-bound with their rule unless the body needs one."""
     jaxpr, consts = sub_jaxpr(eqn.params.get("call_jaxpr", eqn.params.get("fun_jaxpr")))
-    plan = ctx.analyse(jaxpr, ins)
+    plan = ctx.analyse(jaxpr, ins, consts)
     if not plan.active:
         return Decision(plan.outs, notes=plan.notes)  # the custom rule survives
     note = (f"{eqn.primitive.name} in {where(eqn)} contains operations that need halo rules: entered, so its "

@@ -100,6 +100,10 @@ def scatter(ctx, eqn, ins) -> Decision:
                 notes.append(f"{name} with several index columns in {where(eqn)}: no column could be told to "
                              "point at atoms; left rank-local")
             return Decision((op.plain() if op.kind else REPLICATED,), notes=tuple(notes))
+    if target is None and len(sdod) == 1:
+        whole = _one_group_of_atoms(ctx, eqn, ins, name)
+        if whole is not None:
+            return whole
     # Indices that are per-row data without a known meaning are suspicious; replicated
     # ones (constants, or indices passed through to_local) are a deliberate local scatter.
     if target is None and op.kind is None and idx.kind in ROWS:
@@ -155,6 +159,46 @@ def scatter(ctx, eqn, ins) -> Decision:
 
         return Decision((out,), segment_reduce, f"segment_reduce.{kind}", tuple(notes), replicates=True)
     return Decision((out,), notes=tuple(notes))
+
+
+def _one_group_of_atoms(ctx, eqn, ins, name) -> Decision | None:
+    """A scatter of per-atom rows by a constant index that puts every atom row in one group:
+    jraph's readout ``segment_sum(x, jnp.repeat(arange(n_graph), n_node, total_repeat_length=n),
+    n_graph)`` with fixed node counts (jax-md's ``n_node = [N, 1]``: the atoms, then a padding
+    graph of the one row appended after them). Whatever the partition, every atom belongs to
+    that group, so it is a per-system sum: ghost and padding rows masked, then a collective.
+    The groups of appended rows alone (padding graphs) read zero under decomposition."""
+    op, idx, upd = ins
+    dn = eqn.params["dimension_numbers"]
+    kind = name.split("-", 1)[1] if "-" in name else "set"
+    if (kind not in ("add", "max", "min") or op.kind is not None or op.local or idx.kind is not None or idx.local
+            or upd.kind is not Kind.NODE):
+        return None
+    ishape, ushape = shape_of(eqn.invars[1]), shape_of(eqn.invars[2])
+    upd_scatter = [d for d in range(len(ushape)) if d not in dn.update_window_dims]
+    if len(ishape) != 2 or upd_scatter != [upd.axis] or ushape[upd.axis] < ctx.n_padded:
+        return None
+    groups = ctx.constant(eqn.invars[1])
+    if groups is None:
+        return None
+    atoms = groups.reshape(-1)[: ctx.n_padded]
+    if atoms.size == 0 or not (atoms == atoms[0]).all():
+        return None
+    collective = {"add": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}[kind]
+    axis = upd.axis
+
+    def one_group(eqn, invals):
+        rt = ctx.runtime
+        operand, indices, updates = invals
+        mask = along(rt.row_mask(Kind.NODE, updates.shape[axis]), updates.ndim, axis)
+        updates = jnp.where(mask, updates, identity_of(kind, updates.dtype))
+        if kind == "add":
+            (delta,) = bind(eqn, [jnp.zeros_like(operand), indices, updates])
+            return [operand + collective(delta, rt.axis_names)]
+        (y,) = bind(eqn, [operand, indices, updates])
+        return [collective(y, rt.axis_names)]
+
+    return Decision((REPLICATED,), one_group, f"segment_reduce.{kind}", replicates=True)
 
 
 def scatter_all_nodes(ctx, eqn, kind: str, a: int, notes) -> Decision:
