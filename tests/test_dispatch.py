@@ -196,11 +196,22 @@ def test_custom_vjp_without_halo_rules_inside_keeps_its_derivative_rule():
 # ----------------------------------------------------------------------------- helpers and adapters
 
 
-def test_undeclared_per_system_helper_is_wrong_and_flagged():
-    with pytest.warns(DispatchWarning, match="cumsum"):
-        _, got = distributed("mpnn_mol_sum", (2, 2, 2))
+def test_an_undeclared_per_system_helper_is_refused_naming_its_line():
+    with pytest.raises(DispatchError, match=r"could not follow(.|\n)*cumsum(.|\n)*plain_helpers.py:\d+"):
+        distributed("mpnn_mol_sum", (2, 2, 2))
+
+
+def test_allowed_unfollowed_values_run_and_warn_and_the_answer_is_wrong():
+    # What allow_unfollowed=True is for: a value the user checked; this one is wrong indeed.
+    grid = (2, 2, 2)
+    dm = DistributedModel(Plain("mpnn_mol_sum"), DomainConfig(CUTOFF, mesh=mesh_for(grid), grid=grid,
+                                                              allow_unfollowed=True),
+                          spec=spec_for("halo_correction", MODELS["mpnn_mol_sum"][2]))
+    with pytest.warns(DispatchWarning, match="allow_unfollowed=True(.|\n)*cumsum"):
+        got = dm(SYSTEM, outputs=("energy", "forces"))
     ref = reference("mpnn_mol_sum")
     assert abs(float(got["energy"][0] - ref["energy"][0])) > 1e-3 * abs(float(ref["energy"][0]))
+    assert any("cumsum" in m for m in dm.dispatch_report.fallbacks)
 
 
 def dd_mol_sum(values, batch_idx, n_systems):

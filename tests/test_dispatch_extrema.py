@@ -90,11 +90,9 @@ def test_forces_through_a_max_and_a_min_over_rows_equal_one_device(how, grid):
     dm = DistributedModel(model, DomainConfig(cutoff=CUTOFF, grid=grid))
     with warnings.catch_warnings():
         warnings.simplefilter("error", DispatchWarning)  # nothing guessed, nothing left rank-local
-        if how == "custom":  # the dispatch enters the custom derivative and says so
-            with pytest.warns(DispatchWarning, match="custom derivative rule is replaced"):
-                got = dm(data)
-        else:
-            got = dm(data)
+        got = dm(data)
+    if how == "custom":  # the dispatch enters the custom derivative, and counts it
+        assert dm.dispatch_report.counts["enter.custom_jvp_call"] >= 1
     assert abs(float(got["energy"][0] - ref["energy"][0])) <= 1e-10 * abs(float(ref["energy"][0]))
     np.testing.assert_allclose(np.asarray(got["forces"]), np.asarray(ref["forces"]), rtol=0, atol=1e-9)
     assert np.abs(np.asarray(ref["forces"])).max() > 1e-3  # the forces are not trivially zero
@@ -110,9 +108,20 @@ class UnfollowedSum(EnergyModel):
         return {"energy": jax.ops.segment_sum(atomic, system, data.n_systems)}  # the unfollowed line
 
 
-def test_a_rank_local_energy_is_refused_naming_the_users_line_in_words():
+def test_an_unfollowed_sum_is_refused_naming_the_users_line_in_words():
     line = next(i for i, text in enumerate(open(__file__), 1) if text.rstrip().endswith("# the unfollowed line"))
     dm = DistributedModel(UnfollowedSum(), DomainConfig(cutoff=CUTOFF, grid=(2, 1, 1)))
+    with pytest.raises(jaxdd.dispatch.DispatchError) as err:
+        dm(lattice())
+    message = str(err.value)
+    assert "could not follow" in message and f"test_dispatch_extrema.py:{line}" in message
+    assert "jaxdd.system_sum" in message and "Layout(" not in message
+
+
+def test_a_rank_local_energy_allowed_to_run_is_still_refused_in_words():
+    # Even with allow_unfollowed=True an energy that differs between ranks cannot be returned.
+    line = next(i for i, text in enumerate(open(__file__), 1) if text.rstrip().endswith("# the unfollowed line"))
+    dm = DistributedModel(UnfollowedSum(), DomainConfig(cutoff=CUTOFF, grid=(2, 1, 1), allow_unfollowed=True))
     with pytest.raises(jaxdd.dispatch.DispatchError) as err:
         dm(lattice())
     message = str(err.value)

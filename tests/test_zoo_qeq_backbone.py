@@ -12,7 +12,7 @@ from ase.build import molecule
 
 import jaxdd
 from jaxdd import checkpoint
-from jaxdd.dispatch import DispatchWarning
+from jaxdd.dispatch import DispatchError, DispatchWarning
 from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh
 from jaxdd.models.qeq import ChargeEquilibration
 from jaxdd.models.uma_like import InternalGraphBackbone
@@ -41,8 +41,8 @@ MESH = default_mesh(jax.devices()[:4])
 OUT = ("energy", "forces", "charges")
 
 
-def run(model, spec, data=MOLECULES, outputs=OUT):
-    dm = DistributedModel(model, DomainConfig(5.0, mesh=MESH), spec=spec)
+def run(model, spec, data=MOLECULES, outputs=OUT, allow_unfollowed=False):
+    dm = DistributedModel(model, DomainConfig(5.0, mesh=MESH, allow_unfollowed=allow_unfollowed), spec=spec)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DispatchWarning)
         return dm(data, outputs=outputs)
@@ -69,8 +69,14 @@ def test_qeq_with_its_adapter_equals_single_device(qeq_reference):
     assert float(jnp.max(jnp.abs(got["charges"] - qeq_reference["charges"]))) <= 1e-10
 
 
-def test_qeq_without_its_adapter_diverges(qeq_reference):
-    got = run(ChargeEquilibration(), SPEC_MPNN_HALO.with_output_kinds(charges=OutputKind.PER_NODE))
+def test_qeq_without_its_adapter_is_refused_naming_the_helper():
+    with pytest.raises(DispatchError, match=r"could not follow(.|\n)*qeq_helpers.py:\d+"):
+        run(ChargeEquilibration(), SPEC_MPNN_HALO.with_output_kinds(charges=OutputKind.PER_NODE))
+
+
+def test_qeq_without_its_adapter_allowed_to_run_diverges(qeq_reference):
+    got = run(ChargeEquilibration(), SPEC_MPNN_HALO.with_output_kinds(charges=OutputKind.PER_NODE),
+              allow_unfollowed=True)
     # Per-rank partial sums of a helper that assumes contiguous molecules: wrong, even NaN.
     assert not np.allclose(np.asarray(got["charges"]), np.asarray(qeq_reference["charges"]), atol=1e-3)
 

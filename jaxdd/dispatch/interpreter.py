@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..ops import GraphParallelPolicy
@@ -21,9 +22,10 @@ from .decision import Decision, Plan
 from .equations import bind, is_literal, shape_of, where
 from .layouts import REPLICATED, ROWS, Kind, Layout, clean
 from .registry import rule_for
-from .report import DispatchReport
+from .report import DispatchError, DispatchReport
 from .rules.elementwise import elementwise
 from .runtime import Runtime
+from .system_index import SYSTEM_FIELDS, is_system_index, probes
 
 __all__ = ["Dispatcher", "batch_layouts", "call_model"]
 
@@ -45,21 +47,28 @@ class Dispatcher:
     :meth:`analyse` and :meth:`eval`.
     """
 
-    def __init__(self, runtime: Runtime | None, report: DispatchReport, sizes: tuple[int, int, int]):
+    def __init__(self, runtime: Runtime | None, report: DispatchReport, sizes: tuple[int, int, int],
+                 system_inputs: dict[int, str] | None = None):
         self.runtime = runtime
         self.report = report
         self.n_padded, self.n_edges, self.n_systems = sizes
+        # Which inputs of the top-level jaxpr are the batch's description (ptr, batch_idx, ...),
+        # by position: graph indices built from them are recognised (jaxdd.dispatch.system_index).
+        self.system_inputs = dict(system_inputs or {})
         self._plans: dict = {}
         self._folds: list[_Constants] = []  # one per jaxpr being analysed, innermost last
+        self._top = None  # the top-level jaxpr (the one whose inputs are the batch's fields)
 
     # ---------------------------------------------------------------- entry points
 
     def run_closed(self, closed, args: Sequence, layouts: Sequence[Layout]) -> list:
-        """Evaluate a ClosedJaxpr on ``args`` tagged with ``layouts``; returns its outputs."""
+        """Evaluate a ClosedJaxpr on ``args`` tagged with ``layouts``; its outputs."""
+        self._top = closed.jaxpr
         return self.eval(closed.jaxpr, closed.consts, args, tuple(layouts))
 
     def out_layouts(self, closed, layouts: Sequence[Layout]) -> tuple[Layout, ...]:
         """Layouts of a ClosedJaxpr's outputs for inputs tagged with ``layouts``."""
+        self._top = closed.jaxpr
         return self.analyse(closed.jaxpr, tuple(layouts), closed.consts).outs
 
     # ---------------------------------------------------------------- analysis
@@ -71,7 +80,10 @@ class Dispatcher:
         hit = self._plans.get(key)
         if hit is not None:
             return hit[1]
-        self._folds.append(_Constants(jaxpr, consts))
+        inputs = {}
+        if jaxpr is self._top:
+            inputs = {jaxpr.invars[i]: name for i, name in self.system_inputs.items() if i < len(jaxpr.invars)}
+        self._folds.append(_Constants(jaxpr, consts, inputs))
         try:
             return self._analyse(jaxpr, in_layouts, key)
         finally:
@@ -94,7 +106,7 @@ class Dispatcher:
         decisions, notes = [], []
         for eqn in jaxpr.eqns:
             ins = tuple(read(v) for v in eqn.invars)
-            d = self.decide(eqn, ins)
+            d = self._local_systems(eqn, self.decide(eqn, ins))
             decisions.append(d)
             notes.extend(d.notes)
             # Whatever comes from rank-dependent data without keeping a distributed axis (one
@@ -110,6 +122,37 @@ class Dispatcher:
                     any(d.apply is not None and not d.passive for d in decisions), tuple(dict.fromkeys(notes)))
         self._plans[key] = (jaxpr, plan)  # holding the jaxpr keeps its id unique
         return plan
+
+    def _local_systems(self, eqn, d: Decision) -> Decision:
+        """``d``, or — when an output is a graph index the model built from the batch's
+        description (:mod:`jaxdd.dispatch.system_index`) — ``d`` with that output replaced by
+        this rank's ``batch_idx`` and tagged like it (per node, values index systems)."""
+        fold = self._folds[-1] if self._folds else None
+        if fold is None or not fold.inputs or not self.n_padded:
+            return d
+        n = self.n_padded
+        # Replicated (computed from the global description), or per node without an index
+        # meaning (computed from such a value already replaced: arange(n_graph)[graph]).
+        found = [i for i, (v, lay) in enumerate(zip(eqn.outvars, d.outs))
+                 if lay in (REPLICATED, Layout(Kind.NODE, 0)) and len(shape_of(v)) == 1 and shape_of(v)[0] >= n
+                 and np.issubdtype(v.aval.dtype, np.integer)
+                 and is_system_index(lambda case, v=v: fold.probe(v, case), probes(n, self.n_systems))]
+        if not found:
+            return d
+        outs = tuple(Layout(Kind.NODE, 0, Kind.GRAPH) if i in found else lay for i, lay in enumerate(d.outs))
+
+        def local_systems(eqn, invals):
+            vals = list(bind(eqn, invals) if d.apply is None else d.apply(eqn, invals))
+            mine = self.runtime.batch_idx
+            if mine is None:
+                raise DispatchError("internal: a graph index needs the rank's batch_idx, which the runtime lacks")
+            for i in found:
+                x = vals[i]
+                head = mine.astype(x.dtype)
+                vals[i] = head if x.shape[0] == n else jnp.concatenate([head, x[n:]])
+            return vals
+
+        return dataclasses.replace(d, outs=outs, apply=local_systems, rule="graph_index.local", passive=False)
 
     def decide(self, eqn, ins: tuple[Layout, ...]) -> Decision:
         """The registered rule's :class:`Decision` for ``eqn`` (the default rule if none is registered)."""
@@ -173,10 +216,19 @@ class _Constants:
 
     limit = 1 << 16
 
-    def __init__(self, jaxpr, consts):
+    def __init__(self, jaxpr, consts, inputs: dict | None = None):
         self.producer = {v: eqn for eqn in jaxpr.eqns for v in eqn.outvars}
         self.values: dict = {} if consts is None else dict(zip(jaxpr.constvars, consts))
         self.unknown: set = set()
+        self.inputs = dict(inputs or {})  # input var -> batch field, for probe()
+
+    def probe(self, var, case: dict) -> np.ndarray | None:
+        """The value of ``var`` with the batch fields among the inputs set to ``case``."""
+        fork = _Constants.__new__(_Constants)
+        fork.producer, fork.unknown, fork.inputs = self.producer, set(), {}
+        fork.values = dict(self.values)
+        fork.values.update({v: case[name] for v, name in self.inputs.items() if name in case})
+        return fork.value(var)
 
     def value(self, var) -> np.ndarray | None:
         if is_literal(var):
@@ -263,7 +315,9 @@ def call_model(model, batch, runtime: Runtime | None, report: DispatchReport):
     closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*leaves)
     nl = batch.neighbors
     sizes = (int(batch.positions.shape[0]), int(nl.senders.shape[0]) if nl is not None else 0, int(batch.cell.shape[0]))
-    dispatcher = Dispatcher(runtime, report, sizes)
+    paths = [getattr(path[0], "name", None) for path, _ in jax.tree_util.tree_flatten_with_path(batch)[0]]
+    fields = {n_p + i: name for i, name in enumerate(paths) if name in SYSTEM_FIELDS}
+    dispatcher = Dispatcher(runtime, report, sizes, fields)
     in_layouts = [REPLICATED] * n_p + b_layouts
     outs = dispatcher.run_closed(closed, leaves, in_layouts)
     tree = jax.tree_util.tree_structure(out_shape)

@@ -2,7 +2,8 @@
 
 :class:`DispatchReport` counts the rules that fired and lists the fallbacks (guesses and
 rank-local operations); :class:`DispatchError` refuses what cannot be distributed;
-:class:`DispatchWarning` (issued by :func:`warn_fallbacks`) says the dispatch had to guess.
+:func:`unfollowed_error` refuses a model whose values it could not follow (the default), and
+:class:`DispatchWarning` (issued by :func:`warn_fallbacks`) lists them when the user allowed it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import dataclasses
 import warnings
 from collections import Counter
 
-__all__ = ["DispatchError", "DispatchWarning", "DispatchReport", "warn_fallbacks"]
+__all__ = ["DispatchError", "DispatchWarning", "DispatchReport", "warn_fallbacks", "unfollowed_error"]
 
 
 class DispatchError(ValueError):
@@ -19,7 +20,8 @@ class DispatchError(ValueError):
 
 
 class DispatchWarning(UserWarning):
-    """The dispatch had to guess (shape fallback) or left an operation rank-local."""
+    """The dispatch had to guess (shape fallback) or left an operation rank-local, and the user
+    allowed it (``DomainConfig(allow_unfollowed=True)``)."""
 
 
 @dataclasses.dataclass
@@ -53,11 +55,28 @@ class DispatchReport:
         return "\n".join(rows)
 
 
+#: What to do about values the dispatch could not follow, said once for errors and warnings.
+_WHAT_TO_DO = ("Say what they are: an intent verb (jaxdd.system_sum for a per-system sum, jaxdd.to_local for a "
+               "deliberately rank-local value), a helper adapter on the spec (OpAdapter / PythonAdapter), or a "
+               "rule for the primitive (jaxdd.register_rule); see docs/dispatch.md")
+
+
+def unfollowed_error(report: DispatchReport, model_name: str) -> DispatchError:
+    """The error refusing a program whose values the dispatch could not follow: each place
+    with the user's file and line, and what to declare."""
+    listing = "".join(f"\n  - {m}" for m in report.fallbacks)
+    return DispatchError(
+        f"{model_name} under decomposition: the dispatch could not follow these values, so the result could "
+        f"differ from one device:{listing}\n{_WHAT_TO_DO}. DomainConfig(allow_unfollowed=True) runs it anyway "
+        "(check it with jaxdd.validate)."
+    )
+
+
 def warn_fallbacks(report: DispatchReport, model_name: str) -> None:
-    """One :class:`DispatchWarning` listing the fallbacks of a traced program (none if there are none)."""
+    """One :class:`DispatchWarning` listing the fallbacks of a traced program (none if there are
+    none); for a model run with ``DomainConfig(allow_unfollowed=True)``."""
     if report.fallbacks:
         listing = "\n  ".join(report.fallbacks)
-        warnings.warn(f"{model_name} under decomposition: the dispatch had to guess or leave operations rank-local:\n  "
-                      f"{listing}\nCheck the result with jaxdd.validate, or say it explicitly with the intent verbs "
-                      "(jaxdd.system_sum, jaxdd.to_local ...) or a helper adapter on the spec.", DispatchWarning,
-                      stacklevel=4)  # the caller of DistributedModel
+        warnings.warn(f"{model_name} under decomposition (allow_unfollowed=True): the dispatch had to guess or leave "
+                      f"operations rank-local:\n  {listing}\nCheck the result with jaxdd.validate. {_WHAT_TO_DO}.",
+                      DispatchWarning, stacklevel=4)  # the caller of DistributedModel

@@ -30,6 +30,8 @@ class Runtime:
     policy: the storage policy. owned_rows: [n_padded] bool, real owned rows.
     edge_owned: [n_edges] bool, real edges whose receiver is owned (None: no edge list).
     ops: registered op name → :class:`~jaxdd.spec.OpAdapter` declared on the spec.
+    batch_idx: [n_padded] int, the system of each local row (what a graph index the model
+        builds from ``ptr`` or node counts stands for on this rank), or None.
     """
 
     layout: halo.HaloLayout | None
@@ -40,6 +42,7 @@ class Runtime:
     edge_owned: jax.Array | None = None
     ops: dict = dataclasses.field(default_factory=dict)
     n_ranks: int = 1
+    batch_idx: jax.Array | None = None
 
     @property
     def n_owned(self) -> int:

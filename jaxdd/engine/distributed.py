@@ -32,7 +32,7 @@ from .. import programs, virials
 from ..checks import integral
 from .capacity import Capacities, factors, headroom
 from ..data import AtomicData, Batch, as_batch, is_concrete
-from ..dispatch import DispatchError, DispatchReport, Kind, warn_fallbacks
+from ..dispatch import DispatchError, DispatchReport, Kind, unfollowed_error, warn_fallbacks
 from ..driver import bucketed_atoms, check_stress_cells, model_config, requested_outputs, unpad_atoms
 from .graph_partition import STRATEGIES, block_capacity, node_blocks
 from .guardrail import check_halo, device_memory, halo_size
@@ -111,6 +111,11 @@ class DomainConfig:
     memory_limit: bytes one rank may use (None, the default: what its device reports, none
     on CPU); a halo whose rows and neighbour list alone need more is refused before
     compiling (:mod:`jaxdd.engine.guardrail`).
+    allow_unfollowed: run a model whose values the dispatch could not follow (it had to guess a
+    layout by shape, or leave an operation over atoms rank-local). By default that is a
+    :class:`~jaxdd.DispatchError` naming each place, since the result may be wrong; True is for
+    experts who checked the result with ``jaxdd.validate``: the places are then listed in
+    ``dispatch_report.fallbacks`` and a :class:`~jaxdd.DispatchWarning`.
     """
 
     cutoff: float
@@ -124,6 +129,7 @@ class DomainConfig:
     require_nondegenerate: bool = False
     neighbor_backend: str = "auto"
     memory_limit: int | None = None
+    allow_unfollowed: bool = False
 
     def __post_init__(self):
         cutoff = _positive("cutoff", self.cutoff)
@@ -652,6 +658,7 @@ class DistributedModel:
             virial_key=self.spec.node_virial_key if self.spec.node_virial_key in outputs else None,
             mesh=self.config.mesh,
             spec=self.spec,
+            strict=not self.config.allow_unfollowed,
             sink=self._reports,
         )
         self._last_program = program
@@ -841,11 +848,15 @@ def _run(model, inputs: RankInputs):
         return results, overflow, needed
 
     replicated_out = ({k: k not in per_node for k in program.outputs}, True, True)
-    results, overflow, needed = on_ranks(
-        rank_fn, program.mesh,
-        ranked=(inputs.local, inputs.own_pos, inputs.own_sys, inputs.owned_rows, inputs.routing),
-        replicated=(params, inputs.cell, inputs.system_mask), replicated_out=replicated_out)
-    program.sink.put(program, report)
+    try:
+        results, overflow, needed = on_ranks(
+            rank_fn, program.mesh,
+            ranked=(inputs.local, inputs.own_pos, inputs.own_sys, inputs.owned_rows, inputs.routing),
+            replicated=(params, inputs.cell, inputs.system_mask), replicated_out=replicated_out)
+    finally:  # a refused program's report still says what the dispatch saw (the validator reads it)
+        program.sink.put(program, report)
+    if program.strict and report.fallbacks:  # notes on the outputs, made after the energy
+        raise unfollowed_error(report, type(model).__name__)
     outputs = {}
     for key in program.outputs:
         value = results[key]

@@ -23,7 +23,7 @@ from ..adapters import AdapterRegistry
 from .capacity import Capacities
 from ..context import DDContext, dd_scope
 from ..data import Batch
-from ..dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model
+from ..dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model, unfollowed_error
 from .graph_partition import block_neighbor_list, gathered_inputs
 from .halo import HaloLayout, halo_forward
 from ..neighbors import (NeighborCapacity, NeighborListFormat, NeighborStats, build_neighbor_list, edge_vectors,
@@ -61,7 +61,8 @@ class RankProgram:
     energy_key, use_node_energy: what is differentiated. deep: a deep halo (ghost rows
     computed too). n_systems: systems of the batch. virial_key: the output key of per-atom
     virials when they are computed (the spec's ``node_virial_key``), else None. mesh: the
-    device mesh. spec: the spec.
+    device mesh. spec: the spec. strict: refuse a model whose values the dispatch could not
+    follow (``DomainConfig.allow_unfollowed`` False).
     sink: where the traced program's dispatch report goes (compared by identity: each
     DistributedModel keeps its own reports).
     """
@@ -84,6 +85,7 @@ class RankProgram:
     virial_key: str | None
     mesh: Mesh
     spec: MLIPSpec
+    strict: bool
     sink: ReportSink
 
     @property
@@ -287,9 +289,12 @@ def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, sys
         nl = rank_neighbors(positions, local, program, cell_s, routing) if neighbors is None else neighbors
         probed = nl if displacement is None else dataclasses.replace(nl, displacement=displacement)
         runtime = Runtime(layout, routing, axes, program.policy, owned_rows,
-                          edge_owned=nl.mask & (nl.receivers < layout.n_owned), ops=ops, n_ranks=program.n_ranks)
+                          edge_owned=nl.mask & (nl.receivers < layout.n_owned), ops=ops, n_ranks=program.n_ranks,
+                          batch_idx=local.batch_idx)
         batch = local.replace(positions=positions, cell=cell_s, neighbors=probed)
         out, lays = _call_model(model, batch, runtime, report, program)
+        if program.strict and report.fallbacks:
+            raise unfollowed_error(report, type(model).__name__)
         # What is differentiated is this rank's term of a sum over ranks: the program's
         # collectives transpose exactly (psum to psum, ppermute to its inverse), so the
         # gradient of the sum of the ranks' terms is the gradient of the energy.

@@ -217,8 +217,16 @@ def helper_diagnostics(calls, n_atoms: int, owner: np.ndarray, declared: Iterabl
 # --------------------------------------------------------------------------- errors
 
 
-def diagnose(exc: BaseException | None = None, *, nan: bool = False, internal_forces: bool = False) -> str | None:
-    """A one-line ``Diagnosis`` with the fix, for an error or a symptom (None when unknown)."""
+def diagnose(exc: BaseException | None = None, *, nan: bool = False, internal_forces: bool = False,
+             unfollowed: tuple[str, ...] = ()) -> str | None:
+    """A one-line ``Diagnosis`` with the fix, for an error or a symptom (None when unknown).
+    ``unfollowed``: what the dispatch could not follow (each with the user's file and line),
+    in a run whose numbers agreed with one device on this sample."""
+    if unfollowed:
+        return (f"the numbers agree on this sample, but the dispatch could not follow {len(unfollowed)} value(s), "
+                f"first: {unfollowed[0]}; DistributedModel refuses such a model by default, since another system "
+                "can differ; declare it (jaxdd.system_sum, jaxdd.to_local, an adapter on the spec) or pass "
+                "DomainConfig(allow_unfollowed=True) after checking")
     if nan:
         return ("NaN in the distributed outputs but not in the reference: a padded edge or a ghost row reaches a "
                 "sqrt or a division; use safe norms, e.g. where(mask, sqrt(where(mask, r2, 1)), 0)")

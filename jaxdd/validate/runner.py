@@ -314,7 +314,10 @@ def run_sharded(model, batch: Batch, spec: MLIPSpec, outputs, devices) -> _Resul
     mesh = Mesh(np.asarray(devices), ("dd",), axis_types=(AxisType.Auto,))
     nc = model_config(model).neighbor_config
     try:
-        dist = DistributedModel(model, DomainConfig(cutoff=nc.cutoff, skin=nc.skin, mesh=mesh), spec=spec)
+        # Run to the end even where the dispatch could not follow a value, so that the numbers
+        # can be compared and a fix found; _judge still fails such an attempt (strict).
+        dist = DistributedModel(model, DomainConfig(cutoff=nc.cutoff, skin=nc.skin, mesh=mesh, allow_unfollowed=True),
+                                spec=spec)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DispatchWarning)  # reported through the attempt instead
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -411,10 +414,14 @@ def _judge(spec, rationale, res: _Result, reference, atol, rtol, cfg, calls, bat
     if res.outputs is None:
         return a
     a.diffs = compare_outputs(reference, res.outputs, atol, rtol)
-    a.passed = all(d.passed for d in a.diffs.values())
     a.max_abs_diff = max((d.abs for d in a.diffs.values()), default=0.0)
     a.max_rel_diff = max((d.rel for d in a.diffs.values()), default=0.0)
+    # Strict: numbers that agree on this system do not make a guess safe on the next one.
+    a.passed = all(d.passed for d in a.diffs.values()) and not res.fallbacks
     if a.passed:
+        return a
+    if res.fallbacks and all(d.passed for d in a.diffs.values()):
+        a.diagnosis = diagnose(unfollowed=res.fallbacks)
         return a
     if any(not np.all(np.isfinite(v)) for v in res.outputs.values()) and all(
             np.all(np.isfinite(v)) for v in reference.values()):

@@ -106,7 +106,9 @@ def scatter(ctx, eqn, ins) -> Decision:
             return whole
     # Indices that are per-row data without a known meaning are suspicious; replicated
     # ones (constants, or indices passed through to_local) are a deliberate local scatter.
-    if target is None and op.kind is None and idx.kind in ROWS:
+    # Under a deep halo (scatter_mode="local") a local scatter is what the spec declares.
+    deep = ctx.runtime is not None and ctx.runtime.scatter_mode == "local"
+    if target is None and op.kind is None and idx.kind in ROWS and not deep:
         notes.append(f"{name} of per-row values by indices of unknown provenance in {where(eqn)}: left rank-local")
     if target is None:
         out = op if op.kind is not None else REPLICATED
@@ -162,27 +164,30 @@ def scatter(ctx, eqn, ins) -> Decision:
 
 
 def _one_group_of_atoms(ctx, eqn, ins, name) -> Decision | None:
-    """A scatter of per-atom rows by a constant index that puts every atom row in one group:
-    jraph's readout ``segment_sum(x, jnp.repeat(arange(n_graph), n_node, total_repeat_length=n),
-    n_graph)`` with fixed node counts (jax-md's ``n_node = [N, 1]``: the atoms, then a padding
-    graph of the one row appended after them). Whatever the partition, every atom belongs to
-    that group, so it is a per-system sum: ghost and padding rows masked, then a collective.
-    The groups of appended rows alone (padding graphs) read zero under decomposition."""
+    """A scatter of per-atom (or per-edge) rows by a constant index that puts every such row in
+    one group: jraph's readout ``segment_sum(x, jnp.repeat(arange(n_graph), n_node,
+    total_repeat_length=n), n_graph)`` with fixed node counts (jax-md's ``n_node = [N, 1]``: the
+    atoms, then a padding graph of the one row appended after them), and the same over edges
+    with ``n_edge``. Whatever the partition, every atom (edge) belongs to that group, so it is a
+    per-system sum: rows this rank does not own masked, then a collective. The groups of
+    appended rows alone (padding graphs) read zero under decomposition."""
     op, idx, upd = ins
     dn = eqn.params["dimension_numbers"]
     kind = name.split("-", 1)[1] if "-" in name else "set"
     if (kind not in ("add", "max", "min") or op.kind is not None or op.local or idx.kind is not None or idx.local
-            or upd.kind is not Kind.NODE):
+            or upd.kind not in ROWS):
         return None
+    rows = upd.kind
+    n_rows = ctx.n_padded if rows is Kind.NODE else ctx.n_edges
     ishape, ushape = shape_of(eqn.invars[1]), shape_of(eqn.invars[2])
     upd_scatter = [d for d in range(len(ushape)) if d not in dn.update_window_dims]
-    if len(ishape) != 2 or upd_scatter != [upd.axis] or ushape[upd.axis] < ctx.n_padded:
+    if len(ishape) != 2 or upd_scatter != [upd.axis] or not n_rows or ushape[upd.axis] < n_rows:
         return None
     groups = ctx.constant(eqn.invars[1])
     if groups is None:
         return None
-    atoms = groups.reshape(-1)[: ctx.n_padded]
-    if atoms.size == 0 or not (atoms == atoms[0]).all():
+    real = groups.reshape(-1)[:n_rows]
+    if not (real == real[0]).all():
         return None
     collective = {"add": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}[kind]
     axis = upd.axis
@@ -190,7 +195,7 @@ def _one_group_of_atoms(ctx, eqn, ins, name) -> Decision | None:
     def one_group(eqn, invals):
         rt = ctx.runtime
         operand, indices, updates = invals
-        mask = along(rt.row_mask(Kind.NODE, updates.shape[axis]), updates.ndim, axis)
+        mask = along(rt.row_mask(rows, updates.shape[axis]), updates.ndim, axis)
         updates = jnp.where(mask, updates, identity_of(kind, updates.dtype))
         if kind == "add":
             (delta,) = bind(eqn, [jnp.zeros_like(operand), indices, updates])

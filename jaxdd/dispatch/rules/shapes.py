@@ -125,7 +125,8 @@ def concatenate(ctx, eqn, ins) -> Decision:
         return Decision((dataclasses.replace(d.outs[0], columns=columns),), notes=d.notes)
     if first.kind is not None and first.axis == dim:
         return Decision((first,))
-    along = [lay for lay in ins if lay.kind is not None and lay.axis == dim]
+    # Per-system rows are the same on every rank: put after other rows they are just replicated.
+    along = [lay for lay in ins if lay.kind in ROWS and lay.axis == dim]
     if along:
         return Decision((REPLICATED,), notes=(
             f"concatenate puts per-{along[0].kind.value} rows after other rows in {where(eqn)}: layout lost",))
