@@ -99,12 +99,12 @@ def test_forces_through_a_max_and_a_min_over_rows_equal_one_device(how, grid):
 
 
 class UnfollowedSum(EnergyModel):
-    """A per-atom energy summed by indices that pass through ``% n`` (the dispatch cannot
-    follow them, so the sum stays rank-local)."""
+    """A per-atom energy summed by indices that pass through ``% n_systems`` (all zeros for one
+    system: right on one device, but the dispatch cannot follow them, so the sum stays rank-local)."""
 
     def forward(self, data):
         atomic = jnp.where(data.atom_mask, jnp.sum(data.positions**2, axis=1), 0.0)
-        system = data.batch_idx % (data.n_systems + 1)
+        system = data.batch_idx % data.n_systems
         return {"energy": jax.ops.segment_sum(atomic, system, data.n_systems)}  # the unfollowed line
 
 

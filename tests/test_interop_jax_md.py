@@ -99,13 +99,17 @@ def _ids(z):
     return np.searchsorted(SPECIES, z)
 
 
+def _box_size(kind, box):
+    """The box a jax-md user gives its neighbour list: the lattice matrix, the side of a cube
+    (space.periodic), or a box around the cluster in free space."""
+    return {"triclinic_fractional": box, "cubic": None if box is None else box[0, 0]}.get(kind, 100.0)
+
+
 def jax_md_reference(factory, kind, fmt, data, R, box, z):
     """jax-md's own energy, forces and stress (jaxdd's sign: ASE's) on its own neighbour list."""
     fractional = kind == "triclinic_fractional"
     d = jax_md_space(kind, box)
-    # The box jax-md's own cell list is sized with: the lattice matrix, the side of a cube
-    # (space.periodic), or a box around the cluster in free space.
-    box_size = {"triclinic_fractional": box, "cubic": None if box is None else box[0, 0]}.get(kind, 100.0)
+    box_size = _box_size(kind, box)
     # jax-md's cell list misses pairs in skewed cells (soft spheres in the triclinic cell here lose a
     # third of their energy with it, and its formats disagree); its all-pairs search is complete.
     neighbor_fn, energy_fn = factory(d, jnp.asarray(box_size), format=fmt, fractional_coordinates=fractional,
@@ -174,7 +178,7 @@ def nequip_reference(kind, n=4, a=1.3):
     fractional = kind == "triclinic_fractional"
     d = jax_md_space(kind, box)
     neighbor_fn, init_fn, energy_fn = energy.nequip_neighbor_list(
-        d, jnp.asarray(box) if box is not None else jnp.eye(3) * 100.0, cfg, fractional_coordinates=fractional)
+        d, jnp.asarray(_box_size(kind, box)), cfg, fractional_coordinates=fractional, disable_cell_list=True)
     R = jnp.asarray(R)
     nbr = neighbor_fn.allocate(R)
     atoms = jax.nn.one_hot(_ids(z), len(SPECIES))
@@ -189,6 +193,12 @@ def nequip_reference(kind, n=4, a=1.3):
 @pytest.mark.parametrize("kind", ["triclinic_fractional", "free"])
 def test_jax_md_nequip_through_compute_equals_jax_md(kind):
     data, model, ref = nequip_reference(kind)
+    assert_equal_to(ref, jaxdd.compute(model, data))
+
+
+@pytest.mark.slow
+def test_jax_md_nequip_through_compute_equals_jax_md_in_a_cubic_cell():
+    data, model, ref = nequip_reference("cubic", n=4, a=1.3)
     assert_equal_to(ref, jaxdd.compute(model, data))
 
 
@@ -325,3 +335,28 @@ def test_a_jax_md_list_handed_to_the_potential_cannot_update_itself():
     jaxdd.compute(wrap(factory, "cubic", "Sparse"), data, outputs=["energy"])
     with pytest.raises(RuntimeError, match="jaxdd builds, rebuilds and grows the neighbour list"):
         seen["neighbor"].update(data.positions)
+
+
+# ----------------------------------------------------------------------------- the rest of jaxdd
+
+
+def test_a_jax_md_potential_passes_trace_and_validate_with_no_fix():
+    from jaxdd.validate import trace_and_validate
+
+    data, _, _, z = system("triclinic_fractional", n=6)
+    report = trace_and_validate(
+        lambda: wrap(lambda d, b: morse(_ids(z))(d, b, format=partition.Sparse), "triclinic_fractional", "Sparse"),
+        data, world_size=4, atol=1e-9, rtol=1e-10)
+    assert report.ok and report.fix_applied is None, report.summary()
+
+
+def test_a_jax_md_potential_drives_ase_through_the_calculator():
+    from jaxdd.ase import Calculator
+
+    data, _, _, z = system("cubic")
+    model = wrap(lambda d, b: morse(_ids(z))(d, b, format=partition.Sparse), "cubic", "Sparse")
+    atoms = data.to_ase()
+    atoms.calc = Calculator(model)
+    ref = jaxdd.compute(model, data)
+    assert abs(atoms.get_potential_energy() - float(ref["energy"][0])) <= 1e-10 * abs(float(ref["energy"][0]))
+    np.testing.assert_allclose(atoms.get_forces(), np.asarray(ref["forces"]), rtol=0, atol=1e-10)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 from jax.extend import core as jcore
 
-__all__ = ["bind", "is_literal", "shape_of", "sub_jaxpr", "where"]
+__all__ = ["bind", "enclosing", "is_literal", "shape_of", "sub_jaxpr", "where"]
 
 
 def bind(eqn, invals) -> list:
@@ -38,14 +41,42 @@ def sub_jaxpr(closed_or_open, consts=None):
     return closed_or_open, (consts or ())
 
 
-def where(eqn) -> str:
-    """A short ``file:line (primitive)`` of the user code that produced ``eqn``."""
+# The user's lines of the calls being analysed, innermost last: an equation inside a library's
+# jit (jnp.repeat's, say) has no user frame of its own, but the call that traced it does.
+_ENCLOSING: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("jaxdd_enclosing_lines", default=())
+
+
+def _user_line(eqn) -> str | None:
     try:
         from jax._src import source_info_util
 
         frame = source_info_util.user_frame(eqn.source_info.traceback)
         if frame is not None:
-            return f"{frame.file_name.rsplit('/', 1)[-1]}:{frame.start_line} ({eqn.primitive.name})"
+            return f"{frame.file_name.rsplit('/', 1)[-1]}:{frame.start_line}"
     except Exception:  # source information is a courtesy; never fail on it
         pass
-    return eqn.primitive.name
+    return None
+
+
+def where(eqn) -> str:
+    """A short ``file:line (primitive)`` of the user code that produced ``eqn`` (the line of the
+    enclosing call when ``eqn`` lies inside a library's function)."""
+    line = _user_line(eqn)
+    if line is None and _ENCLOSING.get():
+        line = _ENCLOSING.get()[-1]
+    return f"{line} ({eqn.primitive.name})" if line is not None else eqn.primitive.name
+
+
+@contextlib.contextmanager
+def enclosing(eqn):
+    """While a rule analyses ``eqn`` (and any body it holds), its user line stands in for the
+    lines of equations inside that have none."""
+    line = _user_line(eqn)
+    if line is None:
+        yield
+        return
+    token = _ENCLOSING.set(_ENCLOSING.get() + (line,))
+    try:
+        yield
+    finally:
+        _ENCLOSING.reset(token)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..ops import GraphParallelPolicy
 from .decision import Decision, Plan
-from .equations import bind, is_literal, shape_of, where
+from .equations import bind, enclosing, is_literal, shape_of, where
 from .layouts import REPLICATED, ROWS, Kind, Layout, clean
 from .registry import rule_for
 from .report import DispatchError, DispatchReport
@@ -152,13 +152,17 @@ class Dispatcher:
                 vals[i] = head if x.shape[0] == n else jnp.concatenate([head, x[n:]])
             return vals
 
-        return dataclasses.replace(d, outs=outs, apply=local_systems, rule="graph_index.local", passive=False)
+        # What the rule said about losing this value's layout no longer matters: it is recognised.
+        notes = () if len(eqn.outvars) == 1 else d.notes
+        return dataclasses.replace(d, outs=outs, apply=local_systems, rule="graph_index.local", passive=False,
+                                   notes=notes)
 
     def decide(self, eqn, ins: tuple[Layout, ...]) -> Decision:
         """The registered rule's :class:`Decision` for ``eqn`` (the default rule if none is registered)."""
         rule = rule_for(eqn.primitive.name)
         if rule is not None:
-            return rule(self, eqn, ins)
+            with enclosing(eqn):
+                return rule(self, eqn, ins)
         d = self.default(eqn, ins)
         rows = [(lay.kind, shape_of(v)[lay.axis]) for lay, v in zip(ins, eqn.invars) if lay.kind in ROWS]
         lengths = {n for v in eqn.outvars for n in shape_of(v)}

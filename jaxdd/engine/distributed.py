@@ -115,7 +115,9 @@ class DomainConfig:
     layout by shape, or leave an operation over atoms rank-local). By default that is a
     :class:`~jaxdd.DispatchError` naming each place, since the result may be wrong; True is for
     experts who checked the result with ``jaxdd.validate``: the places are then listed in
-    ``dispatch_report.fallbacks`` and a :class:`~jaxdd.DispatchWarning`.
+    ``dispatch_report.fallbacks`` and a :class:`~jaxdd.DispatchWarning`. A deep-halo spec
+    (``scatter_mode="local"``) declares every rank computes its ghost rows itself, which allows
+    them too.
     """
 
     cutoff: float
@@ -658,7 +660,10 @@ class DistributedModel:
             virial_key=self.spec.node_virial_key if self.spec.node_virial_key in outputs else None,
             mesh=self.config.mesh,
             spec=self.spec,
-            strict=not self.config.allow_unfollowed,
+            # A deep halo declares that ranks compute their ghost rows themselves, nothing exchanged
+            # inside the model: what the dispatch could not follow is local by that declaration
+            # (listed, and warned about), as it is the validator's fix for such values.
+            strict=not (self.config.allow_unfollowed or self.deep_halo),
             sink=self._reports,
         )
         self._last_program = program

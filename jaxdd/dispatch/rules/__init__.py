@@ -6,9 +6,11 @@
 - :mod:`.indexing`: gather and scatter (halo correction, per-system collectives, graph parallel);
 - :mod:`.control_flow`: calls, custom derivatives, remat, scan, while, cond;
 - :mod:`.custom_ops`: named ops with an :class:`~jaxdd.spec.OpAdapter` on the spec;
-- :mod:`.verbs`: the intent verbs of :mod:`jaxdd.intent`.
+- :mod:`.verbs`: the intent verbs of :mod:`jaxdd.intent`;
+- :mod:`.coverage`: the elementwise allow-list, identities, ``split``, small linear algebra.
 """
 
 from . import control_flow, custom_ops, elementwise, indexing, reductions, shapes, verbs
+from . import coverage  # noqa: F401  (registers its rules; after the families it must not shadow)
 
 __all__ = ["control_flow", "custom_ops", "elementwise", "indexing", "reductions", "shapes", "verbs"]

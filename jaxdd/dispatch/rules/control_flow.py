@@ -10,6 +10,8 @@ are refused when their body communicates: ranks would issue different collective
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 
 from ..decision import Decision
@@ -51,16 +53,53 @@ for _name in ("pjit", "jit", "closed_call", "core_call"):
 
 
 def custom_derivative(ctx, eqn, ins) -> Decision:
-    """custom_jvp / custom_vjp: re-bound with their rule unless the body needs one."""
+    """custom_jvp / custom_vjp: re-bound with their rule unless the body needs one. A
+    ``custom_jvp`` whose body needs one keeps its rule: primal and JVP both go through the
+    dispatch (e3x's norm takes a max over edges, and its rule is what keeps zero-length
+    padding pairs finite). A ``custom_vjp`` whose body needs one is differentiated through
+    its body. Either way the entry is counted (``enter.<primitive>``), not a fallback."""
     jaxpr, consts = sub_jaxpr(eqn.params.get("call_jaxpr", eqn.params.get("fun_jaxpr")))
     plan = ctx.analyse(jaxpr, ins, consts)
     if not plan.active:
         return Decision(plan.outs, notes=plan.notes)  # the custom rule survives
-    # Entering is exact (the body is differentiated instead of the custom rule), not a guess:
-    # it is counted in the report ("enter.custom_jvp_call"), not listed as a fallback.
+    if eqn.primitive.name == "custom_jvp_call" and "jvp_jaxpr_fun" in eqn.params:
+        return _custom_jvp_entered(ctx, eqn, ins, jaxpr, consts, plan)
 
     def apply(eqn, invals):
         return ctx.eval(jaxpr, consts, invals, ins)
+
+    return Decision(plan.outs, apply, "enter." + eqn.primitive.name, plan.notes)
+
+
+def _custom_jvp_entered(ctx, eqn, ins, jaxpr, consts, plan) -> Decision:
+    """A ``custom_jvp`` rebuilt around the dispatch: its primal body and its JVP rule are each
+    evaluated through it, tangents laid out like their primals (without index meaning)."""
+    from jax.custom_derivatives import SymbolicZero
+
+    nc, jvp_fun = eqn.params["num_consts"], eqn.params["jvp_jaxpr_fun"]
+    primal_ins = tuple(ins[nc:])
+    tangent_ins = tuple(lay.plain() if lay.kind is not None else dataclasses.replace(lay, index=None, columns=None)
+                        for lay in primal_ins)
+
+    def apply(eqn, invals):
+        cvals, args = invals[:nc], invals[nc:]
+
+        @jax.custom_jvp
+        def body(*args):
+            return ctx.eval(jaxpr, consts, [*cvals, *args], ins)
+
+        def jvp(primals, tangents):
+            zeros = [type(t) is SymbolicZero for t in tangents]
+            jvp_jaxpr, jvp_consts, out_zeros = jvp_fun.call_wrapped(*zeros)
+            nonzero = [t for t in tangents if type(t) is not SymbolicZero]
+            layouts = primal_ins + tuple(lay for lay, z in zip(tangent_ins, zeros) if not z)
+            out = ctx.eval(jvp_jaxpr, jvp_consts, [*primals, *nonzero], layouts)
+            out_primals, out_tangents = out[:len(out_zeros)], iter(out[len(out_zeros):])
+            return out_primals, [SymbolicZero(jax.typeof(p).to_tangent_aval()) if z else next(out_tangents)
+                                 for p, z in zip(out_primals, out_zeros)]
+
+        body.defjvp(jvp, symbolic_zeros=True)
+        return list(body(*args))
 
     return Decision(plan.outs, apply, "enter." + eqn.primitive.name, plan.notes)
 
