@@ -85,7 +85,7 @@ def two_systems():
     return jaxdd.Batch.from_data_list(out)
 
 
-@pytest.mark.parametrize("grid", [(2, 2, 2), (3, 2, 1)], ids=["2x2x2", "3x2x1"])
+@pytest.mark.parametrize("grid", [pytest.param((2, 2, 2), marks=pytest.mark.slow), (3, 2, 1)], ids=["2x2x2", "3x2x1"])
 @pytest.mark.parametrize("pattern", ["repeat_over_ptr_counts", "repeat_with_a_padding_graph", "cumsum_offsets"])
 def test_a_graph_readout_runs_distributed_unchanged(pattern, grid):
     data, model = two_systems(), GraphReadout(pattern)

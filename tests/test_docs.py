@@ -19,7 +19,12 @@ def run_python_blocks(page: Path) -> dict:
     return namespace
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+# The porting page compiles five models on one and two devices: a slow sweep.
+SLOW_PAGES = {"porting.md"}
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_PAGES else p
+                                  for p in PAGES], ids=lambda p: p.name)
 def test_python_examples_run(page):
     run_python_blocks(page)
 
