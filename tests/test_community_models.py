@@ -187,48 +187,52 @@ def grid_id(grid):
 
 
 WITH_DERIVATIVES = ["e3x", "stacked_index_flax"]
+# Each model on one grid in the default suite, on the other in the slow sweep.
+DEFAULT_GRID = {"e3x": (2, 2, 2), "stacked_index_flax": (3, 2, 1)}
 
 
-@pytest.mark.parametrize("grid", GRIDS, ids=grid_id)
-@pytest.mark.parametrize("name", list(MODELS))
+def cases(names):
+    return [pytest.param(name, grid, id=f"{name}-{grid_id(grid)}",
+                         marks=() if DEFAULT_GRID.get(name) == grid else pytest.mark.slow)
+            for name in names for grid in GRIDS]
+
+
+@pytest.mark.parametrize("name, grid", cases(MODELS))
 def test_energy_equals_one_device(name, grid):
     ref, (got, _, _) = one_device(name), distributed(name, grid)
     e = float(ref["energy"][0])
     assert abs(float(got["energy"][0]) - e) <= 1e-10 * abs(e)
 
 
-@pytest.mark.parametrize("grid", GRIDS, ids=grid_id)
-@pytest.mark.parametrize("name", WITH_DERIVATIVES)
+@pytest.mark.parametrize("name, grid", cases(WITH_DERIVATIVES))
 def test_forces_equal_one_device(name, grid):
     ref, (got, _, _) = one_device(name), distributed(name, grid)
     np.testing.assert_allclose(np.asarray(got["forces"]), np.asarray(ref["forces"]), rtol=0, atol=1e-9)
     assert np.abs(np.asarray(ref["forces"])).max() > 1e-3  # the forces are not trivially zero
 
 
-@pytest.mark.parametrize("grid", GRIDS, ids=grid_id)
-@pytest.mark.parametrize("name", WITH_DERIVATIVES)
+@pytest.mark.parametrize("name, grid", cases(WITH_DERIVATIVES))
 def test_stress_equals_one_device(name, grid):
     ref, (got, _, _) = one_device(name), distributed(name, grid)
     assert np.isfinite(np.asarray(ref["stress"])).all()
     np.testing.assert_allclose(np.asarray(got["stress"]), np.asarray(ref["stress"]), rtol=0, atol=1e-9)
 
 
-@pytest.mark.parametrize("grid", GRIDS, ids=grid_id)
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name, grid", cases(MODELS))
 def test_nothing_is_guessed_or_left_rank_local(name, grid):
     _, report, dispatch_warnings = distributed(name, grid)
     assert report.fallbacks == []
     assert dispatch_warnings == []
 
 
-@pytest.mark.parametrize("grid", GRIDS, ids=grid_id)
-def test_e3x_normalisation_over_every_edge_is_a_max_across_ranks(grid):
+@pytest.mark.parametrize("name, grid", cases(["e3x"]))
+def test_e3x_normalisation_over_every_edge_is_a_max_across_ranks(name, grid):
     _, report, _ = distributed("e3x", grid)
     assert report.counts["reduce.max"] >= 1  # e3x.ops.norm's largest |x| over all edges: a pmax
     assert report.counts["scatter_add.halo_correction"] == E3xEnergy.num_layers  # one per message pass
 
 
-@pytest.mark.parametrize("grid", GRIDS, ids=grid_id)
-def test_stacked_index_rows_scatter_onto_atoms_with_a_halo_exchange(grid):
+@pytest.mark.parametrize("name, grid", cases(["stacked_index_flax"]))
+def test_stacked_index_rows_scatter_onto_atoms_with_a_halo_exchange(name, grid):
     _, report, _ = distributed("stacked_index_flax", grid)
     assert report.counts["scatter_add.halo_correction"] == StackedIndexMPNN.n_layers

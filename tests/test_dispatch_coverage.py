@@ -16,7 +16,7 @@ someone decides what it means.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -31,6 +31,7 @@ import jaxdd
 from jaxdd import BaseModel, ModelConfig, NeighborConfig, edge_vectors
 from jaxdd.data import as_batch
 from jaxdd.dispatch import Dispatcher, DispatchReport, Kind, Layout, registry
+from jaxdd.dispatch.equations import equations
 from jaxdd.dispatch.rules import coverage
 from jaxdd.dispatch.rules.elementwise import elementwise
 from jaxdd.models.nequip import NequIP
@@ -248,26 +249,6 @@ def traced(model, data):
     nl = build_neighbor_list(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
                              capacity=capacity, format=nc.format, **sizes)
     return jax.make_jaxpr(lambda b: model(b))(batch.replace(neighbors=nl))
-
-
-def equations(jaxpr) -> Iterator:
-    """Every equation of ``jaxpr`` and, recursively, of the jaxprs in its equations' parameters
-    (jit/pjit, custom_jvp/custom_vjp bodies, scan/while/cond bodies and branches, remat)."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for value in eqn.params.values():
-            for sub in _sub_jaxprs(value):
-                yield from equations(sub)
-
-
-def _sub_jaxprs(value) -> Iterator:
-    if hasattr(value, "eqns"):  # a Jaxpr
-        yield value
-    elif hasattr(value, "jaxpr") and hasattr(value, "consts"):  # a ClosedJaxpr
-        yield value.jaxpr
-    elif isinstance(value, (tuple, list)):  # cond branches
-        for v in value:
-            yield from _sub_jaxprs(v)
 
 
 @functools.lru_cache(maxsize=None)

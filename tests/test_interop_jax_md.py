@@ -189,6 +189,7 @@ def nequip_reference(kind, n=4, a=1.3):
     return data, model, (float(e), np.asarray(f), None)
 
 
+@pytest.mark.slow
 def test_jax_md_nequip_through_compute_equals_jax_md():
     data, model, ref = nequip_reference("triclinic_fractional")
     assert_equal_to(ref, jaxdd.compute(model, data))
@@ -221,7 +222,8 @@ def assert_distributed_equals_one_device(model, data, grid):
 
 @pytest.mark.parametrize("fmt, grid, kind", [("Sparse", (3, 2, 1), "triclinic_fractional"),
                                              pytest.param("OrderedSparse", (2, 2, 2), "cubic", marks=pytest.mark.slow),
-                                             ("Dense", (4, 1, 1), "triclinic_fractional")])
+                                             pytest.param("Dense", (4, 1, 1), "triclinic_fractional",
+                                                          marks=pytest.mark.slow)])
 def test_pair_potential_distributed_equals_one_device(fmt, grid, kind):
     data, _, _, z = system(kind, n=8)
     model = wrap(lambda d, b: morse(_ids(z))(d, b, format=FORMATS[fmt]), kind, fmt)

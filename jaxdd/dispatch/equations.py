@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from collections.abc import Iterator
 
 from jax.extend import core as jcore
 
-__all__ = ["bind", "enclosing", "is_literal", "shape_of", "sub_jaxpr", "where"]
+__all__ = ["bind", "enclosing", "equations", "is_literal", "shape_of", "sub_jaxpr", "where"]
 
 
 def bind(eqn, invals) -> list:
@@ -56,6 +57,26 @@ def _user_line(eqn) -> str | None:
     except Exception:  # source information is a courtesy; never fail on it
         pass
     return None
+
+
+def equations(jaxpr) -> Iterator:
+    """Every equation of ``jaxpr`` and, recursively, of the jaxprs in its equations' parameters
+    (jit bodies, custom derivatives, scan/while/cond bodies and branches, remat)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in _nested(value):
+                yield from equations(sub)
+
+
+def _nested(value) -> Iterator:
+    if hasattr(value, "eqns"):  # a Jaxpr
+        yield value
+    elif hasattr(value, "jaxpr") and hasattr(value, "consts"):  # a ClosedJaxpr
+        yield value.jaxpr
+    elif isinstance(value, (tuple, list)):  # cond branches
+        for v in value:
+            yield from _nested(v)
 
 
 def where(eqn) -> str:

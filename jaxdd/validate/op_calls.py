@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import jax
 
 from ..data import Batch
+from ..dispatch.equations import equations
 
 __all__ = ["named_op_outputs"]
 
@@ -28,28 +29,9 @@ def named_op_outputs(model, batch: Batch, names: Iterable[str]) -> dict[str, tup
     except Exception:  # a courtesy for diagnostics; the comparison does not depend on it
         return {}
     found: dict[str, tuple[tuple[int, ...], ...]] = {}
-    for eqn in _equations(closed.jaxpr):
+    for eqn in equations(closed.jaxpr):
         # A registered op is a jit named after its handle (see jaxdd.ops.OpHandle).
         name = eqn.params.get("name")
         if name in wanted and name not in found:
             found[name] = tuple(tuple(getattr(v.aval, "shape", ())) for v in eqn.outvars)
     return found
-
-
-def _equations(jaxpr) -> Iterator:
-    """Every equation of ``jaxpr`` and of the jaxprs nested in its equations' parameters."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for value in eqn.params.values():
-            for sub in _nested(value):
-                yield from _equations(sub)
-
-
-def _nested(value) -> Iterator:
-    if hasattr(value, "eqns"):  # a Jaxpr
-        yield value
-    elif hasattr(value, "jaxpr") and hasattr(value, "consts"):  # a ClosedJaxpr
-        yield value.jaxpr
-    elif isinstance(value, (tuple, list)):  # cond branches
-        for v in value:
-            yield from _nested(v)

@@ -145,22 +145,28 @@ def scatter(ctx, eqn, ins) -> Decision:
             notes.append(f"{name} into per-system rows in {where(eqn)} has no collective: left rank-local")
             return Decision((out,), notes=tuple(notes))
         upd_scatter = [d for d in range(len(shape_of(eqn.invars[2]))) if d not in dn.update_window_dims]
-        upd_axis = upd_scatter[idx.axis]
-        collective = {"add": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}[kind]
-
-        def segment_reduce(eqn, invals):
-            rt = ctx.runtime
-            operand, indices, updates = invals
-            mask = along(rt.row_mask(rows, updates.shape[upd_axis]), updates.ndim, upd_axis)
-            updates = jnp.where(mask, updates, identity_of(kind, updates.dtype))
-            if kind == "add":
-                (delta,) = bind(eqn, [jnp.zeros_like(operand), indices, updates])
-                return [operand + collective(delta, rt.axis_names)]
-            (y,) = bind(eqn, [operand, indices, updates])
-            return [collective(y, rt.axis_names)]
-
-        return Decision((out,), segment_reduce, f"segment_reduce.{kind}", tuple(notes), replicates=True)
+        return Decision((out,), _segment_reduce(ctx, kind, rows, upd_scatter[idx.axis]), f"segment_reduce.{kind}",
+                        tuple(notes), replicates=True)
     return Decision((out,), notes=tuple(notes))
+
+
+def _segment_reduce(ctx, kind: str, rows: Kind, axis: int):
+    """The action of a scatter (add/max/min) of per-``rows`` updates (rows along ``axis``) into
+    groups the same on every rank: rows this rank does not own masked, then a collective."""
+    collective = {"add": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}[kind]
+
+    def segment_reduce(eqn, invals):
+        rt = ctx.runtime
+        operand, indices, updates = invals
+        mask = along(rt.row_mask(rows, updates.shape[axis]), updates.ndim, axis)
+        updates = jnp.where(mask, updates, identity_of(kind, updates.dtype))
+        if kind == "add":
+            (delta,) = bind(eqn, [jnp.zeros_like(operand), indices, updates])
+            return [operand + collective(delta, rt.axis_names)]
+        (y,) = bind(eqn, [operand, indices, updates])
+        return [collective(y, rt.axis_names)]
+
+    return segment_reduce
 
 
 def _one_group_of_atoms(ctx, eqn, ins, name) -> Decision | None:
@@ -189,21 +195,8 @@ def _one_group_of_atoms(ctx, eqn, ins, name) -> Decision | None:
     real = groups.reshape(-1)[:n_rows]
     if not (real == real[0]).all():
         return None
-    collective = {"add": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}[kind]
-    axis = upd.axis
-
-    def one_group(eqn, invals):
-        rt = ctx.runtime
-        operand, indices, updates = invals
-        mask = along(rt.row_mask(rows, updates.shape[axis]), updates.ndim, axis)
-        updates = jnp.where(mask, updates, identity_of(kind, updates.dtype))
-        if kind == "add":
-            (delta,) = bind(eqn, [jnp.zeros_like(operand), indices, updates])
-            return [operand + collective(delta, rt.axis_names)]
-        (y,) = bind(eqn, [operand, indices, updates])
-        return [collective(y, rt.axis_names)]
-
-    return Decision((REPLICATED,), one_group, f"segment_reduce.{kind}", replicates=True)
+    return Decision((REPLICATED,), _segment_reduce(ctx, kind, rows, upd.axis), f"segment_reduce.{kind}",
+                    replicates=True)
 
 
 def scatter_all_nodes(ctx, eqn, kind: str, a: int, notes) -> Decision:
