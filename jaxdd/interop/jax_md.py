@@ -32,7 +32,12 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax_md import partition
+
+try:
+    from jax_md import partition
+except ImportError as exc:  # an optional library: say how to get it
+    raise ImportError("jaxdd.interop.jax_md wraps jax-md potentials and needs jax-md: pip install 'jax-md>=0.2.29' "
+                      "(it is among jaxdd's test dependencies: pip install -e '.[test]')") from exc
 
 from ..model import BaseModel, ModelConfig, NeighborConfig
 from ..neighbors import NeighborListFormat
