@@ -118,9 +118,9 @@ def jax_md_reference(factory, kind, fmt, data, R, box, z):
     nbr = neighbor_fn.allocate(R)
     e = energy_fn(R, nbr)
     f = -jax.grad(energy_fn)(R, nbr)  # jax-md's derivatives live in real space, fractional or not
-    stress = None
-    if kind == "triclinic_fractional":
-        stress = -quantity.stress(energy_fn, R, jnp.asarray(box), neighbor=nbr)
+    stress = None  # no cell in free space
+    if kind != "free":
+        stress = -quantity.stress(energy_fn, R, jnp.asarray(box_size), neighbor=nbr)
     return float(e), np.asarray(f), stress
 
 
