@@ -106,9 +106,7 @@ def scatter(ctx, eqn, ins) -> Decision:
             return whole
     # Indices that are per-row data without a known meaning are suspicious; replicated
     # ones (constants, or indices passed through to_local) are a deliberate local scatter.
-    # Under a deep halo (scatter_mode="local") a local scatter is what the spec declares.
-    deep = ctx.runtime is not None and ctx.runtime.scatter_mode == "local"
-    if target is None and op.kind is None and idx.kind in ROWS and not deep:
+    if target is None and op.kind is None and idx.kind in ROWS:
         notes.append(f"{name} of per-row values by indices of unknown provenance in {where(eqn)}: left rank-local")
     if target is None:
         out = op if op.kind is not None else REPLICATED
