@@ -1,0 +1,207 @@
+"""Equivariant layers of MACE as pure functions of (static structure, weights, features), with
+the normalisations of e3nn for PyTorch so that a mace-torch model's weights apply unchanged.
+
+Features are ``[..., dim]`` arrays in the ``mul_ir`` layout of :mod:`.irreps`. Each layer is a
+small frozen description (built once, hashable, static) with a ``__call__(weights, ...)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import irreps as ir
+
+__all__ = ["Linear", "TensorProduct", "conv_tp_irreps", "radial_mlp", "normalized_silu_constant",
+           "symmetric_contraction", "symmetric_basis"]
+
+
+def _split(irreps, x):
+    """``x [..., dim]`` -> one ``[..., mul, 2l+1]`` block per entry of ``irreps``."""
+    out, start = [], 0
+    for mul, l, _ in irreps:
+        d = 2 * l + 1
+        out.append(x[..., start:start + mul * d].reshape(x.shape[:-1] + (mul, d)))
+        start += mul * d
+    return out
+
+
+def _join(irreps, blocks, batch_shape, dtype):
+    parts = [
+        (b if b is not None else jnp.zeros(batch_shape + (mul, 2 * l + 1), dtype)).reshape(batch_shape + (-1,))
+        for b, (mul, l, _) in zip(blocks, irreps)
+    ]
+    return jnp.concatenate(parts, axis=-1) if parts else jnp.zeros(batch_shape + (0,), dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Linear:
+    """Channel mixing of equal irreps (e3nn ``o3.Linear``, no biases): every input entry feeds
+    every output entry of the same irrep, each path scaled by 1/sqrt(its output's fan-in).
+
+    Weights: ``[numel]``, one ``[mul_in, mul_out]`` block per path, input-major order.
+    """
+
+    irreps_in: tuple
+    irreps_out: tuple
+
+    @property
+    def paths(self):
+        return tuple((i, o) for i, (_, li, pi) in enumerate(self.irreps_in)
+                     for o, (_, lo, po) in enumerate(self.irreps_out) if (li, pi) == (lo, po))
+
+    @property
+    def numel(self) -> int:
+        return sum(self.irreps_in[i][0] * self.irreps_out[o][0] for i, o in self.paths)
+
+    def __call__(self, weight, x):
+        blocks = _split(self.irreps_in, x)
+        out = [None] * len(self.irreps_out)
+        fan_in = [sum(self.irreps_in[i][0] for i, o2 in self.paths if o2 == o) for o in range(len(self.irreps_out))]
+        offset = 0
+        for i, o in self.paths:
+            m_in, m_out = self.irreps_in[i][0], self.irreps_out[o][0]
+            w = weight[offset:offset + m_in * m_out].reshape(m_in, m_out)
+            offset += m_in * m_out
+            y = jnp.einsum("...ui,uw->...wi", blocks[i], w) / math.sqrt(fan_in[o])
+            out[o] = y if out[o] is None else out[o] + y
+        return _join(self.irreps_out, out, x.shape[:-1], x.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorProduct:
+    """e3nn ``o3.TensorProduct`` with ``component`` irrep and ``element`` path normalisation, for
+    the connection modes MACE uses: ``"uvu"`` (one weight per channel of input 1; MACE's
+    convolution, weights per edge) and ``"uvw"`` (all channels mixed; MACE's element-dependent
+    self-connection).
+
+    instructions: ``(i_in1, i_in2, i_out, mode)``. Weights ``[..., numel]``, one block per
+    instruction in order (``uvu``: ``[mul1, mul2]``; ``uvw``: ``[mul1, mul2, mul_out]``).
+    """
+
+    irreps_in1: tuple
+    irreps_in2: tuple
+    irreps_out: tuple
+    instructions: tuple
+
+    @classmethod
+    def fully_connected(cls, irreps_in1, irreps_in2, irreps_out):
+        """Every path ``in1 x in2 -> out`` allowed by the selection rules, mode ``uvw``."""
+        ins = tuple((i1, i2, o, "uvw") for i1, (_, l1, p1) in enumerate(irreps_in1)
+                    for i2, (_, l2, p2) in enumerate(irreps_in2) for o, (_, lo, po) in enumerate(irreps_out)
+                    if abs(l1 - l2) <= lo <= l1 + l2 and p1 * p2 == po)
+        return cls(irreps_in1, irreps_in2, irreps_out, ins)
+
+    def _shape(self, ins):
+        i1, i2, o, mode = ins
+        m1, m2, mo = self.irreps_in1[i1][0], self.irreps_in2[i2][0], self.irreps_out[o][0]
+        return (m1, m2) if mode == "uvu" else (m1, m2, mo)
+
+    def _elements(self, ins):
+        i1, i2, _, mode = ins
+        return self.irreps_in2[i2][0] if mode == "uvu" else self.irreps_in1[i1][0] * self.irreps_in2[i2][0]
+
+    @property
+    def numel(self) -> int:
+        return sum(math.prod(self._shape(ins)) for ins in self.instructions)
+
+    def __call__(self, weight, x1, x2):
+        b1, b2 = _split(self.irreps_in1, x1), _split(self.irreps_in2, x2)
+        batch = jnp.broadcast_shapes(x1.shape[:-1], x2.shape[:-1])
+        out = [None] * len(self.irreps_out)
+        offset = 0
+        for ins in self.instructions:
+            i1, i2, o, mode = ins
+            l1, l2, lo = self.irreps_in1[i1][1], self.irreps_in2[i2][1], self.irreps_out[o][1]
+            shape = self._shape(ins)
+            size = math.prod(shape)
+            w = weight[..., offset:offset + size].reshape(weight.shape[:-1] + shape)
+            offset += size
+            fan_in = sum(self._elements(other) for other in self.instructions if other[2] == o)
+            alpha = math.sqrt((2 * lo + 1) / fan_in)
+            c = jnp.asarray(ir.wigner_3j(l1, l2, lo), x1.dtype)
+            if mode == "uvu":
+                y = jnp.einsum("...uv,ijk,...ui,...vj->...uk", w, c, b1[i1], b2[i2])
+            else:
+                y = jnp.einsum("...uvw,ijk,...ui,...vj->...wk", w, c, b1[i1], b2[i2])
+            y = alpha * y
+            out[o] = y if out[o] is None else out[o] + y
+        return _join(self.irreps_out, out, batch, x1.dtype)
+
+
+def conv_tp_irreps(irreps1, irreps2, target):
+    """MACE's convolution: the ``uvu`` paths of ``irreps1 x irreps2`` that land on an irrep of
+    ``target``, their outputs sorted. Returns ``(irreps_mid, instructions)``."""
+    wanted = {(l, p) for _, l, p in target}
+    mids, ins = [], []
+    for i, (mul, l1, p1) in enumerate(irreps1):
+        for j, (_, l2, p2) in enumerate(irreps2):
+            for lo in range(abs(l1 - l2), l1 + l2 + 1):
+                if (lo, p1 * p2) in wanted:
+                    ins.append((i, j, len(mids), "uvu"))
+                    mids.append((mul, lo, p1 * p2))
+    mids, perm = ir.sort(tuple(mids))
+    ins = sorted(((i, j, perm[k], mode) for i, j, k, mode in ins), key=lambda t: t[2])
+    return mids, tuple(ins)
+
+
+def normalized_silu_constant() -> float:
+    """1 / sqrt(E[silu(z)^2]) for z ~ N(0, 1), by Gauss–Hermite quadrature (e3nn normalises
+    activations to unit second moment; a model read from PyTorch keeps the constant it was
+    trained with instead)."""
+    z, w = np.polynomial.hermite_e.hermegauss(200)
+    silu = z / (1 + np.exp(-z))
+    return float(1 / np.sqrt(np.sum(w * silu**2) / np.sqrt(2 * np.pi)))
+
+
+def radial_mlp(weights, x, act_constant):
+    """e3nn ``FullyConnectedNet`` without biases: ``x @ W / sqrt(fan_in)``, normalised silu
+    between layers, none after the last. weights: ``[h_in, h_out]`` per layer."""
+    for k, w in enumerate(weights):
+        x = x @ (w / math.sqrt(w.shape[0]))
+        if k < len(weights) - 1:
+            x = jax.nn.silu(x) * act_constant
+    return x
+
+
+def symmetric_contraction(bases, weights, x, species):
+    """MACE's symmetric contraction to one output irrep: ``Σ_ν Σ_k W_ν[species, k, c] ·
+    U_ν[m, i_1..i_ν, k] x[c, i_1] ⋯ x[c, i_ν]`` for ν = 1..correlation, evaluated from the
+    highest order down (each step contracts the last remaining ``i``).
+
+    bases: ``U_ν`` for ν = 1..ν_max, ``[(2l+1,)] + [n_ell]*ν + [n_params]`` (no leading axis for
+    l = 0). weights: ``W_ν`` for ν = ν_max..1, ``[n_elements, n_params, channels]``.
+    x: ``[n, channels, n_ell]``; species: ``[n]`` row of each node. Returns ``[n, channels * (2l+1)]``.
+    """
+    nu_max = len(bases)
+    ws = [w[species] for w in weights]  # [n, k, c] each, ν = ν_max .. 1
+    # Highest order: contract U's last ℓ-index with x and its parameter index with the weights.
+    u = bases[-1]
+    out = jnp.einsum("...ik,nkc,nci->nc...", u, ws[0], x)
+    for step in range(1, nu_max):
+        u = bases[nu_max - step - 1]
+        out = out + jnp.einsum("...k,nkc->nc...", u, ws[step])
+        out = jnp.einsum("nc...i,nci->nc...", out, x)
+    return out.reshape(out.shape[0], -1)
+
+
+def symmetric_basis(coupling, l_out: int, p_out: int, nu: int) -> np.ndarray:
+    """A basis ``U_ν`` of the symmetric, equivariant maps ``x^{⊗ν} -> (l_out, p_out)`` for a
+    newly built model: ``[(2l+1,)] + [n_ell]*ν + [n_params]`` (the leading axis dropped for
+    l = 0), from e3nn-jax's reduced symmetric tensor products. Any basis spans the same
+    functions; a model read from mace-torch uses the one it was trained with."""
+    import e3nn_jax as e3nn
+
+    irreps = e3nn.Irreps([(1, (l, p)) for _, l, p in coupling])
+    target = e3nn.Irrep(l_out, p_out)
+    with jax.ensure_compile_time_eval():
+        basis = e3nn.reduced_symmetric_tensor_product_basis(irreps, nu, keep_ir=[target])
+    arr = np.asarray(basis.array, np.float64)  # [n_ell]*ν + [n_params * (2l+1)]
+    d = 2 * l_out + 1
+    arr = arr.reshape(arr.shape[:-1] + (-1, d))  # mul_ir: [..., n_params, 2l+1]
+    arr = np.moveaxis(arr, -1, 0)  # [2l+1, n_ell.., n_params]
+    return arr[0] if l_out == 0 else arr

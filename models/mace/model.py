@@ -1,0 +1,302 @@
+"""MACE: higher-order equivariant message passing (Batatia et al., NeurIPS 2022), in JAX.
+
+With atoms as nodes and the neighbour list (cutoff r_max, Å) as edges ``j -> i`` along
+``r_ij = r_i - r_j``:
+
+* node attributes: one-hot element ``z_i``; initial features ``h_i = Linear(z_i)`` (scalars);
+* edges: spherical harmonics ``Y(r̂_ij)`` up to ``max_ell`` ("component" normalisation) and
+  ``num_bessel`` Bessel functions ``sqrt(2/r_max) sin(nπr/r_max)/r`` times the polynomial
+  cutoff of degree ``num_polynomial_cutoff``;
+* each interaction (``RealAgnosticResidualInteractionBlock`` or ``RealAgnosticInteractionBlock``)::
+
+      A_i = Linear(Σ_j R(r_ij) ⊙ (Linear_up(h_j) ⊗ Y(r̂_ij))) / avg_num_neighbors
+      sc_i = h_i ⊗ z_i                                   (residual: element-wise self-connection)
+
+  then the equivariant product basis: ``h_i = Linear(SymmetricContraction_{z_i}(A_i)) + sc_i``,
+  products of A_i with itself up to ``correlation`` (3 = four-body messages per layer);
+* readouts: a linear one of each layer's features, a gated MLP of the last layer's scalars;
+  ``E_i = E0[z_i] + scale · Σ_layers readout + shift`` (``ScaleShiftMACE``; plain ``MACE`` has
+  scale 1 and shift 0) and ``E = Σ_i E_i``.
+
+The layers follow e3nn for PyTorch's normalisations (:mod:`.layers`), so the weights of a model
+trained with mace-torch apply unchanged (:func:`MACE.from_torch`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import e3nn_jax as e3nn
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdd.checks import integral
+from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
+from jaxdd.neighbors import edge_vectors
+
+from .. import species as species_lib
+from . import irreps as ir
+from .layers import Linear, TensorProduct, conv_tp_irreps, normalized_silu_constant, radial_mlp, \
+    symmetric_basis, symmetric_contraction
+
+__all__ = ["MACE", "INTERACTIONS"]
+
+#: Interaction blocks MACE can be built with (mace-torch class names).
+INTERACTIONS = ("RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock")
+
+
+class _Layer:
+    """Static structure of one interaction + product + readout (built at trace time)."""
+
+    def __init__(self, model, t):
+        n_el = len(model.species)
+        attrs = ((n_el, 0, 1),)
+        sh = ir.spherical_harmonics_irreps(model.max_ell)
+        hidden = model.hidden_irreps
+        n_s = ir.count(hidden, 0, 1)
+        last = t == model.num_interactions - 1
+        self.residual = model.interactions[t] == INTERACTIONS[0]
+        self.feats_in = ((n_s, 0, 1),) if t == 0 else hidden
+        sh_inter = sh
+        if t > 0 and ir.count(hidden, 0, -1) > 0:
+            sh_inter = tuple((1, l, p) for l in range(model.max_ell + 1) for p in (1, -1))
+        source = sh if t == 0 else sh_inter
+        self.target = ir.simplify(ir.sort(tuple((n_s, l, p) for _, l, p in source))[0])
+        # The last layer keeps its scalars only (mace-torch's hidden_irreps[0]).
+        self.out = (hidden[0],) if last else hidden
+        self.linear_up = Linear(self.feats_in, self.feats_in)
+        mid, ins = conv_tp_irreps(self.feats_in, sh, self.target)
+        self.conv_tp = TensorProduct(self.feats_in, sh, mid, ins)
+        self.linear = Linear(mid, self.target)
+        if self.residual:
+            self.skip_tp = TensorProduct.fully_connected(self.feats_in, attrs, self.out)
+        else:
+            self.skip_tp = TensorProduct.fully_connected(self.target, attrs, self.target)
+        self.radial_sizes = (model.num_bessel,) + model.radial_mlp + (self.conv_tp.numel,)
+        self.product_linear = Linear(self.out, self.out)
+        # A gated MLP reads the last layer when there are several, a linear map every other.
+        self.readout = (Linear(self.out, ((1, 0, 1),)),) if not (last and t > 0) else (
+            Linear(self.out, model.mlp_irreps), Linear(model.mlp_irreps, ((1, 0, 1),)))
+
+
+class MACE(eqx.Module, BaseModel):
+    """MACE potential: energy, atomic energies, forces and stress.
+
+    species: atomic numbers, in the order of the one-hot element encoding. r_max: cutoff (Å).
+    num_bessel, num_polynomial_cutoff: radial basis and envelope degree. max_ell: degree of the
+    edge harmonics. hidden_irreps: node features between layers (e.g. ``"16x0e + 16x1o"``; equal
+    multiplicities). mlp_irreps: hidden scalars of the last readout. num_interactions: layers.
+    correlation: body order of each product (int or one per layer). interaction /
+    interaction_first: block of the later / first layer (:data:`INTERACTIONS`). radial_mlp: hidden
+    widths of the radial network. avg_num_neighbors: message normalisation. atomic_energies: E0
+    per element (eV). scale, shift: of the atomic interaction energies (eV). seed: random weights
+    from ``jax.random.PRNGKey(seed)``. dtype: parameter dtype; the computation follows the
+    positions' dtype.
+
+    Outputs: ``energy [S]`` (eV), ``atomic_energies [V]`` (eV, zero on padding atoms), and, by
+    autodiff, ``forces [V, 3]`` (eV/Å) and ``stress [S, 3, 3]`` (eV/Å³).
+    """
+
+    params: dict
+    bases: list  # symmetric-contraction bases U_ν per layer and output irrep (constants)
+    species: tuple = eqx.field(static=True)
+    max_ell: int = eqx.field(static=True)
+    num_bessel: int = eqx.field(static=True)
+    num_polynomial_cutoff: int = eqx.field(static=True)
+    hidden_irreps: tuple = eqx.field(static=True)
+    mlp_irreps: tuple = eqx.field(static=True)
+    num_interactions: int = eqx.field(static=True)
+    correlation: tuple = eqx.field(static=True)
+    interactions: tuple = eqx.field(static=True)
+    radial_mlp: tuple = eqx.field(static=True)
+    avg_num_neighbors: float = eqx.field(static=True)
+    act_constant: float = eqx.field(static=True)
+    model_config: ModelConfig = eqx.field(static=True)
+
+    def __init__(self, species=(1, 6, 8), r_max: float = 5.0, *, num_bessel: int = 8,
+                 num_polynomial_cutoff: int = 5, max_ell: int = 3, hidden_irreps="16x0e + 16x1o",
+                 mlp_irreps="16x0e", num_interactions: int = 2, correlation=3,
+                 interaction: str = INTERACTIONS[0], interaction_first: str | None = None,
+                 radial_mlp=(64, 64, 64), avg_num_neighbors: float = 8.0, atomic_energies=None,
+                 scale: float = 1.0, shift: float = 0.0, seed: int = 0, dtype=jnp.float64,
+                 _weights=None, _act_constant=None):
+        owner = "MACE"
+        self.species = species_lib.check_species(species, owner)
+        r_max = species_lib.check_cutoff(r_max, owner)
+        self.num_bessel = integral(f"{owner} num_bessel", num_bessel, minimum=1)
+        self.num_polynomial_cutoff = integral(f"{owner} num_polynomial_cutoff", num_polynomial_cutoff, minimum=1)
+        self.max_ell = integral(f"{owner} max_ell", max_ell, minimum=0)
+        self.num_interactions = integral(f"{owner} num_interactions", num_interactions, minimum=1)
+        self.hidden_irreps = ir.parse(hidden_irreps)
+        self.mlp_irreps = ir.parse(mlp_irreps)
+        muls = {m for m, _, _ in self.hidden_irreps}
+        if not self.hidden_irreps or self.hidden_irreps[0][1:] != (0, 1) or len(muls) != 1:
+            raise ValueError(f"{owner} hidden_irreps must start with scalars 0e and have one multiplicity for every irrep "
+                             f"(the product basis contracts channels irrep by irrep), got {hidden_irreps!r}")
+        if any((l, p) != (0, 1) for _, l, p in self.mlp_irreps):
+            raise ValueError(f"{owner} mlp_irreps must be scalars 0e, got {mlp_irreps!r}")
+        corr = (correlation,) * self.num_interactions if np.ndim(correlation) == 0 else tuple(correlation)
+        if len(corr) != self.num_interactions:
+            raise ValueError(f"{owner} correlation needs one order per interaction ({self.num_interactions}), got {correlation!r}")
+        self.correlation = tuple(integral(f"{owner} correlation", c, minimum=1) for c in corr)
+        first = interaction if interaction_first is None else interaction_first
+        for name in (interaction, first):
+            if name not in INTERACTIONS:
+                raise ValueError(f"{owner} interaction {name!r} is not supported; choose one of {INTERACTIONS}")
+        self.interactions = (first,) + (interaction,) * (self.num_interactions - 1)
+        self.radial_mlp = tuple(integral(f"{owner} radial_mlp", h, minimum=1) for h in radial_mlp)
+        self.avg_num_neighbors = float(avg_num_neighbors)
+        if not (math.isfinite(self.avg_num_neighbors) and self.avg_num_neighbors > 0):
+            raise ValueError(f"{owner} avg_num_neighbors must be positive, got {avg_num_neighbors!r}")
+        self.act_constant = float(normalized_silu_constant() if _act_constant is None else _act_constant)
+        self.model_config = ModelConfig(
+            outputs=frozenset({"energy", "atomic_energies", "forces", "stress"}),
+            autograd_outputs=frozenset({"forces", "stress"}),
+            autograd_inputs=frozenset({"positions", "cell"}),
+            neighbor_config=NeighborConfig(cutoff=r_max),
+        )
+        n_el = len(self.species)
+        e0 = np.zeros(n_el) if atomic_energies is None else np.asarray(atomic_energies, np.float64).reshape(-1)
+        if e0.shape != (n_el,) or not np.all(np.isfinite(e0)):
+            raise ValueError(f"{owner} atomic_energies needs {n_el} finite values (eV), one per species, got {atomic_energies!r}")
+        if _weights is None:
+            params, bases = self._random_weights(seed)
+        else:
+            params, bases = _weights
+        params = dict(params, atomic_energies=e0, scale=np.float64(scale), shift=np.float64(shift),
+                      bessel_weights=params.get("bessel_weights", np.pi / r_max * np.arange(1, self.num_bessel + 1)))
+        self.params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
+        self.bases = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), bases)
+
+    # ------------------------------------------------------------------ structure and weights
+
+    def layers(self):
+        """Static structure of each layer (irreps, paths, weight sizes)."""
+        return [_Layer(self, t) for t in range(self.num_interactions)]
+
+    def _random_weights(self, seed):
+        key = [jax.random.PRNGKey(seed)]
+
+        def normal(shape, scale=1.0):
+            key[0], sub = jax.random.split(key[0])
+            return np.asarray(jax.random.normal(sub, shape, jnp.float64)) * scale
+
+        n_el, n_s = len(self.species), ir.count(self.hidden_irreps, 0, 1)
+        params = {"embedding": normal((n_el * n_s,)), "layers": []}
+        bases = []
+        for t, layer in enumerate(self.layers()):
+            coupling = tuple((1, l, p) for _, l, p in layer.target)
+            layer_bases = [[symmetric_basis(coupling, l, p, nu) for nu in range(1, self.correlation[t] + 1)]
+                           for _, l, p in layer.out]
+            bases.append(layer_bases)
+            params["layers"].append({
+                "linear_up": normal((layer.linear_up.numel,)),
+                "radial": [normal((a, b)) for a, b in zip(layer.radial_sizes[:-1], layer.radial_sizes[1:])],
+                "linear": normal((layer.linear.numel,)),
+                "skip_tp": normal((layer.skip_tp.numel,)),
+                "contractions": [[normal((n_el, u.shape[-1], n_s), 1 / u.shape[-1]) for u in reversed(us)]
+                                 for us in layer_bases],
+                "product_linear": normal((layer.product_linear.numel,)),
+                "readout": [normal((lin.numel,)) for lin in layer.readout],
+            })
+        return params, bases
+
+    @classmethod
+    def from_torch(cls, source, *, config=None, dtype=jnp.float64) -> "MACE":
+        """A MACE with the configuration and weights of a mace-torch model.
+
+        source: a mace-torch ``MACE`` / ``ScaleShiftMACE`` object, a file saved from one
+        (``torch.save(model)``, mace's ``.model``), or a ``.npz`` written by
+        :func:`jaxdd.models.mace.export_torch` (needs no torch). Variants that are not MACE as
+        described above (other interaction blocks, gates, radial bases, heads, ...) are refused
+        by name (:class:`~jaxdd.models.mace.UnsupportedModel`). config: for a state-dict file
+        only, the keyword arguments mace-torch's model was built with. dtype: of the weights.
+        """
+        from .torch_import import read
+
+        settings, weights, act_constant = read(source, config)
+        return cls(**settings, dtype=dtype, _weights=weights, _act_constant=act_constant)
+
+    # ------------------------------------------------------------------ jaxdd model interface
+
+    @property
+    def distribution_spec(self):
+        from jaxdd.spec import SPEC_MPNN_HALO
+
+        return SPEC_MPNN_HALO
+
+    def validate_input(self, data) -> None:
+        species_lib.validate_species(data, self.species, "MACE")
+
+    def adapt_input(self, data, **kwargs) -> dict:
+        return species_lib.neighbor_inputs(data, "MACE")
+
+    def forward(self, positions, cell, batch_idx, atomic_numbers, atom_mask, neighbors, n_systems):
+        dt = positions.dtype
+        n = positions.shape[0]
+        rc = self.model_config.neighbor_config.cutoff
+        params = jax.tree_util.tree_map(lambda p: p.astype(dt), self.params)
+        bases = jax.tree_util.tree_map(lambda p: p.astype(dt), self.bases)
+        table = jnp.asarray(species_lib.species_table(self.species))
+        kind = table[jnp.clip(atomic_numbers, 0, table.size - 1)]
+        attrs = jax.nn.one_hot(kind, len(self.species), dtype=dt)
+        senders, receivers = neighbors.senders, neighbors.receivers
+
+        # MACE's edge vector points from the sender to the receiver: r_i - r_j.
+        vec = -edge_vectors(positions, cell, batch_idx, neighbors)
+        r2 = jnp.sum(vec * vec, axis=-1)
+        inside = neighbors.mask & (r2 < rc * rc)
+        r = jnp.sqrt(jnp.where(inside, r2, 1.0))  # safe norm on padding edges
+        unit = jnp.where(inside[:, None], vec, jnp.asarray([0.0, 0.0, 1.0], dt))
+        sh = e3nn.spherical_harmonics(e3nn.Irreps.spherical_harmonics(self.max_ell), unit, normalize=True,
+                                      normalization="component").array
+        x = r / rc
+        p = self.num_polynomial_cutoff
+        envelope = 1.0 - (p + 1.0) * (p + 2.0) / 2.0 * x**p + p * (p + 2.0) * x ** (p + 1) - p * (p + 1.0) / 2 * x ** (p + 2)
+        envelope = jnp.where(inside, envelope, 0.0)
+        bessel = math.sqrt(2.0 / rc) * jnp.sin(params["bessel_weights"] * r[:, None]) / r[:, None]
+        radial = bessel * envelope[:, None]  # [E, num_bessel], zero on padding edges
+
+        n_s = ir.count(self.hidden_irreps, 0, 1)
+        feats = Linear(((len(self.species), 0, 1),), ((n_s, 0, 1),))(params["embedding"], attrs)
+        node_inter = jnp.zeros((n,), dt)
+        for layer, p_layer, layer_bases, corr in zip(self.layers(), params["layers"], bases, self.correlation):
+            sc = layer.skip_tp(p_layer["skip_tp"], feats, attrs) if layer.residual else None
+            up = layer.linear_up(p_layer["linear_up"], feats)
+            weights = radial_mlp(p_layer["radial"], radial, self.act_constant)  # [E, numel]
+            messages = layer.conv_tp(weights, up[senders], sh)
+            aggregated = jax.ops.segment_sum(messages, receivers, num_segments=n)
+            a = layer.linear(p_layer["linear"], aggregated) / self.avg_num_neighbors
+            if not layer.residual:
+                a = layer.skip_tp(p_layer["skip_tp"], a, attrs)
+            # [n, channels, Σ(2l+1)]: the irreps of A side by side, channel-major.
+            a = jnp.concatenate([a[..., s:s + m * (2 * l + 1)].reshape(n, m, 2 * l + 1)
+                                 for (m, l, _), s in zip(layer.target, _offsets(layer.target))], axis=-1)
+            products = [symmetric_contraction(us, ws, a, kind)
+                        for us, ws in zip(layer_bases, p_layer["contractions"])]
+            feats = layer.product_linear(p_layer["product_linear"], jnp.concatenate(products, axis=-1))
+            if sc is not None:
+                feats = feats + sc
+            if len(layer.readout) == 1:
+                node_inter = node_inter + layer.readout[0](p_layer["readout"][0], feats)[:, 0]
+            else:
+                hidden = jax.nn.silu(layer.readout[0](p_layer["readout"][0], feats)) * self.act_constant
+                node_inter = node_inter + layer.readout[1](p_layer["readout"][1], hidden)[:, 0]
+
+        atomic = params["atomic_energies"][kind] + params["scale"] * node_inter + params["shift"]
+        atomic = jnp.where(atom_mask, atomic, 0.0)
+        energy = jax.ops.segment_sum(atomic, batch_idx, num_segments=n_systems)
+        return {"energy": energy, "atomic_energies": atomic}
+
+    def adapt_output(self, raw, data) -> ModelOutputs:
+        return ModelOutputs(raw)
+
+
+def _offsets(irreps):
+    out, s = [], 0
+    for m, l, _ in irreps:
+        out.append(s)
+        s += m * (2 * l + 1)
+    return out
