@@ -17,7 +17,7 @@ import numpy as np
 from . import irreps as ir
 
 __all__ = ["Linear", "TensorProduct", "conv_tp_irreps", "radial_mlp", "normalized_silu_constant",
-           "symmetric_contraction", "symmetric_basis"]
+           "symmetric_contraction", "symmetric_basis", "symmetrize_basis", "monomials"]
 
 
 def _split(irreps, x):
@@ -168,25 +168,65 @@ def radial_mlp(weights, x, act_constant):
     return x
 
 
-def symmetric_contraction(bases, weights, x, species):
-    """MACE's symmetric contraction to one output irrep: ``Σ_ν Σ_k W_ν[species, k, c] ·
-    U_ν[m, i_1..i_ν, k] x[c, i_1] ⋯ x[c, i_ν]`` for ν = 1..correlation, evaluated from the
-    highest order down (each step contracts the last remaining ``i``).
+def monomials(n_ell: int, nu: int) -> list:
+    """The degree-``nu`` monomials of ``n_ell`` variables as sorted index tuples, in colex order
+    (by last index, then the prefix in colex order): the monomials ending in index ``L`` are
+    the first ``C(L + nu - 1, nu - 1)`` monomials of degree ``nu - 1`` times ``x_L``, so each
+    degree is built from the previous one by slices, without gathers."""
+    if nu == 0:
+        return [()]
+    prev = monomials(n_ell, nu - 1)
+    return [t + (last,) for last in range(n_ell) for t in prev[:math.comb(last + nu - 1, nu - 1)]]
 
-    bases: ``U_ν`` for ν = 1..ν_max, ``[(2l+1,)] + [n_ell]*ν + [n_params]`` (no leading axis for
-    l = 0). weights: ``W_ν`` for ν = ν_max..1, ``[n_elements, n_params, channels]``.
-    x: ``[n, channels, n_ell]``; species: ``[n]`` row of each node. Returns ``[n, channels * (2l+1)]``.
+
+def symmetrize_basis(u: np.ndarray, l_out: int) -> np.ndarray:
+    """``U_ν [(2l+1,)] + [n_ell]*ν + [k]`` -> ``S_ν [2l+1, n_monomials, k]``: the coefficient of
+    each monomial ``x_i1 ⋯ x_iν`` (:func:`monomials` order), i.e. the sum of U over the
+    orderings of its indices, so that ``Σ_{i..} U[m, i.., k] x_i1 ⋯ x_iν = Σ_t S[m, t, k] x^t``."""
+    import itertools
+
+    u = np.asarray(u, np.float64)
+    if l_out == 0:
+        u = u[None]
+    nu = u.ndim - 2
+    tuples = monomials(u.shape[1], nu)
+    out = np.zeros((u.shape[0], len(tuples), u.shape[-1]))
+    for t, idx in enumerate(tuples):
+        for perm in set(itertools.permutations(idx)):
+            out[:, t, :] += u[(slice(None),) + perm]
+    return out
+
+
+def symmetric_contraction(bases, weights, x, species, n_species):
+    """MACE's symmetric contraction to one output irrep: ``Σ_ν Σ_k W_ν[species, k, c] ·
+    U_ν[m, i_1..i_ν, k] x[c, i_1] ⋯ x[c, i_ν]`` for ν = 1..correlation, evaluated on the
+    distinct monomials of x: the node-independent ``Σ_k S_ν[m, t, k] W_ν[e, k, c]`` for each
+    element, then one contraction with the monomials of every node (a few hundred thousand
+    flops per node instead of the ~10⁷ of the dense ``U`` product).
+
+    bases: ``S_ν [2l+1, n_monomials, k]`` for ν = 1..ν_max (:func:`symmetrize_basis`).
+    weights: ``W_ν`` for ν = ν_max..1, ``[n_elements, k, channels]``. x: ``[n, channels, n_ell]``;
+    species: ``[n]`` row of each node. Returns ``[n, channels * (2l+1)]``, channel-major.
     """
-    nu_max = len(bases)
-    ws = [w[species] for w in weights]  # [n, k, c] each, ν = ν_max .. 1
-    # Highest order: contract U's last ℓ-index with x and its parameter index with the weights.
-    u = bases[-1]
-    out = jnp.einsum("...ik,nkc,nci->nc...", u, ws[0], x)
-    for step in range(1, nu_max):
-        u = bases[nu_max - step - 1]
-        out = out + jnp.einsum("...k,nkc->nc...", u, ws[step])
-        out = jnp.einsum("nc...i,nci->nc...", out, x)
-    return out.reshape(out.shape[0], -1)
+    n, c, n_ell = x.shape
+    monos, coefficients, current = [], [], None
+    for nu, (s, w) in enumerate(zip(bases, reversed(weights)), start=1):
+        if nu == 1:
+            current = x
+        else:
+            # Degree ν from degree ν-1: the monomials ending in index L are the first
+            # C(L + ν - 1, ν - 1) of degree ν-1 times x_L (colex order, see monomials()).
+            prev = np.concatenate([np.arange(math.comb(last + nu - 1, nu - 1)) for last in range(n_ell)])
+            last = np.concatenate([np.full(math.comb(last + nu - 1, nu - 1), last) for last in range(n_ell)])
+            current = current[..., prev] * x[..., last]
+        monos.append(current)  # [n, c, n_monomials]
+        coefficients.append(jnp.einsum("mtk,ekc->emtc", s, w))  # [e, 2l+1, n_monomials, c]
+    mono = jnp.concatenate(monos, axis=-1)
+    coef = jnp.concatenate(coefficients, axis=2)
+    per_element = jnp.einsum("nct,emtc->nemc", mono, coef)  # every element's polynomial at every node
+    onehot = jax.nn.one_hot(species, n_species, dtype=x.dtype)
+    out = jnp.einsum("nemc,ne->ncm", per_element, onehot)
+    return out.reshape(n, -1)
 
 
 def symmetric_basis(coupling, l_out: int, p_out: int, nu: int) -> np.ndarray:

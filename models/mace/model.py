@@ -39,7 +39,7 @@ from jaxdd.neighbors import edge_vectors
 from .. import species as species_lib
 from . import irreps as ir
 from .layers import Linear, TensorProduct, conv_tp_irreps, normalized_silu_constant, radial_mlp, \
-    symmetric_basis, symmetric_contraction
+    symmetric_basis, symmetric_contraction, symmetrize_basis
 
 __all__ = ["MACE", "INTERACTIONS"]
 
@@ -91,7 +91,9 @@ class MACE(eqx.Module, BaseModel):
     correlation: body order of each product (int or one per layer). interaction /
     interaction_first: block of the later / first layer (:data:`INTERACTIONS`). radial_mlp: hidden
     widths of the radial network. avg_num_neighbors: message normalisation. atomic_energies: E0
-    per element (eV). scale, shift: of the atomic interaction energies (eV). seed: random weights
+    per element (eV). scale, shift: of the atomic interaction energies (eV). skin: extra
+    neighbour-search range (Å) that lets dynamics keep a list for several steps (pairs beyond
+    r_max are masked; the numbers do not depend on it). seed: random weights
     from ``jax.random.PRNGKey(seed)``. dtype: parameter dtype; the computation follows the
     positions' dtype.
 
@@ -100,7 +102,7 @@ class MACE(eqx.Module, BaseModel):
     """
 
     params: dict
-    bases: list  # symmetric-contraction bases U_ν per layer and output irrep (constants)
+    bases: list  # symmetric-contraction bases per layer and output irrep, as monomial coefficients (constants)
     species: tuple = eqx.field(static=True)
     max_ell: int = eqx.field(static=True)
     num_bessel: int = eqx.field(static=True)
@@ -120,8 +122,8 @@ class MACE(eqx.Module, BaseModel):
                  mlp_irreps="16x0e", num_interactions: int = 2, correlation=3,
                  interaction: str = INTERACTIONS[0], interaction_first: str | None = None,
                  radial_mlp=(64, 64, 64), avg_num_neighbors: float = 8.0, atomic_energies=None,
-                 scale: float = 1.0, shift: float = 0.0, seed: int = 0, dtype=jnp.float64,
-                 _weights=None, _act_constant=None):
+                 scale: float = 1.0, shift: float = 0.0, skin: float = 0.0, seed: int = 0,
+                 dtype=jnp.float64, _weights=None, _act_constant=None):
         owner = "MACE"
         self.species = species_lib.check_species(species, owner)
         r_max = species_lib.check_cutoff(r_max, owner)
@@ -155,7 +157,7 @@ class MACE(eqx.Module, BaseModel):
             outputs=frozenset({"energy", "atomic_energies", "forces", "stress"}),
             autograd_outputs=frozenset({"forces", "stress"}),
             autograd_inputs=frozenset({"positions", "cell"}),
-            neighbor_config=NeighborConfig(cutoff=r_max),
+            neighbor_config=NeighborConfig(cutoff=r_max, skin=skin),
         )
         n_el = len(self.species)
         e0 = np.zeros(n_el) if atomic_energies is None else np.asarray(atomic_energies, np.float64).reshape(-1)
@@ -168,7 +170,10 @@ class MACE(eqx.Module, BaseModel):
         params = dict(params, atomic_energies=e0, scale=np.float64(scale), shift=np.float64(shift),
                       bessel_weights=params.get("bessel_weights", np.pi / r_max * np.arange(1, self.num_bessel + 1)))
         self.params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
-        self.bases = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), bases)
+        # Stored as monomial coefficients (layers.symmetrize_basis) of each U_ν.
+        self.bases = [[[jnp.asarray(symmetrize_basis(u, l), dtype) for u in us]
+                       for us, (_, l, _) in zip(layer_bases, layer.out)]
+                      for layer_bases, layer in zip(bases, self.layers())]
 
     # ------------------------------------------------------------------ structure and weights
 
@@ -180,8 +185,9 @@ class MACE(eqx.Module, BaseModel):
         key = [jax.random.PRNGKey(seed)]
 
         def normal(shape, scale=1.0):
+            # Drawn in float32 (the zoo's convention): one seed is the same model in either precision.
             key[0], sub = jax.random.split(key[0])
-            return np.asarray(jax.random.normal(sub, shape, jnp.float64)) * scale
+            return np.asarray(jax.random.normal(sub, shape, jnp.float32), np.float64) * scale
 
         n_el, n_s = len(self.species), ir.count(self.hidden_irreps, 0, 1)
         params = {"embedding": normal((n_el * n_s,)), "layers": []}
@@ -204,7 +210,7 @@ class MACE(eqx.Module, BaseModel):
         return params, bases
 
     @classmethod
-    def from_torch(cls, source, *, config=None, dtype=jnp.float64) -> "MACE":
+    def from_torch(cls, source, *, config=None, skin: float = 0.0, dtype=jnp.float64) -> "MACE":
         """A MACE with the configuration and weights of a mace-torch model.
 
         source: a mace-torch ``MACE`` / ``ScaleShiftMACE`` object, a file saved from one
@@ -212,12 +218,13 @@ class MACE(eqx.Module, BaseModel):
         :func:`jaxdd.models.mace.export_torch` (needs no torch). Variants that are not MACE as
         described above (other interaction blocks, gates, radial bases, heads, ...) are refused
         by name (:class:`~jaxdd.models.mace.UnsupportedModel`). config: for a state-dict file
-        only, the keyword arguments mace-torch's model was built with. dtype: of the weights.
+        only, the keyword arguments mace-torch's model was built with. skin: as in the
+        constructor. dtype: of the weights.
         """
         from .torch_import import read
 
         settings, weights, act_constant = read(source, config)
-        return cls(**settings, dtype=dtype, _weights=weights, _act_constant=act_constant)
+        return cls(**settings, skin=skin, dtype=dtype, _weights=weights, _act_constant=act_constant)
 
     # ------------------------------------------------------------------ jaxdd model interface
 
@@ -274,7 +281,7 @@ class MACE(eqx.Module, BaseModel):
             # [n, channels, Σ(2l+1)]: the irreps of A side by side, channel-major.
             a = jnp.concatenate([a[..., s:s + m * (2 * l + 1)].reshape(n, m, 2 * l + 1)
                                  for (m, l, _), s in zip(layer.target, _offsets(layer.target))], axis=-1)
-            products = [symmetric_contraction(us, ws, a, kind)
+            products = [symmetric_contraction(us, ws, a, kind, len(self.species))
                         for us, ws in zip(layer_bases, p_layer["contractions"])]
             feats = layer.product_linear(p_layer["product_linear"], jnp.concatenate(products, axis=-1))
             if sc is not None:

@@ -139,7 +139,7 @@ def _weights(config, sd):
     """(params, bases) in MACE's layout from a mace-torch state dict, shapes checked."""
     from .model import MACE
 
-    skeleton = MACE(**config, _weights=({}, []))  # structure only
+    skeleton = MACE(**config, dtype=np.float32, _weights=({}, []))  # structure only
 
     def take(key, shape):
         if key not in sd:
@@ -205,5 +205,5 @@ def export_torch(source, path, config=None) -> str:
     path = os.fspath(path)
     if not path.endswith(".npz"):
         raise ValueError(f"export_torch writes a .npz file; got {path!r}")
-    np.savez(path, __config__=json.dumps(dict(cfg, __act_constant__=act)), **sd)
+    np.savez_compressed(path, __config__=json.dumps(dict(cfg, __act_constant__=act)), **sd)
     return path

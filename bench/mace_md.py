@@ -1,0 +1,312 @@
+"""Benchmark: molecular dynamics of a MACE model, jaxdd against mace-torch, on equal pinned cores.
+
+    python bench/mace_md.py [--sizes 10,16] [--steps 10] [--cores 1,2] [--dtypes float32,float64]
+                            [--no-torch] [--json PATH]
+
+The model is the reference architecture of the tests (``tests/data/mace``): ``ScaleShiftMACE``,
+elements H, C, O, two ``RealAgnosticResidualInteractionBlock`` layers, hidden irreps
+``16x0e + 16x1o``, ``max_ell`` 3, correlation 3, cutoff 5 Å. With torch and mace-torch installed
+the benchmark builds it in mace-torch (seeded random weights) and converts it with
+``MACE.from_torch``, so both sides run the same weights; without them it runs jaxdd alone on
+``tests/data/mace/trained.npz`` and says so.
+
+The system: ``n³`` atoms of random H/C/O on a jittered simple-cubic lattice of spacing 2.15 Å
+(0.1 atoms/Å³, about 50 neighbours within 5 Å), periodic: ``--sizes 10,16`` gives 1,000 and
+4,096 atoms. Each side runs ``--steps`` NVE velocity-Verlet steps (dt 0.5 fs, T0 300 K):
+
+* jaxdd: ``DomainParallel`` on N virtual CPU devices (N = cores), neighbour skin 1 Å (lists
+  rebuilt on the devices when an atom has moved 0.5 Å); one warm-up run (compilation) and a
+  timed run from a fresh start;
+* mace-torch, its ASE calculator (``MACECalculator`` driving ``ase.md.VelocityVerlet``);
+* mace-torch, a bare loop: mace's own graph construction (``AtomicData.from_config``, matscipy
+  neighbour list) and ``model(batch)`` every step, velocity Verlet in torch; one warm-up step.
+
+Every configuration runs in a child process bound to its cores (torch with as many threads).
+It prints atom-steps per second, the ratio of jaxdd to the faster mace-torch path of the same
+dtype on the same cores, and the working memory per atom of the timed run: the peak resident
+memory of the process during it minus its resident memory just before (set-up, compilation and
+warm-up left out), in kB/atom. Target: jaxdd on one core >= 1.0x mace-torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "mace"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared bench/timing.py
+
+SPACING = 2.15  # Å, simple-cubic lattice: 0.1 atoms per Å³
+DT_FS = 0.5
+T0 = 300.0
+SKIN = 1.0
+TARGET = 1.0  # jaxdd / mace-torch on one core
+SIDES = ("jaxdd", "torch-ase", "torch-bare")
+HAVE_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("mace") is not None
+
+
+def system(n: int, seed: int = 0):
+    """ase.Atoms: n³ random H/C/O atoms, jittered simple cubic, periodic; Maxwell velocities at T0."""
+    import numpy as np
+    from ase import Atoms
+    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+
+    rng = np.random.default_rng(seed)
+    grid = np.stack(np.meshgrid(*[np.arange(n)] * 3, indexing="ij"), -1).reshape(-1, 3) * SPACING
+    atoms = Atoms(numbers=rng.choice([1, 6, 8], n**3), positions=grid + rng.normal(0, 0.15, grid.shape),
+                  cell=np.eye(3) * n * SPACING, pbc=True)
+    MaxwellBoltzmannDistribution(atoms, temperature_K=T0, rng=rng)
+    return atoms
+
+
+def torch_model(dtype: str):
+    """The mace-torch model (seeded), in ``dtype``."""
+    os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    import torch
+
+    sys.path.insert(0, str(DATA))
+    import make_reference
+
+    torch.set_default_dtype(torch.float64)
+    model = make_reference.build_model("RealAgnosticResidualInteractionBlock", 1)
+    return model.to(getattr(torch, dtype))
+
+
+def jaxdd_model(dtype: str, with_torch: bool):
+    from jaxdd.models.mace import MACE
+
+    source = torch_model("float64") if with_torch else DATA / "trained.npz"
+    return MACE.from_torch(source, skin=SKIN, dtype=dtype)
+
+
+def _memory_kb(field: str) -> float:
+    """``VmRSS`` (now) or ``VmHWM`` (peak) of this process, kB (Linux)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return float(line.split()[1])
+    return float("nan")
+
+
+def _start_peak() -> float:
+    """Reset the peak-RSS mark (Linux ``clear_refs``) and return the RSS now, kB: the working
+    memory of what follows is then ``VmHWM - start``, set-up and compilation left out."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return _memory_kb("VmRSS")
+
+
+def run_jaxdd(n: int, cores: int, dtype: str, steps: int, with_torch: bool) -> dict:
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    jax.config.update("jax_num_cpu_devices", cores)
+    import numpy as np
+    from ase.units import fs
+
+    import jaxdd
+    from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh
+    from jaxdd.dynamics import DomainParallel, VelocityVerlet
+
+    atoms = system(n)
+    model = jaxdd_model(dtype, with_torch)
+    data = jaxdd.AtomicData.from_ase(atoms, dtype=np.dtype(dtype))
+    data = data.replace(velocities=jax.numpy.asarray(atoms.get_velocities(), dtype))
+    dm = DistributedModel(model, DomainConfig(model.model_config.neighbor_config.cutoff, skin=SKIN,
+                                              mesh=default_mesh(jax.devices()[:cores])))
+    md = DomainParallel(dm, VelocityVerlet(DT_FS * fs))
+    t0 = time.perf_counter()
+    md.run(md.init(data), steps)
+    warmup = time.perf_counter() - t0
+    base = _start_peak()
+    state = md.init(data)
+    first = md.thermo(state)
+    state = md.run(state, steps)
+    stats = md.last_run
+    last = md.thermo(state)
+    return dict(side="jaxdd", seconds=stats.seconds, atom_steps_per_second=stats.atom_steps_per_second,
+                warmup_seconds=warmup, rebuilds=stats.rebuilds, recompiles=stats.recompiles,
+                pe_first=float(first["potential_energy"][0]), pe_last=float(last["potential_energy"][0]),
+                memory_kb_per_atom=(_memory_kb("VmHWM") - base) / len(atoms))
+
+
+def _mace_batch(atoms, z_table, r_max, dtype):
+    import torch
+    from mace import data as mace_data
+    from mace.tools import torch_geometric
+
+    config = mace_data.config_from_atoms(atoms)
+    graph = mace_data.AtomicData.from_config(config, z_table=z_table, cutoff=r_max)
+    batch = torch_geometric.batch.Batch.from_data_list([graph]).to_dict()
+    return {k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in batch.items()}
+
+
+def run_torch(n: int, cores: int, dtype: str, steps: int, side: str) -> dict:
+    os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    import torch
+    from ase.units import fs
+
+    torch.set_num_threads(cores)
+    atoms = system(n)
+    model = torch_model(dtype)
+    if side == "torch-ase":
+        from ase.md.verlet import VelocityVerlet
+        from mace.calculators import MACECalculator
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "bench.model"
+            torch.save(torch_model("float64"), path)
+            atoms.calc = MACECalculator(model_paths=str(path), device="cpu", default_dtype=dtype)
+        dyn = VelocityVerlet(atoms, DT_FS * fs)
+        pe_first = atoms.get_potential_energy()
+        dyn.run(1)  # warm-up
+        base = _start_peak()
+        t0 = time.perf_counter()
+        dyn.run(steps)
+        seconds = time.perf_counter() - t0
+        pe_last = atoms.get_potential_energy()
+    else:
+        from mace.tools import utils
+
+        tdt = getattr(torch, dtype)
+        z_table = utils.AtomicNumberTable([1, 6, 8])
+        r_max = float(model.r_max)
+        masses = torch.tensor(atoms.get_masses(), dtype=tdt)[:, None]
+        x = torch.tensor(atoms.positions, dtype=tdt)
+        v = torch.tensor(atoms.get_velocities(), dtype=tdt)
+        dt = DT_FS * fs
+
+        def forces(pos):
+            atoms.positions = pos.detach().numpy()
+            out = model(_mace_batch(atoms, z_table, r_max, tdt), compute_force=True)
+            return out["forces"].detach(), float(out["energy"][0])
+
+        f, pe_first = forces(x)
+        forces(x)  # warm-up
+        base = _start_peak()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            v = v + 0.5 * dt * f / masses
+            x = x + dt * v
+            f, pe_last = forces(x)
+            v = v + 0.5 * dt * f / masses
+        seconds = time.perf_counter() - t0
+    return dict(side=side, seconds=seconds, atom_steps_per_second=steps * len(atoms) / seconds,
+                warmup_seconds=None, rebuilds=None, recompiles=None, pe_first=pe_first, pe_last=pe_last,
+                memory_kb_per_atom=(_memory_kb("VmHWM") - base) / len(atoms))
+
+
+def worker(spec: str) -> int:
+    kw = json.loads(spec)
+    side = kw.pop("side")
+    row = run_jaxdd(**kw) if side == "jaxdd" else run_torch(side=side, **{k: v for k, v in kw.items()
+                                                                          if k != "with_torch"})
+    print(json.dumps(row), flush=True)
+    return 0
+
+
+def pinned(side: str, n: int, cores: int, dtype: str, steps: int, with_torch: bool) -> dict:
+    """One configuration in a child process bound to ``cores`` cores."""
+    use = set(sorted(os.sched_getaffinity(0))[:cores])
+    spec = json.dumps(dict(side=side, n=n, cores=cores, dtype=dtype, steps=steps, with_torch=with_torch))
+    env = dict(os.environ, OMP_NUM_THREADS=str(cores))
+    proc = subprocess.run([sys.executable, __file__, "--worker", spec], capture_output=True, text=True, env=env,
+                          preexec_fn=lambda: os.sched_setaffinity(0, use))
+    if proc.returncode != 0:
+        raise RuntimeError(f"{side} on {cores} core(s), {n**3} atoms, {dtype} failed:\n{proc.stderr[-3000:]}")
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    return dict(row, n_atoms=n**3, cores=len(use), dtype=dtype, steps=steps)
+
+
+def parse_args(argv=None):
+    from timing import check_args
+
+    p = argparse.ArgumentParser(description="MACE molecular dynamics: jaxdd against mace-torch.")
+    p.add_argument("--sizes", default="10,16", help="lattice points per axis, comma-separated (default 10,16: "
+                                                    "1,000 and 4,096 atoms)")
+    p.add_argument("--steps", type=int, default=10, help="timed NVE steps per run (default 10)")
+    p.add_argument("--cores", default="1,2", help="comma-separated core counts (default 1,2)")
+    p.add_argument("--dtypes", default="float32,float64", help="comma-separated dtypes (default both)")
+    p.add_argument("--no-torch", action="store_true", help="run jaxdd only")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures as JSON")
+    args = p.parse_args(argv)
+    check_args(p, args, positive=("steps",), choices={"dtypes": ("float32", "float64")})
+    for name in ("sizes", "cores"):
+        try:
+            values = tuple(int(v) for v in getattr(args, name).split(",") if v.strip())
+        except ValueError:
+            values = ()
+        if not values or min(values) < 1:
+            p.error(f"--{name} must be comma-separated positive integers, got {getattr(args, name)!r}")
+        setattr(args, name, values)
+    if max(args.cores) > len(os.sched_getaffinity(0)):
+        p.error(f"--cores asks for {max(args.cores)} cores but this process may use {len(os.sched_getaffinity(0))}")
+    return args
+
+
+def format_table(rows, notes) -> str:
+    cols = ["side", "atoms", "cores", "dtype", "atom-steps/s", "seconds", "warm-up s", "work kB/atom", "jaxdd / torch"]
+    lines = []
+    for r in rows:
+        ratio = f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-"
+        warm = f"{r['warmup_seconds']:.1f}" if r["warmup_seconds"] is not None else "-"
+        lines.append([r["side"], f"{r['n_atoms']:,}", str(r["cores"]), r["dtype"], f"{r['atom_steps_per_second']:,.0f}",
+                      f"{r['seconds']:.2f}", warm, f"{r['memory_kb_per_atom']:.1f}", ratio])
+    widths = [max(len(c), *(len(l[i]) for l in lines)) for i, c in enumerate(cols)]
+    out = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
+    out += ["  ".join(c.rjust(w) for c, w in zip(l, widths)) for l in lines]
+    return "\n".join(out + [f"note: {n}" for n in notes])
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--worker"]:
+        return worker(argv[1])
+    args = parse_args(argv)
+    with_torch = HAVE_TORCH and not args.no_torch
+    notes = []
+    if not with_torch:
+        notes.append("mace-torch not run (" + ("--no-torch" if args.no_torch else "torch and mace-torch are not "
+                     "installed: pip install torch==2.13.0 mace-torch") + "); jaxdd runs tests/data/mace/trained.npz")
+    sides = SIDES if with_torch else SIDES[:1]
+    rows = []
+    for n in args.sizes:
+        for cores in args.cores:
+            for dtype in args.dtypes:
+                group = []
+                for side in sides:
+                    row = pinned(side, n, cores, dtype, args.steps, with_torch)
+                    print(f"{side:10s} {row['n_atoms']:6d} atoms {cores} core(s) {dtype}: "
+                          f"{row['atom_steps_per_second']:,.0f} atom-steps/s", flush=True)
+                    group.append(row)
+                torch_best = max((r["atom_steps_per_second"] for r in group if r["side"] != "jaxdd"), default=None)
+                for r in group:
+                    r["ratio"] = r["atom_steps_per_second"] / torch_best if (torch_best and r["side"] == "jaxdd") else None
+                rows += group
+    print(f"\nMACE NVE ({args.steps} steps, dt {DT_FS} fs, T0 {T0:.0f} K), H/C/O at 0.1 atoms/Å³, cutoff 5 Å; "
+          f"ratio: jaxdd over the faster mace-torch path, same cores and dtype")
+    print(format_table(rows, notes))
+    one = [r["ratio"] for r in rows if r["side"] == "jaxdd" and r["cores"] == 1 and r["ratio"] is not None]
+    if one:
+        state = "met" if min(one) >= TARGET else "NOT met"
+        print(f"target (jaxdd on one core >= {TARGET}x mace-torch): {state}: lowest {min(one):.2f}x")
+    if args.json is not None:
+        from timing import write_record
+
+        write_record(args.json, dict(benchmark="mace_md", steps=args.steps, results=rows, notes=notes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Build the mace-torch reference models and their energies, forces and stress.
+
+Needs torch and mace-torch (``pip install torch==2.13.0 mace-torch``; the ``mace`` extra); the
+tests read what this writes and do not need either. Run from the repository root::
+
+    python tests/data/mace/make_reference.py
+
+Writes, next to this file:
+
+* ``residual.npz``: ``ScaleShiftMACE``, elements H, C, O, 2 interactions
+  (``RealAgnosticResidualInteractionBlock``), hidden irreps ``16x0e + 16x1o``, ``max_ell`` 3,
+  correlation 3, cutoff 5 Å, E0s (-1.2, -3.4, -5.6) eV, scale 1.3 and shift -0.2 eV;
+* ``plain.npz``: the same with ``RealAgnosticInteractionBlock``;
+* ``trained.npz``: ``residual``'s architecture fitted for a few epochs to energies and forces
+  of a Morse potential on 24 jittered H/C/O crystals (weights that are not random);
+* ``reference.npz``: six systems (periodic cubic, triclinic, a (T,T,F) slab, a molecule, a batch
+  of two (a small triclinic crystal and the molecule in a vacuum box), one with an atom without
+  neighbours) and each model's energy [eV], forces [eV/Å] and
+  stress [eV/Å³] on them, evaluated by mace-torch in float64.
+
+Model files are written with :func:`jaxdd.models.mace.export_torch` (configuration and state
+dict as numpy arrays).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # e3nn 0.4 loads its constants with pickle
+
+import numpy as np
+import torch
+from ase import Atoms
+from ase.build import bulk
+from ase.calculators.morse import MorsePotential
+from ase.neighborlist import primitive_neighbor_list
+
+HERE = pathlib.Path(__file__).resolve().parent
+SPECIES = [1, 6, 8]
+R_MAX = 5.0
+
+
+def build_model(interaction: str, seed: int):
+    from e3nn import o3
+    from mace import modules
+
+    torch.manual_seed(seed)
+    cls = getattr(modules, interaction)
+    return modules.ScaleShiftMACE(
+        r_max=R_MAX, num_bessel=8, num_polynomial_cutoff=5, max_ell=3, interaction_cls=cls,
+        interaction_cls_first=cls, num_interactions=2, num_elements=3,
+        hidden_irreps=o3.Irreps("16x0e + 16x1o"), MLP_irreps=o3.Irreps("16x0e"),
+        atomic_energies=np.array([-1.2, -3.4, -5.6]), avg_num_neighbors=12.0, atomic_numbers=SPECIES,
+        correlation=3, gate=torch.nn.functional.silu, atomic_inter_scale=1.3, atomic_inter_shift=-0.2,
+        radial_MLP=[32, 32, 32],
+    )
+
+
+def to_batch(systems):
+    """mace-torch's input dictionary for a list of ase.Atoms (edges i -> j within R_MAX)."""
+    pos, cells, edges, shifts, unit, attrs, batch = [], [], [], [], [], [], []
+    offset = 0
+    for g, a in enumerate(systems):
+        cell = a.cell.array if a.cell.rank == 3 else np.zeros((3, 3))
+        i, j, s = primitive_neighbor_list("ijS", a.pbc, cell, a.positions, R_MAX, self_interaction=False)
+        pos.append(a.positions)
+        cells.append(cell)
+        edges.append(np.stack([i + offset, j + offset]))
+        shifts.append(s @ cell)
+        unit.append(s.astype(float))
+        attrs.append(np.eye(len(SPECIES))[[SPECIES.index(z) for z in a.numbers]])
+        batch.append(np.full(len(a), g))
+        offset += len(a)
+    t = torch.tensor
+    return dict(positions=t(np.concatenate(pos)), cell=t(np.concatenate(cells)),
+                edge_index=t(np.concatenate(edges, 1)), shifts=t(np.concatenate(shifts)),
+                unit_shifts=t(np.concatenate(unit)), node_attrs=t(np.concatenate(attrs)),
+                batch=t(np.concatenate(batch)), ptr=t(np.cumsum([0] + [len(a) for a in systems])))
+
+
+def evaluate(model, systems):
+    """(energy [S], forces [V, 3], stress [S, 3, 3]); stress is NaN for systems without a cell."""
+    out = model(to_batch(systems), compute_force=True, compute_stress=True)
+    stress = out["stress"].detach().numpy().copy()
+    for g, a in enumerate(systems):
+        if a.cell.rank < 3:
+            stress[g] = np.nan
+    return out["energy"].detach().numpy(), out["forces"].detach().numpy(), stress
+
+
+def jitter(atoms, rng, sigma=0.1):
+    atoms = atoms.copy()
+    atoms.numbers = rng.choice(SPECIES, len(atoms))
+    atoms.positions += rng.normal(0.0, sigma, atoms.positions.shape)
+    return atoms
+
+
+def make_systems(rng):
+    """The six reference systems; the fifth is a batch of two."""
+    cubic = jitter(bulk("C", "diamond", a=3.6, cubic=True).repeat(2), rng)  # 64 atoms, 7.2 Å
+    tri = Atoms("C" * 20, cell=[[6.4, 0.0, 0.0], [1.7, 6.1, 0.0], [-0.9, 1.2, 6.6]], pbc=True)
+    tri.set_scaled_positions(rng.random((20, 3)))
+    tri = _spread(tri, rng)
+    slab = jitter(bulk("C", "diamond", a=3.6, cubic=True).repeat((2, 2, 1)), rng)
+    slab.cell[2, 2] = 14.0
+    slab.pbc = (True, True, False)
+    molecule = Atoms("CCOHHHHO", positions=[[0, 0, 0], [1.52, 0, 0], [2.1, 1.2, 0], [-0.5, 0.9, 0.3],
+                                            [-0.4, -0.9, 0.4], [1.9, -0.6, 0.8], [3.0, 1.2, 0.3], [-0.6, 0.1, -1.3]])
+    small = Atoms("CHO", cell=[[4.1, 0, 0], [0.6, 3.9, 0], [0.3, 0.5, 4.4]], pbc=True,
+                  scaled_positions=[[0.1, 0.2, 0.3], [0.55, 0.45, 0.6], [0.8, 0.9, 0.05]])
+    boxed = molecule.copy()  # in a vacuum box (pbc False): its stress is defined
+    boxed.cell = [[11.0, 0, 0], [0, 10.0, 0], [0, 0, 12.0]]
+    lone = molecule.copy() + Atoms("O", positions=[[20.0, 0.0, 0.0]])
+    return {"cubic": [cubic], "triclinic": [tri], "slab": [slab], "molecule": [molecule],
+            "batch": [small, boxed], "isolated": [lone]}
+
+
+def _spread(atoms, rng, min_distance=1.1):
+    """Random positions with no two atoms closer than ``min_distance`` Å (periodic)."""
+    for _ in range(1000):
+        d = atoms.get_all_distances(mic=True) + np.eye(len(atoms)) * 10
+        i, j = np.unravel_index(np.argmin(d), d.shape)
+        if d[i, j] >= min_distance:
+            break
+        atoms.positions[i] += rng.normal(0, 0.5, 3)
+        atoms.wrap()
+    atoms.numbers = rng.choice(SPECIES, len(atoms))
+    return atoms
+
+
+def train(model, rng, epochs=30):
+    """A few epochs of Adam on Morse energies and forces (weights that are not random)."""
+    data = []
+    for _ in range(24):
+        a = jitter(bulk("C", "diamond", a=3.7, cubic=True).repeat((2, 1, 1)), rng, sigma=0.15)
+        a.calc = MorsePotential(epsilon=0.3, r0=1.6, rho0=4.0, rcut1=4.0, rcut2=R_MAX)
+        data.append((a, a.get_potential_energy(), a.get_forces()))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(epochs):
+        for a, e, f in data:
+            optimizer.zero_grad()
+            out = model(to_batch([a]), training=True, compute_force=True)
+            e0 = sum(model.atomic_energies_fn.atomic_energies[SPECIES.index(z)] for z in a.numbers)
+            loss = ((out["energy"][0] - e0 - e) / len(a)) ** 2 + torch.mean((out["forces"] - torch.tensor(f)) ** 2)
+            loss.backward()
+            optimizer.step()
+    return model
+
+
+def main():
+    import sys
+
+    sys.path.insert(0, str(HERE.parents[2]))
+    from jaxdd.models.mace import export_torch
+
+    torch.set_default_dtype(torch.float64)
+    rng = np.random.default_rng(20261202)
+    models = {"residual": build_model("RealAgnosticResidualInteractionBlock", 1),
+              "plain": build_model("RealAgnosticInteractionBlock", 2)}
+    models["trained"] = train(build_model("RealAgnosticResidualInteractionBlock", 3), rng)
+    systems = make_systems(rng)
+    out = {}
+    for name, group in systems.items():
+        for k, a in enumerate(group):
+            out[f"system/{name}/{k}/numbers"] = a.numbers
+            out[f"system/{name}/{k}/positions"] = a.positions
+            out[f"system/{name}/{k}/cell"] = a.cell.array
+            out[f"system/{name}/{k}/pbc"] = a.pbc
+    for model_name, model in models.items():
+        export_torch(model, HERE / f"{model_name}.npz")
+        for name, group in systems.items():
+            e, f, s = evaluate(model, group)
+            out[f"{model_name}/{name}/energy"], out[f"{model_name}/{name}/forces"] = e, f
+            out[f"{model_name}/{name}/stress"] = s
+    np.savez_compressed(HERE / "reference.npz", **out)
+    print("wrote", sorted(p.name for p in HERE.glob("*.npz")))
+
+
+if __name__ == "__main__":
+    main()
