@@ -230,8 +230,8 @@ def one_device():
     return {k: np.asarray(v) for k, v in out.items()}
 
 
-@pytest.mark.parametrize("grid", [(3, 2, 1), pytest.param((2, 2, 2), marks=pytest.mark.slow),
-                                  pytest.param((4, 1, 1), marks=pytest.mark.slow)],
+@pytest.mark.parametrize("grid", [(2, 1, 1)] + [pytest.param(g, marks=pytest.mark.slow)
+                                                  for g in ((3, 2, 1), (2, 2, 2), (4, 1, 1))],
                          ids=lambda g: "x".join(map(str, g)))
 def test_distributed_converted_model_equals_one_device(grid):
     grid_ids = tuple(grid)

@@ -25,6 +25,7 @@ trained with mace-torch apply unchanged (:func:`MACE.from_torch`).
 from __future__ import annotations
 
 import math
+import os
 
 import e3nn_jax as e3nn
 import equinox as eqx
@@ -40,11 +41,9 @@ from .. import species as species_lib
 from . import irreps as ir
 from .layers import Linear, TensorProduct, conv_tp_irreps, normalized_silu_constant, radial_mlp, \
     symmetric_basis, symmetric_contraction, symmetrize_basis
+from .torch_import import INTERACTIONS, UnsupportedModel, load_export, read, save_export
 
-__all__ = ["MACE", "INTERACTIONS"]
-
-#: Interaction blocks MACE can be built with (mace-torch class names).
-INTERACTIONS = ("RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock")
+__all__ = ["MACE", "INTERACTIONS", "export_torch"]
 
 
 class _Layer:
@@ -215,15 +214,17 @@ class MACE(eqx.Module, BaseModel):
 
         source: a mace-torch ``MACE`` / ``ScaleShiftMACE`` object, a file saved from one
         (``torch.save(model)``, mace's ``.model``), or a ``.npz`` written by
-        :func:`jaxdd.models.mace.export_torch` (needs no torch). Variants that are not MACE as
-        described above (other interaction blocks, gates, radial bases, heads, ...) are refused
-        by name (:class:`~jaxdd.models.mace.UnsupportedModel`). config: for a state-dict file
-        only, the keyword arguments mace-torch's model was built with. skin: as in the
-        constructor. dtype: of the weights.
+        :func:`export_torch` (needs no torch). Variants that are not MACE as described above
+        (other interaction blocks, gates, radial bases, heads, ...) are refused by name
+        (:class:`~jaxdd.models.mace.UnsupportedModel`). config: for a state-dict file only, the
+        keyword arguments mace-torch's model was built with. skin: as in the constructor.
+        dtype: of the weights.
         """
-        from .torch_import import read
-
-        settings, weights, act_constant = read(source, config)
+        if isinstance(source, (str, os.PathLike)) and os.fspath(source).endswith(".npz"):
+            settings, state, act_constant = load_export(source)
+        else:
+            settings, state, act_constant = read(source, config)
+        weights = _weights_from_state_dict(cls, settings, state)
         return cls(**settings, skin=skin, dtype=dtype, _weights=weights, _act_constant=act_constant)
 
     # ------------------------------------------------------------------ jaxdd model interface
@@ -307,3 +308,60 @@ def _offsets(irreps):
         out.append(s)
         s += m * (2 * l + 1)
     return out
+
+
+def _weights_from_state_dict(cls, config, sd):
+    """(params, bases) in MACE's layout from a mace-torch state dict, every shape checked
+    against the structure the configuration gives."""
+    skeleton = cls(**config, dtype=np.float32, _weights=({}, []))  # structure only
+
+    def take(key, shape):
+        if key not in sd:
+            raise UnsupportedModel(f"mace-torch state dict has no {key!r}; is this a MACE model?")
+        value = np.asarray(sd[key], np.float64)
+        if value.shape != tuple(shape):
+            raise UnsupportedModel(f"mace-torch weight {key!r} has shape {value.shape}, but the configuration "
+                                   f"read from the model needs {tuple(shape)}")
+        return value
+
+    n_el = len(config["species"])
+    n_s = ir.count(skeleton.hidden_irreps, 0, 1)
+    params = {"embedding": take("node_embedding.linear.weight", (n_el * n_s,)), "layers": [],
+              "bessel_weights": take("radial_embedding.bessel_fn.bessel_weights", (config["num_bessel"],))}
+    bases = []
+    for t, layer in enumerate(skeleton.layers()):
+        pre, corr = f"interactions.{t}.", skeleton.correlation[t]
+        contractions, layer_bases = [], []
+        for c in range(len(layer.out)):
+            cpre = f"products.{t}.symmetric_contractions.contractions.{c}."
+            n_ell = sum(2 * l + 1 for _, l, _ in layer.target)
+            lead = () if layer.out[c][1] == 0 else (2 * layer.out[c][1] + 1,)
+            us = [take(f"{cpre}U_matrix_{nu}", lead + (n_ell,) * nu + (sd.get(f"{cpre}U_matrix_{nu}", np.zeros(1)).shape[-1],))
+                  for nu in range(1, corr + 1)]
+            layer_bases.append(us)
+            ws = [take(f"{cpre}weights_max", (n_el, us[-1].shape[-1], n_s))]
+            ws += [take(f"{cpre}weights.{k}", (n_el, us[corr - 2 - k].shape[-1], n_s)) for k in range(corr - 1)]
+            contractions.append(ws)
+        bases.append(layer_bases)
+        names = ["linear"] if len(layer.readout) == 1 else ["linear_1", "linear_2"]
+        sizes = layer.radial_sizes
+        params["layers"].append({
+            "linear_up": take(pre + "linear_up.weight", (layer.linear_up.numel,)),
+            "radial": [take(f"{pre}conv_tp_weights.layer{k}.weight", (a, b))
+                       for k, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))],
+            "linear": take(pre + "linear.weight", (layer.linear.numel,)),
+            "skip_tp": take(pre + "skip_tp.weight", (layer.skip_tp.numel,)),
+            "contractions": contractions,
+            "product_linear": take(f"products.{t}.linear.weight", (layer.product_linear.numel,)),
+            "readout": [take(f"readouts.{t}.{name}.weight", (lin.numel,)) for name, lin in zip(names, layer.readout)],
+        })
+    return params, bases
+
+
+def export_torch(source, path, config=None) -> str:
+    """Write a mace-torch model's configuration and weights to ``path`` (``.npz``), which
+    :meth:`MACE.from_torch` reads without torch. source, config: as for ``from_torch``. The
+    model is checked (variants refused) before anything is written. Returns the path."""
+    settings, state, act_constant = read(source, config)
+    _weights_from_state_dict(MACE, settings, state)  # refuse here, not on the machine that loads it
+    return save_export(path, settings, state, act_constant)

@@ -2,8 +2,9 @@
 with, checked against the structure :class:`~jaxdd.models.mace.MACE` builds from that
 configuration. Variants MACE here does not implement are refused by name.
 
-torch is imported only to read a torch object or file; :func:`export_torch` writes what was
-read to a ``.npz`` that later loads without torch (e.g. on a machine that runs JAX only).
+torch is imported only to read a torch object or file; :func:`save_export` writes what was
+read to a ``.npz`` that :func:`load_export` reads without torch (e.g. on a machine that runs
+JAX only). Mapping the state dict onto MACE's weights is :meth:`MACE.from_torch`'s.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import os
 
 import numpy as np
 
-from .model import INTERACTIONS
+__all__ = ["INTERACTIONS", "UnsupportedModel", "read", "load_export", "save_export"]
 
-__all__ = ["read", "export_torch", "UnsupportedModel"]
+#: Interaction blocks MACE can be built with (mace-torch class names).
+INTERACTIONS = ("RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock")
 
 
 class UnsupportedModel(ValueError):
@@ -96,14 +98,12 @@ def _check_variant(m):
 
 
 def _act_constant(m):
-    """The constant e3nn multiplied silu by in this model (Monte-Carlo second moment)."""
-    values = set()
-    for block in m.interactions:
-        for layer in list(block.conv_tp_weights)[:-1]:
-            values.add(1.0 if layer.act._is_id else float(layer.act.cst))
+    """The constant e3nn multiplied silu by in this model (a Monte-Carlo second moment; e3nn
+    leaves the activation unscaled when the constant is within 1e-4 of one)."""
+    acts = [layer.act for block in m.interactions for layer in list(block.conv_tp_weights)[:-1]]
     if len(m.readouts) > 1:
-        act = m.readouts[-1].non_linearity.acts[0]
-        values.add(1.0 if act._is_id else float(act.cst))
+        acts.append(m.readouts[-1].non_linearity.acts[0])
+    values = {1.0 if abs(float(a.cst) - 1) < 1e-4 else float(a.cst) for a in acts}
     if len(values) > 1:
         _refuse("different activation normalisations", sorted(values))
     return values.pop() if values else None
@@ -135,75 +135,24 @@ def _read_object(m):
     return config, sd, _act_constant(m)
 
 
-def _weights(config, sd):
-    """(params, bases) in MACE's layout from a mace-torch state dict, shapes checked."""
-    from .model import MACE
-
-    skeleton = MACE(**config, dtype=np.float32, _weights=({}, []))  # structure only
-
-    def take(key, shape):
-        if key not in sd:
-            raise UnsupportedModel(f"mace-torch state dict has no {key!r}; is this a MACE model?")
-        value = np.asarray(sd[key], np.float64)
-        if value.shape != tuple(shape):
-            raise UnsupportedModel(f"mace-torch weight {key!r} has shape {value.shape}, but the configuration "
-                                   f"read from the model needs {tuple(shape)}")
-        return value
-
-    n_el = len(config["species"])
-    n_s = sum(m for m, l, p in skeleton.hidden_irreps if (l, p) == (0, 1))
-    params = {"embedding": take("node_embedding.linear.weight", (n_el * n_s,)), "layers": [],
-              "bessel_weights": take("radial_embedding.bessel_fn.bessel_weights", (config["num_bessel"],))}
-    bases = []
-    for t, layer in enumerate(skeleton.layers()):
-        pre = f"interactions.{t}."
-        sizes = layer.radial_sizes
-        contractions, layer_bases = [], []
-        for c in range(len(layer.out)):
-            cpre = f"products.{t}.symmetric_contractions.contractions.{c}."
-            corr = skeleton.correlation[t]
-            us = [np.asarray(sd[f"{cpre}U_matrix_{nu}"], np.float64) for nu in range(1, corr + 1)]
-            layer_bases.append(us)
-            ws = [take(f"{cpre}weights_max", (n_el, us[-1].shape[-1], n_s))]
-            ws += [take(f"{cpre}weights.{k}", (n_el, us[corr - 2 - k].shape[-1], n_s)) for k in range(corr - 1)]
-            contractions.append(ws)
-        bases.append(layer_bases)
-        readout = ([take(f"readouts.{t}.linear.weight", (layer.readout[0].numel,))] if len(layer.readout) == 1 else
-                   [take(f"readouts.{t}.linear_1.weight", (layer.readout[0].numel,)),
-                    take(f"readouts.{t}.linear_2.weight", (layer.readout[1].numel,))])
-        params["layers"].append({
-            "linear_up": take(pre + "linear_up.weight", (layer.linear_up.numel,)),
-            "radial": [take(f"{pre}conv_tp_weights.layer{k}.weight", (a, b))
-                       for k, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))],
-            "linear": take(pre + "linear.weight", (layer.linear.numel,)),
-            "skip_tp": take(pre + "skip_tp.weight", (layer.skip_tp.numel,)),
-            "contractions": contractions,
-            "product_linear": take(f"products.{t}.linear.weight", (layer.product_linear.numel,)),
-            "readout": readout,
-        })
-    return params, bases
-
-
 def read(source, config=None):
-    """``(config, (params, bases), act_constant)`` of a mace-torch model, a file saved from one,
-    or a ``.npz`` from :func:`export_torch`."""
-    if isinstance(source, (str, os.PathLike)) and os.fspath(source).endswith(".npz"):
-        with np.load(os.fspath(source)) as f:
-            cfg = json.loads(str(f["__config__"]))
-            sd = {k: f[k] for k in f.files if not k.startswith("__")}
-        act = cfg.pop("__act_constant__")
-        return cfg, _weights(cfg, sd), act
-    cfg, sd, act = _read_object(_load(source, config))
-    return cfg, _weights(cfg, sd), act
+    """``(config, state_dict, act_constant)`` of a mace-torch model object or a file saved from
+    one (config: for a state-dict file, the keyword arguments the model was built with)."""
+    return _read_object(_load(source, config))
 
 
-def export_torch(source, path, config=None) -> str:
-    """Write a mace-torch model's configuration and weights to ``path`` (``.npz``), which
-    :meth:`MACE.from_torch` reads without torch. Returns the path."""
-    cfg, sd, act = _read_object(_load(source, config))
-    _weights(cfg, sd)  # refuse now, not on the machine that loads it
+def load_export(path):
+    """``(config, state_dict, act_constant)`` from a ``.npz`` written by :func:`save_export`."""
+    with np.load(os.fspath(path)) as f:
+        config = json.loads(str(f["__config__"]))
+        state = {k: f[k] for k in f.files if not k.startswith("__")}
+    return config, state, config.pop("__act_constant__")
+
+
+def save_export(path, config, state, act_constant) -> str:
+    """Write what :func:`read` returned to ``path`` (``.npz``, compressed). Returns the path."""
     path = os.fspath(path)
     if not path.endswith(".npz"):
-        raise ValueError(f"export_torch writes a .npz file; got {path!r}")
-    np.savez_compressed(path, __config__=json.dumps(dict(cfg, __act_constant__=act)), **sd)
+        raise ValueError(f"a MACE export is a .npz file; got {path!r}")
+    np.savez_compressed(path, __config__=json.dumps(dict(config, __act_constant__=act_constant)), **state)
     return path

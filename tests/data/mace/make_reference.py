@@ -1,6 +1,6 @@
 """Build the mace-torch reference models and their energies, forces and stress.
 
-Needs torch and mace-torch (``pip install torch==2.13.0 mace-torch``; the ``mace`` extra); the
+Needs torch and mace-torch (the ``mace`` extra: ``pip install -e '.[mace]'``); the
 tests read what this writes and do not need either. Run from the repository root::
 
     python tests/data/mace/make_reference.py
