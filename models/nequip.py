@@ -42,7 +42,7 @@ from jaxdd.neighbors import edge_vectors
 
 from .species import check_cutoff, check_species, neighbor_inputs, species_table, validate_species
 
-__all__ = ["NequIP"]
+__all__ = ["NequIP", "polynomial_envelope"]
 
 _SH_IRREPS = e3nn.Irreps.spherical_harmonics(2)
 
@@ -78,7 +78,7 @@ def _mlp(layers, x):
     return x
 
 
-def _polynomial_envelope(x, p: int):
+def polynomial_envelope(x, p: int):
     """u_p(x) = 1 - (p+1)(p+2)/2 x^p + p(p+2) x^(p+1) - p(p+1)/2 x^(p+2): 1 at x = 0; value, first and
     second derivatives zero at x = 1 (DimeNet's envelope)."""
     return 1.0 - (p + 1) * (p + 2) / 2 * x**p + p * (p + 2) * x ** (p + 1) - p * (p + 1) / 2 * x ** (p + 2)
@@ -215,7 +215,7 @@ class NequIP(eqx.Module, BaseModel):
         # Padding edges get a unit vector: finite harmonics and gradients, zeroed by the envelope.
         unit = jnp.where(inside[:, None], vec, jnp.asarray([0.0, 0.0, 1.0], dt))
         sh = e3nn.spherical_harmonics(_SH_IRREPS, unit, normalize=True, normalization="component")
-        envelope = jnp.where(inside, _polynomial_envelope(r / rc, self.envelope_p), 0.0)
+        envelope = jnp.where(inside, polynomial_envelope(r / rc, self.envelope_p), 0.0)
         basis = e3nn.bessel(r, self.n_basis, rc) * envelope[:, None]  # [E, n_basis]
 
         h = e3nn.IrrepsArray(f"{params['embed'].shape[1]}x0e", params["embed"][kind])

@@ -145,6 +145,12 @@ def test_weights_that_do_not_fit_the_configuration_are_refused_with_their_name(t
         MACE.from_torch(path)
 
 
+def test_a_npz_that_is_not_an_export_is_refused_with_what_to_do(tmp_path):
+    np.savez(tmp_path / "weights.npz", w=np.zeros(3))
+    with pytest.raises(ValueError, match="not a MACE export.*export_torch"):
+        MACE.from_torch(tmp_path / "weights.npz")
+
+
 def test_an_unsupported_model_class_is_refused_by_name():
     from jaxdd.models.mace.torch_import import read
 

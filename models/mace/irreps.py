@@ -15,8 +15,7 @@ import re
 
 import numpy as np
 
-__all__ = ["Irreps", "parse", "dim", "count", "sort", "simplify", "spherical_harmonics_irreps", "to_str",
-           "wigner_3j"]
+__all__ = ["Irreps", "parse", "count", "sort", "simplify", "spherical_harmonics_irreps", "wigner_3j"]
 
 Irreps = tuple  # of (mul, l, p)
 
@@ -37,14 +36,6 @@ def parse(irreps) -> Irreps:
         mul, l, p = match.groups()
         out.append((int(mul) if mul else 1, int(l), 1 if p == "e" else -1))
     return tuple(out)
-
-
-def to_str(irreps: Irreps) -> str:
-    return " + ".join(f"{m}x{l}{'e' if p == 1 else 'o'}" for m, l, p in irreps)
-
-
-def dim(irreps: Irreps) -> int:
-    return sum(m * (2 * l + 1) for m, l, _ in irreps)
 
 
 def count(irreps: Irreps, l: int, p: int) -> int:

@@ -17,12 +17,12 @@ import numpy as np
 
 from . import irreps as ir
 
-__all__ = ["Linear", "TensorProduct", "conv_tp_irreps", "radial_mlp", "normalized_silu_constant",
+__all__ = ["split", "Linear", "TensorProduct", "conv_tp_irreps", "radial_mlp", "normalized_silu_constant",
            "symmetric_contraction", "symmetric_basis", "symmetrize_basis", "monomials"]
 
 
-def _split(irreps, x):
-    """``x [..., dim]`` -> one ``[..., mul, 2l+1]`` block per entry of ``irreps``."""
+def split(irreps, x):
+    """``x [..., dim]`` (``mul_ir`` layout) -> one ``[..., mul, 2l+1]`` block per entry of ``irreps``."""
     out, start = [], 0
     for mul, l, _ in irreps:
         d = 2 * l + 1
@@ -60,7 +60,7 @@ class Linear:
         return sum(self.irreps_in[i][0] * self.irreps_out[o][0] for i, o in self.paths)
 
     def __call__(self, weight, x):
-        blocks = _split(self.irreps_in, x)
+        blocks = split(self.irreps_in, x)
         out = [None] * len(self.irreps_out)
         fan_in = [sum(self.irreps_in[i][0] for i, o2 in self.paths if o2 == o) for o in range(len(self.irreps_out))]
         offset = 0
@@ -111,7 +111,7 @@ class TensorProduct:
         return sum(math.prod(self._shape(ins)) for ins in self.instructions)
 
     def __call__(self, weight, x1, x2):
-        b1, b2 = _split(self.irreps_in1, x1), _split(self.irreps_in2, x2)
+        b1, b2 = split(self.irreps_in1, x1), split(self.irreps_in2, x2)
         batch = jnp.broadcast_shapes(x1.shape[:-1], x2.shape[:-1])
         out = [None] * len(self.irreps_out)
         offset = 0
@@ -193,7 +193,7 @@ def monomials(n_ell: int, nu: int) -> list:
     """The degree-``nu`` monomials of ``n_ell`` variables as sorted index tuples, in colex order
     (by last index, then the prefix in colex order): the monomials ending in index ``L`` are
     the first ``C(L + nu - 1, nu - 1)`` monomials of degree ``nu - 1`` times ``x_L``, so each
-    degree is built from the previous one by slices, without gathers."""
+    degree is the previous one's leading rows times one variable."""
     if nu == 0:
         return [()]
     prev = monomials(n_ell, nu - 1)

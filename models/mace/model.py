@@ -38,8 +38,9 @@ from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import edge_vectors
 
 from .. import species as species_lib
+from ..nequip import polynomial_envelope
 from . import irreps as ir
-from .layers import Linear, TensorProduct, conv_tp_irreps, normalized_silu_constant, radial_mlp, \
+from .layers import Linear, TensorProduct, conv_tp_irreps, normalized_silu_constant, radial_mlp, split, \
     symmetric_basis, symmetric_contraction, symmetrize_basis
 from .torch_import import INTERACTIONS, UnsupportedModel, load_export, read, save_export
 
@@ -260,17 +261,14 @@ class MACE(eqx.Module, BaseModel):
         unit = jnp.where(inside[:, None], vec, jnp.asarray([0.0, 0.0, 1.0], dt))
         sh = e3nn.spherical_harmonics(e3nn.Irreps.spherical_harmonics(self.max_ell), unit, normalize=True,
                                       normalization="component").array
-        x = r / rc
-        p = self.num_polynomial_cutoff
-        envelope = 1.0 - (p + 1.0) * (p + 2.0) / 2.0 * x**p + p * (p + 2.0) * x ** (p + 1) - p * (p + 1.0) / 2 * x ** (p + 2)
-        envelope = jnp.where(inside, envelope, 0.0)
+        envelope = jnp.where(inside, polynomial_envelope(r / rc, self.num_polynomial_cutoff), 0.0)
         bessel = math.sqrt(2.0 / rc) * jnp.sin(params["bessel_weights"] * r[:, None]) / r[:, None]
         radial = bessel * envelope[:, None]  # [E, num_bessel], zero on padding edges
 
         n_s = ir.count(self.hidden_irreps, 0, 1)
         feats = Linear(((len(self.species), 0, 1),), ((n_s, 0, 1),))(params["embedding"], attrs)
         node_inter = jnp.zeros((n,), dt)
-        for layer, p_layer, layer_bases, corr in zip(self.layers(), params["layers"], bases, self.correlation):
+        for layer, p_layer, layer_bases in zip(self.layers(), params["layers"], bases):
             sc = layer.skip_tp(p_layer["skip_tp"], feats, attrs) if layer.residual else None
             up = layer.linear_up(p_layer["linear_up"], feats)
             weights = radial_mlp(p_layer["radial"], radial, self.act_constant)  # [E, numel]
@@ -280,8 +278,7 @@ class MACE(eqx.Module, BaseModel):
             if not layer.residual:
                 a = layer.skip_tp(p_layer["skip_tp"], a, attrs)
             # [n, channels, Σ(2l+1)]: the irreps of A side by side, channel-major.
-            a = jnp.concatenate([a[..., s:s + m * (2 * l + 1)].reshape(n, m, 2 * l + 1)
-                                 for (m, l, _), s in zip(layer.target, _offsets(layer.target))], axis=-1)
+            a = jnp.concatenate(split(layer.target, a), axis=-1)
             products = [symmetric_contraction(us, ws, a, kind, len(self.species))
                         for us, ws in zip(layer_bases, p_layer["contractions"])]
             feats = layer.product_linear(p_layer["product_linear"], jnp.concatenate(products, axis=-1))
@@ -300,14 +297,6 @@ class MACE(eqx.Module, BaseModel):
 
     def adapt_output(self, raw, data) -> ModelOutputs:
         return ModelOutputs(raw)
-
-
-def _offsets(irreps):
-    out, s = [], 0
-    for m, l, _ in irreps:
-        out.append(s)
-        s += m * (2 * l + 1)
-    return out
 
 
 def _weights_from_state_dict(cls, config, sd):

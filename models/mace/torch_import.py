@@ -1,6 +1,5 @@
 """Reading a mace-torch model: its configuration, every weight, and the constants it was built
-with, checked against the structure :class:`~jaxdd.models.mace.MACE` builds from that
-configuration. Variants MACE here does not implement are refused by name.
+with. Variants MACE here does not implement are refused by name.
 
 torch is imported only to read a torch object or file; :func:`save_export` writes what was
 read to a ``.npz`` that :func:`load_export` reads without torch (e.g. on a machine that runs
@@ -144,6 +143,9 @@ def read(source, config=None):
 def load_export(path):
     """``(config, state_dict, act_constant)`` from a ``.npz`` written by :func:`save_export`."""
     with np.load(os.fspath(path)) as f:
+        if "__config__" not in f.files:
+            raise ValueError(f"{os.fspath(path)!r} is not a MACE export (it has no configuration); write one with "
+                             "jaxdd.models.mace.export_torch(model, path) where torch and mace-torch are installed")
         config = json.loads(str(f["__config__"]))
         state = {k: f[k] for k in f.files if not k.startswith("__")}
     return config, state, config.pop("__act_constant__")
