@@ -1,8 +1,10 @@
 """Molecular dynamics and minimisation under domain decomposition (``DomainParallel``)."""
 
 from .domain_parallel import DomainParallel, MDState, RunStats
-from .integrators import FIRE, KB_EV_PER_K, Langevin, RankState, StepContext, VelocityVerlet
+from .integrators import FIRE, INTEGRATORS, KB_EV_PER_K, Langevin, RankState, StepContext, VelocityVerlet, register_integrator
+from .nose_hoover import MTKBarostat, NoseHooverChain
 from .io import ExtXYZWriter, Progress
 
 __all__ = ["DomainParallel", "MDState", "RunStats", "VelocityVerlet", "Langevin", "FIRE", "RankState",
-           "StepContext", "ExtXYZWriter", "Progress", "KB_EV_PER_K"]
+           "StepContext", "ExtXYZWriter", "Progress", "KB_EV_PER_K", "NoseHooverChain", "MTKBarostat",
+           "INTEGRATORS", "register_integrator"]

@@ -46,13 +46,13 @@ from ..engine.rank_program import (neighbor_needs, neighbor_stats, on_ranks, pla
 from ..engine.halo import Exchange, HaloLayout, HaloRouting, halo_forward
 from ..neighbors import NeighborCapacity
 from ..engine.replan import ReplanConfig, frame_of, rank_replan
-from .integrators import FIRE, KB_EV_PER_K, Langevin, RankState, StepContext, VelocityVerlet
+from .integrators import INTEGRATORS, KB_EV_PER_K, RankState, StepContext
 from .io import ExtXYZWriter, Progress, read_md_arrays, read_md_json
 
 __all__ = ["DomainParallel", "MDState", "RunStats"]
 
 _RUNNING, _REBUILD, _OVERFLOW, _CONVERGED, _NONFINITE = 0, 1, 2, 3, 4
-_INTEGRATORS = {"VelocityVerlet": VelocityVerlet, "Langevin": Langevin, "FIRE": FIRE}
+_REPLICATED = ("cell", "system_mask", "plan_cell")  # the plan's entries every rank holds whole
 
 
 @dataclasses.dataclass
@@ -67,6 +67,9 @@ class MDState:
     atoms' ``atomic_numbers``, ``masses`` and ``charges``); ``fixed`` is the plan (routing,
     the local rows' batch, cell); ``layout`` its static shape; ``ghost_width`` (Å) the
     ghost shell the plan was built for, checked against the model before the plan is used.
+    ``virial``: [S, 3, 3] eV, W = -dE/dε of the current positions (zeros unless the
+    integrator reads it). The current cell is ``template.cell`` (it moves under a barostat);
+    ``fixed["plan_cell"]`` is the cell the plan was built in.
     """
 
     step: int
@@ -78,6 +81,7 @@ class MDState:
     layout: object = None
     converged: bool = False
     ghost_width: float | None = None
+    virial: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +101,8 @@ class RunStats:
 
 
 class DomainParallel:
-    """Dynamics of ``dist_model`` with ``integrator`` (VelocityVerlet, Langevin or FIRE).
+    """Dynamics of ``dist_model`` with ``integrator`` (VelocityVerlet, Langevin, FIRE,
+    NoseHooverChain, MTKBarostat, or one added with :func:`register_integrator`).
 
     dist_model: a :class:`~jaxdd.DistributedModel` whose ``DomainConfig.skin`` is > 0 (the
     skin is what lets the halo plan be replayed for several steps). kB: Boltzmann constant
@@ -108,8 +113,9 @@ class DomainParallel:
     def __init__(self, dist_model: DistributedModel, integrator, *, kB: float | None = None):
         if not isinstance(dist_model, DistributedModel):
             raise ValueError(f"dist_model must be a jaxdd.DistributedModel, got {type(dist_model).__name__}")
-        if not isinstance(integrator, tuple(_INTEGRATORS.values())):
-            raise ValueError(f"integrator must be one of {sorted(_INTEGRATORS)}, got {integrator!r}")
+        if not isinstance(integrator, tuple(INTEGRATORS.values())):
+            raise ValueError(f"integrator must be one of {sorted(INTEGRATORS)} (or a class added with "
+                             f"jaxdd.register_integrator), got {integrator!r}")
         if dist_model.strategy != "halo":
             raise ValueError(
                 f"DomainParallel runs the halo strategy (spatial domains whose atoms migrate); this DistributedModel "
@@ -163,7 +169,7 @@ class DomainParallel:
             batch = batch.replace(velocities=jnp.zeros_like(batch.positions))
         positions = np.asarray(batch.positions, np.float64)
         state = self._place(batch, positions, np.asarray(batch.velocities), None, step=0,
-                            extra=self.integrator.init(batch.n_systems, dtype), energy=None)
+                            extra=self.integrator.init(batch), energy=None)
         return self._with_forces(state)
 
     def _place(self, template: Batch, positions, velocities, forces, *, step, extra, energy) -> MDState:
@@ -212,13 +218,14 @@ class DomainParallel:
             **({"charges": owned(template.charges)} if template.charges is not None else {}),
         )
         fixed = {k: getattr(inputs, k) for k in ("local", "owned_rows", "routing", "cell", "system_mask")}
+        fixed["plan_cell"] = fixed["cell"]
         energy = jnp.zeros(template.n_systems, dtype) if energy is None else energy
         # Placed as the loop returns them (per-rank rows on their device, the rest
         # replicated), so fresh, rebuilt and running states share one compiled program.
         mesh = dm.config.mesh
         replicated = NamedSharding(mesh, P())
         arrays = place_ranked(arrays, mesh, plan.ranks)
-        fixed = {k: jax.device_put(v, replicated) if k in ("cell", "system_mask") else place_ranked(v, mesh, plan.ranks)
+        fixed = {k: jax.device_put(v, replicated) if k in _REPLICATED else place_ranked(v, mesh, plan.ranks)
                  for k, v in fixed.items()}
         energy = jax.device_put(energy, replicated)
         extra = jax.device_put(extra, replicated)
@@ -226,21 +233,34 @@ class DomainParallel:
         if not dm.capacities.migrate:  # sized once; it grows when a rebuild needs more (a new program)
             dm.capacities = dataclasses.replace(dm.capacities, migrate=8 + n_owned // 8)
         return MDState(step=step, energy=energy, extra=extra, arrays=arrays, fixed=fixed, template=template,
-                       layout=plan.layout, ghost_width=dm.ghost_width)
+                       layout=plan.layout, ghost_width=dm.ghost_width,
+                       virial=jax.device_put(jnp.zeros((template.n_systems, 3, 3), dtype), replicated))
 
     def _with_forces(self, state: MDState) -> MDState:
+        stress = bool(self.integrator.needs_virial)
         for _ in range(self._max_regrowths()):
-            energy, forces, _, overflow, needed = _evaluate(self.dist_model.model, state.arrays, state.fixed,
-                                                            self._static(state), False)
+            energy, forces, virial, overflow, needed = _evaluate(self.dist_model.model, state.arrays, state.fixed,
+                                                                 self._static(state), stress)
             if not bool(overflow):
                 state.arrays = {**state.arrays, "forces": forces}
                 state.energy = energy
+                if stress:
+                    state.virial = -virial.astype(energy.dtype)
                 return state
             self._grow(needed)
         raise RuntimeError("neighbour lists still overflowed after repeated capacity increases")
 
     def _static(self, state: MDState):
         return self.dist_model.program(state.template.n_systems, ("energy", "forces"), state.layout)
+
+    def _reach(self):
+        """For an integrator that moves the cell: (ghost width of the plans, the model's
+        neighbour range) in Å, which bound how far the cell may shrink before a plan or a
+        neighbour list is stale; None otherwise."""
+        if not self.integrator.moves_cell:
+            return None
+        nc = self.dist_model.model.model_config.neighbor_config
+        return (float(self.dist_model.ghost_width), float(nc.search_cutoff))
 
     def _max_regrowths(self) -> int:
         spec = self.dist_model.spec
@@ -305,13 +325,16 @@ class DomainParallel:
         """Take ``n`` steps, leaving the device only to rebuild plans and grow capacities."""
         regrowths, fresh = 0, False
         while n > 0 and not state.converged:
-            arrays, energy, extra, taken, reason, needed = _loop(
-                self.dist_model.model, state.arrays, state.energy, state.extra, state.fixed,
+            arrays, energy, extra, cell, virial, taken, reason, needed = _loop(
+                self.dist_model.model, state.arrays, state.energy, state.extra, state.virial, state.fixed,
                 jnp.asarray(state.step, jnp.int32), jnp.asarray(n, jnp.int32), self._static(state), self.integrator,
-                self.threshold, self.nl_skin)
+                self.threshold, self.nl_skin, self._reach())
             taken = int(taken)
             reason = int(reason)
-            state.arrays, state.energy, state.extra = arrays, energy, extra
+            state.arrays, state.energy, state.extra, state.virial = arrays, energy, extra, virial
+            if self.integrator.moves_cell:
+                state.fixed = {**state.fixed, "cell": cell}
+                state.template = state.template.replace(cell=cell)
             state.step += taken
             n -= taken
             if reason == _CONVERGED:
@@ -346,6 +369,8 @@ class DomainParallel:
         dm = self.dist_model
         mesh = dm.config.mesh
         layout = state.layout
+        if self.integrator.moves_cell:  # blocks follow the cell: the frame of the cell now
+            self._frame = jax.device_put(_frame(state.template, dm.ghost_width), NamedSharding(mesh, P()))
         for _ in range(self._max_regrowths() + 1):
             # Rows padded to the layout's, so a grown layout compiles one program, not two.
             arrays = _padded(state.arrays, layout.n_owned, mesh)
@@ -360,6 +385,7 @@ class DomainParallel:
             fits = needed[0] <= layout.n_owned and all(n <= e.capacity for n, e in zip(needed[1], layout.exchanges))
             if fits and int(report["migrate"]) <= dm.capacities.migrate:
                 self._migrations += int(report["migrated"])
+                plan["plan_cell"] = state.fixed["cell"]
                 return dataclasses.replace(state, arrays=arrays, fixed={**state.fixed, **plan}, layout=layout,
                                            ghost_width=dm.ghost_width)  # the width self._frame plans
             have = Capacities(layout.n_owned, tuple(e.capacity for e in layout.exchanges), migrate=dm.capacities.migrate)
@@ -388,6 +414,7 @@ class DomainParallel:
         new = self._place(state.template, positions, velocities, forces, step=state.step, extra=state.extra,
                           energy=state.energy)
         new.converged = state.converged
+        new.virial = state.virial
         self._migrations += int(np.sum(_rank_of_atom(new) != before))
         return new
 
@@ -419,9 +446,11 @@ class DomainParallel:
 
     def thermo(self, state: MDState) -> dict:
         """Per-system thermodynamics, numpy [S]: ``potential_energy``, ``kinetic_energy``,
-        ``total_energy`` (eV), ``temperature`` (2 KE / (dof kB), dof = 3N - 3) and, when every
-        system has a cell of non-zero volume, ``pressure`` (eV/Å³: 2 KE / 3V - tr(σ) / 3, σ the
-        potential stress)."""
+        ``total_energy`` (eV), ``temperature`` (2 KE / (dof kB), dof = 3N - 3), ``conserved``
+        (eV: the total energy plus the thermostat's and barostat's own, the quantity the
+        integrator conserves; absent for Langevin and FIRE) and, when every system has a cell
+        of non-zero volume, ``volume`` (Å³) and ``pressure`` (eV/Å³: 2 KE / 3V - tr(σ) / 3, σ
+        the potential stress)."""
         t = state.template
         n_sys = t.n_systems
         # Reduced on the devices: no process gathers the velocities.
@@ -430,8 +459,12 @@ class DomainParallel:
         dof = np.maximum(3 * counts - 3, 1)
         pe = np.asarray(state.energy, np.float64)
         out = dict(potential_energy=pe, kinetic_energy=ke, total_energy=pe + ke, temperature=2 * ke / (dof * self.kB))
+        own = getattr(self.integrator, "energy", None)
+        if own is not None:
+            out["conserved"] = pe + ke + np.asarray(own(state.extra, counts, t.cell), np.float64)
         volume = np.abs(np.linalg.det(np.asarray(t.cell, np.float64)))
         if np.all(volume[np.asarray(t.system_mask)] > 0):
+            out["volume"] = volume
             _, _, stress, overflow, _ = _evaluate(self.dist_model.model, state.arrays, state.fixed,
                                                   self._static(state), True)
             if bool(overflow):  # positions still valid for the plan: grow and evaluate again
@@ -462,6 +495,7 @@ class DomainParallel:
         t = state.template
         tree = dict(
             ranked={**state.arrays, **_flat_plan(state.fixed)}, energy=state.energy, extra=state.extra,
+            plan_cell=state.fixed["plan_cell"], virial=state.virial,
             template={k: np.asarray(v) for k, v in _batch_fields(t).items()},
         )
         checkpointer = ocp.StandardCheckpointer()
@@ -488,7 +522,7 @@ class DomainParallel:
         atoms are read whole and partitioned afresh (the trajectory then agrees to round-off).
         A damaged checkpoint raises :class:`jaxdd.CheckpointError` naming the file at fault."""
         path = Path(path).absolute()
-        meta, saved = read_md_json(path, _INTEGRATORS)  # CheckpointError naming a damaged file
+        meta, saved = read_md_json(path, INTEGRATORS)  # CheckpointError naming a damaged file
         if saved != self.integrator:
             raise ValueError(f"the checkpoint was written with {saved!r}, this DomainParallel runs {self.integrator!r}; "
                              "restore it with the same integrator")
@@ -517,8 +551,11 @@ class DomainParallel:
                                               for k, v in meta["nl_capacity"].items()}))
             self._frame = jax.device_put(_frame(template, dm.ghost_width), replicated)
             arrays, fixed = _unflat_plan(a["ranked"], template, replicated)
+            if "plan_cell" in a:
+                fixed["plan_cell"] = jax.device_put(np.asarray(a["plan_cell"]), replicated)
             state = MDState(step=meta["step"], energy=energy, extra=extra, arrays=arrays, fixed=fixed,
-                            template=template, layout=_layout_of(meta["layout"]), ghost_width=meta.get("ghost_width"))
+                            template=template, layout=_layout_of(meta["layout"]), ghost_width=meta.get("ghost_width"),
+                            virial=a.get("virial"))
         else:
             held = {k: np.asarray(v) for k, v in a["ranked"].items()}
             n = template.n_atoms
@@ -526,6 +563,8 @@ class DomainParallel:
             positions = _positions(template, atoms["positions"], atoms["image"])
             state = self._place(template, positions, atoms["velocities"], atoms["forces"], step=meta["step"],
                                 extra=extra, energy=energy)
+            if a.get("virial") is not None:
+                state.virial = jax.device_put(np.asarray(a["virial"]), replicated)
         state.converged = bool(meta["converged"])
         if meta.get("model") != _fingerprint(dm.model):
             # Another model (weights, cutoff) than the one that wrote the checkpoint: its plan is
@@ -583,8 +622,8 @@ def _unflat_plan(ranked: dict, template: Batch, replicated) -> tuple[dict, dict]
     local = Batch.unchecked(**local, **{k: None for k in (*_OPTIONAL_FIELDS, "velocities") if k not in local},
                             neighbors=None)
     routing = HaloRouting(**{k[len("routing__"):]: v for k, v in ranked.items() if k.startswith("routing__")})
-    fixed = dict(local=local, owned_rows=ranked["owned_rows"], routing=routing,
-                 cell=jax.device_put(np.asarray(template.cell), replicated),
+    cell = jax.device_put(np.asarray(template.cell), replicated)
+    fixed = dict(local=local, owned_rows=ranked["owned_rows"], routing=routing, cell=cell, plan_cell=cell,
                  system_mask=jax.device_put(np.asarray(template.system_mask), replicated))
     return arrays, fixed
 
@@ -695,7 +734,8 @@ def _count(name, value) -> int:
 def _print_thermo(step: int, thermo: dict) -> None:
     if jax.process_index() != 0:  # with several processes, one prints
         return
-    keys = [k for k in ("potential_energy", "kinetic_energy", "total_energy", "temperature", "pressure") if k in thermo]
+    keys = [k for k in ("potential_energy", "kinetic_energy", "total_energy", "temperature", "pressure", "volume",
+                        "conserved") if k in thermo]
     for s in range(len(thermo["potential_energy"])):
         values = "  ".join(f"{k} {thermo[k][s]: .10g}" for k in keys)
         print(f"step {step:8d}  system {s}  {values}", file=sys.stdout, flush=True)
@@ -709,22 +749,42 @@ def _split(fixed):
     return {k: fixed[k] for k in ("local", "owned_rows", "routing")}, (fixed["cell"], fixed["system_mask"])
 
 
-def rank_forces(model, f, own_pos, own_sys, static, report, neighbors=None):
-    """(forces [n_owned, 3] eV/Å, energy [S] eV, neighbour list) of one rank. A model that
-    computes its forces itself (a kernel's direct forces: "forces" is an output and not an
-    autograd output) is taken at its word, which costs one pass instead of a forward and a
-    backward one; otherwise forces are minus the gradient of the energy."""
-    direct = "forces" not in static.autograd
-    per_system, out, _, nl, g_pos, _, _ = rank_evaluate(
+def _shrink(cell, ref, system_mask):
+    """The least factor [] by which any length of a real system shrank from cell ``ref`` to
+    ``cell`` [S, 3, 3] (the smallest singular value of ref⁻¹·cell; 1 or more: none shrank)."""
+    eye = jnp.eye(3, dtype=cell.dtype)
+    m = jnp.einsum("sij,sjk->sik", jnp.linalg.inv(jnp.where(system_mask[:, None, None], ref, eye)),
+                   jnp.where(system_mask[:, None, None], cell, eye))
+    return jnp.min(jnp.linalg.svd(m, compute_uv=False))
+
+
+def _carried_by_cell(x, ref_cell, cell, system, system_mask):
+    """Positions [n, 3] of cell ``ref_cell`` carried to ``cell`` (fractional coordinates kept)."""
+    eye = jnp.eye(3, dtype=cell.dtype)
+    m = jnp.einsum("sij,sjk->sik", jnp.linalg.inv(jnp.where(system_mask[:, None, None], ref_cell, eye)),
+                   jnp.where(system_mask[:, None, None], cell, eye))
+    return jnp.einsum("ni,nij->nj", x, m[system])
+
+
+def rank_forces(model, f, own_pos, own_sys, static, report, neighbors=None, virial=False):
+    """(forces [n_owned, 3] eV/Å, energy [S] eV, neighbour list, virial) of one rank. A model
+    that computes its forces itself (a kernel's direct forces: "forces" is an output and not
+    an autograd output) is taken at its word, which costs one pass instead of a forward and a
+    backward one; otherwise forces are minus the gradient of the energy. With ``virial`` the
+    virial W = -dE/dε [S, 3, 3] eV summed over ranks comes too (from the strain gradient;
+    None otherwise)."""
+    direct = "forces" not in static.autograd and not virial
+    per_system, out, _, nl, g_pos, g_strain, _ = rank_evaluate(
         model, f["local"], own_pos, own_sys, f["owned_rows"], f["routing"], f["cell"], f["system_mask"], static,
-        report, forces=not direct, neighbors=neighbors)
+        report, forces=not direct, stress=virial, neighbors=neighbors)
     forces = out["forces"][:static.layout.n_owned] if direct else -g_pos
-    return forces, per_system, nl
+    w = -jax.lax.psum(g_strain, static.axes).astype(per_system.dtype) if virial else None
+    return forces, per_system, nl, w
 
 
 @eqx.filter_jit
 def _evaluate(model, arrays, fixed, static, stress):
-    """(energy [S], forces [P, n_owned, 3], virial sum [S, 3, 3] or None, overflow, needed)."""
+    """(energy [S], forces [P, n_owned, 3], dE/dε summed [S, 3, 3] or 0, overflow, needed)."""
     params, rest = eqx.partition(model, eqx.is_array)
     axes = static.axes
     report = DispatchReport(policy=static.spec.policy)
@@ -732,14 +792,8 @@ def _evaluate(model, arrays, fixed, static, stress):
     def rank_fn(a, f, params, cell, system_mask):
         model = eqx.combine(params, rest)
         f = dict(f, cell=cell, system_mask=system_mask)
-        if stress:
-            per_system, _, _, nl, g_pos, g_strain, _ = rank_evaluate(
-                model, f["local"], a["positions"], a["system"], f["owned_rows"], f["routing"], f["cell"],
-                f["system_mask"], static, report, forces=True, stress=True)
-            forces, virial = -g_pos, jax.lax.psum(g_strain, axes)
-        else:
-            forces, per_system, nl = rank_forces(model, f, a["positions"], a["system"], static, report)
-            virial = jnp.zeros(())
+        forces, per_system, nl, w = rank_forces(model, f, a["positions"], a["system"], static, report, virial=stress)
+        virial = -w if stress else jnp.zeros(())
         overflow, needed = neighbor_needs(nl, axes)
         return per_system, forces, virial, overflow, needed
 
@@ -749,18 +803,23 @@ def _evaluate(model, arrays, fixed, static, stress):
 
 
 @eqx.filter_jit
-def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, threshold, nl_skin):
+def _loop(model, arrays, energy, extra, virial, fixed, step0, n, static, integrator, threshold, nl_skin, reach):
     """Up to ``n`` steps on device; stops early for a rebuild, an overflow or convergence.
 
     With ``nl_skin`` > 0 the neighbour list is kept from step to step and rebuilt on device
-    when an atom has moved ``nl_skin / 2`` since it was built. Returns (arrays, energy,
-    extra, steps taken, reason, needed sizes)."""
+    when an atom has moved ``nl_skin / 2`` since it was built. ``reach``: for an integrator
+    that moves the cell, (ghost width, model's neighbour range) in Å: displacements are
+    then measured from the reference positions carried with the cell, and the allowance
+    shrinks with the cell (a plan of ghost width W covers W·s once lengths shrank by s).
+    Returns (arrays, energy, extra, cell, virial, steps taken, reason, needed sizes)."""
     params, rest = eqx.partition(model, eqx.is_array)
     axes = static.axes
     report = DispatchReport(policy=static.spec.policy)
     reuse = nl_skin > 0
+    moving = reach is not None
+    want_virial = bool(integrator.needs_virial)
 
-    def rank_fn(a, f, params, cell, system_mask, energy, extra, step0, n):
+    def rank_fn(a, f, params, cell, system_mask, plan_cell, energy, extra, virial, step0, n):
         model = eqx.combine(params, rest)
         f = dict(f, cell=cell, system_mask=system_mask)
         valid = a["ids"] >= 0
@@ -770,18 +829,29 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
             moved = jnp.where(valid[:, None], x - ref, 0.0)
             return jax.lax.pmax(jnp.max(jnp.sum(moved * moved, axis=1), initial=0.0), axes)
 
-        def neighbors(x):
-            return rank_neighbors(halo_forward(x, static.layout, f["routing"], axes, cell=f["cell"]), f["local"],
-                                  static, cell=f["cell"], routing=f["routing"])
+        def moved2(x, cell_now, ref, ref_cell):
+            """Largest squared displacement since ``ref``, and how far lengths shrank since then."""
+            if not moving:
+                return max_shift2(x, ref), jnp.ones((), x.dtype)
+            carried = _carried_by_cell(ref, ref_cell, cell_now, a["system"], system_mask)
+            return max_shift2(x, carried), jnp.minimum(_shrink(cell_now, ref_cell, system_mask), 1.0)
 
-        def evaluate(x, nl):
-            forces, per_system, nl = rank_forces(model, f, x, a["system"], static, report, neighbors=nl)
+        def neighbors(x, cell_now):
+            return rank_neighbors(halo_forward(x, static.layout, f["routing"], axes, cell=cell_now), f["local"],
+                                  static, cell=cell_now, routing=f["routing"])
+
+        def evaluate(x, nl, cell_now):
+            forces, per_system, nl, w = rank_forces(model, dict(f, cell=cell_now), x, a["system"], static, report,
+                                                    neighbors=nl, virial=want_virial)
             overflow, needed = neighbor_needs(nl, axes)
-            return forces, per_system, overflow, needed
+            return forces, per_system, w, overflow, needed
+
+        counts = jax.lax.psum(jax.ops.segment_sum(valid.astype(jnp.int32), a["system"], num_segments=n_sys), axes)
 
         def context(step):
             return StepContext(
                 inv_mass=a["inv_mass"][:, None], ids=a["ids"], system=a["system"], valid=valid, step=step,
+                n_atoms=counts,
                 system_sum=lambda v: jax.lax.psum(
                     jax.ops.segment_sum(jnp.where(valid.reshape((-1,) + (1,) * (v.ndim - 1)), v, 0), a["system"],
                                         num_segments=n_sys), axes),
@@ -789,10 +859,10 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
             )
 
         x0 = a["positions"]
-        verlet = (neighbors(x0), x0) if reuse else None
-        _, _, _, needed0 = jax.eval_shape(evaluate, x0, None if verlet is None else verlet[0])
+        verlet = (neighbors(x0, cell), x0, cell) if reuse else None
+        _, _, _, _, needed0 = jax.eval_shape(evaluate, x0, None if verlet is None else verlet[0], cell)
         zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), needed0)
-        state0 = RankState(x0, a["velocities"], a["forces"], energy, extra)
+        state0 = RankState(x0, a["velocities"], a["forces"], energy, extra, cell, virial)
         done0 = integrator.converged(state0, context(step0))
         init = (jnp.int32(0), done0, jnp.where(done0, _CONVERGED, _RUNNING).astype(jnp.int32), (state0, verlet),
                 zeros)
@@ -805,21 +875,30 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
             k, _, _, (state, verlet), _ = carry
             box = {}
 
-            def forces_fn(x):
+            def forces_fn(x, cell_now=None):
+                cell_now = state.cell if cell_now is None else cell_now
+                box["cell"] = cell_now
                 nl = None
                 if reuse:
-                    nl, ref = verlet
-                    stale = max_shift2(x, ref) > (nl_skin / 2) ** 2
-                    nl = jax.lax.cond(stale, lambda: neighbors(x), lambda: nl)
-                    box["verlet"] = (nl, jnp.where(stale, x, ref))
-                forces, per_system, overflow, needed = evaluate(x, nl)
+                    nl, ref, ref_cell = verlet
+                    d2, shrink = moved2(x, cell_now, ref, ref_cell)
+                    # A pair beyond cutoff + skin when listed is now at least shrink·(cutoff + skin) - 2d.
+                    allowed = 0.5 * (nl_skin - (1.0 - shrink) * (reach[1] if moving else 0.0))
+                    stale = (d2 > allowed**2) | (allowed <= 0)
+                    nl = jax.lax.cond(stale, lambda: neighbors(x, cell_now), lambda: nl)
+                    box["verlet"] = (nl, jnp.where(stale, x, ref), jnp.where(stale, cell_now, ref_cell))
+                forces, per_system, w, overflow, needed = evaluate(x, nl, cell_now)
                 box.update(overflow=overflow, needed=needed,
                            finite=jnp.all(jnp.isfinite(per_system)) & jnp.all(jnp.isfinite(forces)))
-                return forces, per_system
+                return forces, per_system, w
 
             ctx = context(step0 + k)
             new = integrator.step(state, ctx, forces_fn)
-            far = max_shift2(new.positions, a["reference"]) > threshold**2
+            d2, shrink = moved2(new.positions, box["cell"], a["reference"], plan_cell)
+            # The plan's shell of W Å is W·shrink Å now; what it must hold beyond the model's
+            # reach is twice the displacement.
+            allowed = threshold - (1.0 - shrink) * (reach[0] / 2 if moving else 0.0)
+            far = (d2 > allowed**2) | (allowed <= 0)
             # Agreed by every rank: a model may refuse positions that drifted too far from
             # their plan with NaN (the distributed PME mesh does); a new plan fixes that.
             finite = box["finite"] & jnp.all(jnp.isfinite(new.positions)) & jnp.all(jnp.isfinite(new.velocities))
@@ -836,12 +915,12 @@ def _loop(model, arrays, energy, extra, fixed, step0, n, static, integrator, thr
 
         k, _, reason, (state, _), needed = jax.lax.while_loop(cond, body, init)
         out = dict(a, positions=state.positions, velocities=state.velocities, forces=state.forces)
-        return out, state.energy, state.extra, k, reason, needed
+        return out, state.energy, state.extra, state.cell, state.virial, k, reason, needed
 
     ranked, replicated = _split(fixed)
     return on_ranks(rank_fn, static.mesh, ranked=(arrays, ranked),
-                    replicated=(params, *replicated, energy, extra, step0, n),
-                    replicated_out=(False, True, True, True, True, True))
+                    replicated=(params, *replicated, fixed["plan_cell"], energy, extra, virial, step0, n),
+                    replicated_out=(False, True, True, True, True, True, True, True))
 
 
 def _carried(local: Batch) -> tuple[str, ...]:

@@ -8,10 +8,19 @@ collectives of the :class:`StepContext` it is handed.
 
 Each integrator is a frozen dataclass (static configuration, part of the jit cache key) with
 
-* ``init(n_systems, dtype)``: its own state (a dict of per-system arrays; empty for MD);
-* ``step(state, ctx, forces_fn)``: the next :class:`RankState`; ``forces_fn(positions)``
-  returns ``(forces [n, 3], energy [S])`` and is called exactly once;
-* ``converged(state, ctx)``: a replicated bool that stops the loop early (FIRE).
+* ``init(batch)``: its own state (a dict of per-system arrays; empty for NVE);
+* ``step(state, ctx, forces_fn)``: the next :class:`RankState`; ``forces_fn(positions,
+  cell=None)`` returns ``(forces [n, 3], energy [S], virial [S, 3, 3] or None)`` and is
+  called exactly once (``cell`` [S, 3, 3]: the cell the positions are in, when the step
+  moved it);
+* ``converged(state, ctx)``: a replicated bool that stops the loop early (FIRE);
+* ``needs_virial`` (class attribute): the step reads ``state.virial`` (barostats), so every
+  force evaluation also computes it; ``moves_cell``: the step changes ``state.cell``;
+* optionally ``energy(extra, n_atoms, cell)``: the energy [S] of its own degrees of freedom
+  (thermostat and barostat), added to the total energy as the thermo's ``conserved``.
+
+:func:`register_integrator` makes a new integrator class known to ``DomainParallel`` and to
+checkpoints.
 """
 
 from __future__ import annotations
@@ -25,20 +34,25 @@ import jax.numpy as jnp
 
 from ..checks import integral
 
-__all__ = ["RankState", "StepContext", "VelocityVerlet", "Langevin", "FIRE", "KB_EV_PER_K"]
+__all__ = ["RankState", "StepContext", "VelocityVerlet", "Langevin", "FIRE", "KB_EV_PER_K", "INTEGRATORS",
+           "register_integrator"]
 
 KB_EV_PER_K = 8.617333262e-5  # Boltzmann constant (eV/K), as ase.units.kB
 
 
 class RankState(NamedTuple):
     """One rank's owned atoms. positions, velocities, forces: [n_owned, 3]; energy: [S] eV
-    (global, replicated); extra: the integrator's own state (replicated)."""
+    (global, replicated); extra: the integrator's own state (replicated); cell: [S, 3, 3] Å
+    (rows are lattice vectors; replicated); virial: [S, 3, 3] eV, W = -dE/dε of the last
+    force evaluation summed over ranks (zeros unless the integrator ``needs_virial``)."""
 
     positions: jax.Array
     velocities: jax.Array
     forces: jax.Array
     energy: jax.Array
     extra: dict
+    cell: jax.Array
+    virial: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +61,9 @@ class StepContext:
 
     inv_mass: [n, 1] 1/amu (0 on padding rows, which therefore never move). ids: [n] global
     atom index (-1 on padding). system: [n] system of each row. valid: [n] real rows.
-    step: [] int, the number of the step being taken (0-based). system_sum: [n, ...] →
-    [S, ...] summed over all ranks. global_max: [] → [] max over all ranks.
+    step: [] int, the number of the step being taken (0-based). n_atoms: [S] real atoms of
+    each system (all ranks). system_sum: [n, ...] → [S, ...] summed over all ranks.
+    global_max: [] → [] max over all ranks.
     """
 
     inv_mass: jax.Array
@@ -56,11 +71,23 @@ class StepContext:
     system: jax.Array
     valid: jax.Array
     step: jax.Array
+    n_atoms: jax.Array
     system_sum: Callable
     global_max: Callable
 
+    def kinetic_tensor(self, velocities) -> jax.Array:
+        """Σ m v_a v_b of each system, [S, 3, 3] (twice the kinetic energy tensor)."""
+        mass = jnp.where(self.valid[:, None], 1.0 / jnp.where(self.valid[:, None], self.inv_mass, 1.0), 0.0)
+        return self.system_sum(mass[:, :, None] * velocities[:, :, None] * velocities[:, None, :])
 
-def _check(owner, name, value, *, positive=True, allow_zero=False):
+    def dof(self) -> jax.Array:
+        """Degrees of freedom of each system, [S]: 3N - 3 (as the thermo temperature)."""
+        return jnp.maximum(3 * self.n_atoms - 3, 1)
+
+
+def check_number(owner, name, value, *, positive=True, allow_zero=False):
+    """``value`` as a float, or ValueError naming ``owner.name`` unless it is finite (and > 0,
+    or >= 0 with ``allow_zero``, when ``positive``)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (value > 0 or (allow_zero and value == 0) or not positive)
     if not ok:
@@ -69,7 +96,10 @@ def _check(owner, name, value, *, positive=True, allow_zero=False):
 
 
 class _NoConvergence:
-    def init(self, n_systems, dtype) -> dict:
+    needs_virial = False
+    moves_cell = False
+
+    def init(self, batch) -> dict:
         return {}
 
     def converged(self, state: RankState, ctx: StepContext):
@@ -83,15 +113,22 @@ class VelocityVerlet(_NoConvergence):
     dt: float
 
     def __post_init__(self):
-        object.__setattr__(self, "dt", _check("VelocityVerlet", "dt", self.dt))
+        object.__setattr__(self, "dt", check_number("VelocityVerlet", "dt", self.dt))
 
     def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
         dt = jnp.asarray(self.dt, state.positions.dtype)
         v = state.velocities + 0.5 * dt * state.forces * ctx.inv_mass
         x = state.positions + dt * v
-        f, e = forces_fn(x)
+        f, e, w = forces_fn(x)
         v = v + 0.5 * dt * f * ctx.inv_mass
-        return RankState(x, v, f, e, state.extra)
+        return state._replace(positions=x, velocities=v, forces=f, energy=e, virial=_kept(w, state))
+
+    def energy(self, extra, n_atoms, cell):
+        return jnp.zeros(cell.shape[:1], cell.dtype)
+
+
+def _kept(virial, state: RankState):
+    return state.virial if virial is None else virial
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,10 +150,10 @@ class Langevin(_NoConvergence):
     kB: float = KB_EV_PER_K
 
     def __post_init__(self):
-        object.__setattr__(self, "dt", _check("Langevin", "dt", self.dt))
-        object.__setattr__(self, "temperature", _check("Langevin", "temperature", self.temperature, allow_zero=True))
-        object.__setattr__(self, "friction", _check("Langevin", "friction", self.friction, allow_zero=True))
-        object.__setattr__(self, "kB", _check("Langevin", "kB", self.kB))
+        object.__setattr__(self, "dt", check_number("Langevin", "dt", self.dt))
+        object.__setattr__(self, "temperature", check_number("Langevin", "temperature", self.temperature, allow_zero=True))
+        object.__setattr__(self, "friction", check_number("Langevin", "friction", self.friction, allow_zero=True))
+        object.__setattr__(self, "kB", check_number("Langevin", "kB", self.kB))
         object.__setattr__(self, "seed", integral("Langevin.seed", self.seed, minimum=0))
 
     def noise(self, ctx: StepContext, dtype) -> jax.Array:
@@ -135,9 +172,9 @@ class Langevin(_NoConvergence):
         v = c1 * v + sigma * self.noise(ctx, dtype)  # O
         v = jnp.where(ctx.valid[:, None], v, 0.0)
         x = x + 0.5 * dt * v  # A
-        f, e = forces_fn(x)
+        f, e, w = forces_fn(x)
         v = v + 0.5 * dt * f * ctx.inv_mass  # B
-        return RankState(x, v, f, e, state.extra)
+        return state._replace(positions=x, velocities=v, forces=f, energy=e, virial=_kept(w, state))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,12 +197,16 @@ class FIRE:
     alpha_start: float = 0.1
     f_alpha: float = 0.99
 
+    needs_virial = False
+    moves_cell = False
+
     def __post_init__(self):
         for name in ("fmax", "dt", "dt_max", "max_step", "f_inc", "f_dec", "alpha_start", "f_alpha"):
-            object.__setattr__(self, name, _check("FIRE", name, getattr(self, name)))
+            object.__setattr__(self, name, check_number("FIRE", name, getattr(self, name)))
         object.__setattr__(self, "n_min", integral("FIRE.n_min", self.n_min, minimum=0))
 
-    def init(self, n_systems, dtype) -> dict:
+    def init(self, batch) -> dict:
+        n_systems, dtype = batch.n_systems, batch.positions.dtype
         return dict(dt=jnp.full((n_systems,), self.dt, dtype), alpha=jnp.full((n_systems,), self.alpha_start, dtype),
                     n_positive=jnp.zeros((n_systems,), jnp.int32))
 
@@ -193,5 +234,29 @@ class FIRE:
         norm = jnp.sqrt(ctx.system_sum(jnp.sum(dr * dr, axis=1)))
         dr = dr * jnp.where(norm > self.max_step, self.max_step / jnp.where(norm > 0, norm, 1.0), 1.0)[sys][:, None]
         x = state.positions + dr
-        f_new, e = forces_fn(x)
-        return RankState(x, v, f_new, e, dict(dt=dt, alpha=alpha, n_positive=n_positive))
+        f_new, e, w = forces_fn(x)
+        return state._replace(positions=x, velocities=v, forces=f_new, energy=e, virial=_kept(w, state),
+                              extra=dict(dt=dt, alpha=alpha, n_positive=n_positive))
+
+
+#: Integrator classes by name: what ``DomainParallel`` accepts and checkpoints record.
+INTEGRATORS: dict[str, type] = {}
+
+
+def register_integrator(cls: type) -> type:
+    """Make the frozen-dataclass integrator ``cls`` known to ``DomainParallel`` and to
+    checkpoints (by its class name); usable as a class decorator.
+
+    Returns ``cls``. A class must provide ``init``, ``step`` and ``converged`` (see the
+    module docstring); ``needs_virial`` and ``moves_cell`` default to False.
+    """
+    missing = [m for m in ("init", "step", "converged") if not callable(getattr(cls, m, None))]
+    if not isinstance(cls, type) or not dataclasses.is_dataclass(cls) or missing:
+        raise ValueError(f"an integrator must be a frozen dataclass with init, step and converged methods; "
+                         f"{cls!r} {'misses ' + ', '.join(missing) if missing else 'is not a dataclass'}")
+    INTEGRATORS[cls.__name__] = cls
+    return cls
+
+
+for _cls in (VelocityVerlet, Langevin, FIRE):
+    register_integrator(_cls)
