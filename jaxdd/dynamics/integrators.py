@@ -80,6 +80,11 @@ class StepContext:
         mass = jnp.where(self.valid[:, None], 1.0 / jnp.where(self.valid[:, None], self.inv_mass, 1.0), 0.0)
         return self.system_sum(mass[:, :, None] * velocities[:, :, None] * velocities[:, None, :])
 
+    def kinetic2(self, velocities) -> jax.Array:
+        """Σ m v² of each system, [S] (twice the kinetic energy)."""
+        mass = jnp.where(self.valid, 1.0 / jnp.where(self.valid, self.inv_mass[:, 0], 1.0), 0.0)
+        return self.system_sum(mass * jnp.sum(velocities * velocities, axis=1))
+
     def dof(self) -> jax.Array:
         """Degrees of freedom of each system, [S]: 3N - 3 (as the thermo temperature)."""
         return jnp.maximum(3 * self.n_atoms - 3, 1)

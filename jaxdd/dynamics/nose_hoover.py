@@ -20,7 +20,7 @@ import numpy as np
 from ..checks import integral
 from .integrators import KB_EV_PER_K, RankState, StepContext, check_number, register_integrator
 
-__all__ = ["NoseHooverChain", "MTKBarostat", "chain_half_step"]
+__all__ = ["NoseHooverChain", "MTKBarostat", "chain_half_step", "cell_volume", "check_barostat_cell"]
 
 _COUPLINGS = ("iso", "aniso", "tri")
 
@@ -110,11 +110,6 @@ class _Thermostat:
         return _chain_energy(extra["eta"], extra["eta_dot"], self._t_masses(dof), dof * kT, kT)
 
 
-def _ke2(ctx: StepContext, v):
-    mass = jnp.where(ctx.valid, 1.0 / jnp.where(ctx.valid, ctx.inv_mass[:, 0], 1.0), 0.0)
-    return ctx.system_sum(mass * jnp.sum(v * v, axis=1))
-
-
 def _common_checks(self, name: str, period: str):
     for f in ("dt", period):
         object.__setattr__(self, f, check_number(name, f, getattr(self, f)))
@@ -163,13 +158,13 @@ class NoseHooverChain(_Thermostat):
     def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
         dt = jnp.asarray(self.dt, state.positions.dtype)
         dof = ctx.dof().astype(state.positions.dtype)
-        extra, s = self._thermostat(state.extra, _ke2(ctx, state.velocities), dof)
+        extra, s = self._thermostat(state.extra, ctx.kinetic2(state.velocities), dof)
         v = state.velocities * s[ctx.system][:, None]
         v = v + 0.5 * dt * state.forces * ctx.inv_mass
         x = state.positions + dt * v
         f, e, w = forces_fn(x)
         v = v + 0.5 * dt * f * ctx.inv_mass
-        extra, s = self._thermostat(extra, _ke2(ctx, v), dof)
+        extra, s = self._thermostat(extra, ctx.kinetic2(v), dof)
         v = v * s[ctx.system][:, None]
         return state._replace(positions=x, velocities=v, forces=f, energy=e, extra=extra,
                               virial=state.virial if w is None else w)
@@ -198,8 +193,11 @@ class MTKBarostat(_Thermostat):
     lower-triangular rows; ``ase.cell.Cell.standard_form()`` gives it). Box flips of
     strongly tilted cells (LAMMPS's ``flip yes``) are not made: the cell keeps its shape.
 
-    Conserved (thermo ``conserved``): E + the particle chain's energy (as NoseHooverChain)
-    + Σ ½ W ω̇² + P (V - V₀) + the barostat chain's energy, W = N kT p_period².
+    Conserved (thermo ``conserved``, LAMMPS's ``econserve``): E + the particle chain's
+    energy (as NoseHooverChain) + Σ ½ W ω̇² + P (V - V₀) + the barostat chain's energy, with
+    W = (N + 1) kT p_period² and the barostat chain's first link counted at kT per
+    barostatted component (3 iso and aniso, 6 tri; its dynamics hold iso at one kT), as
+    LAMMPS's ``compute_scalar``.
     """
 
     dt: float
@@ -245,12 +243,17 @@ class MTKBarostat(_Thermostat):
     # ---------------------------------------------------------------- pieces of fix_nh.cpp
 
     def _w(self, n_atoms):
-        """Barostat mass W = N kT / p_freq², [S]."""
-        return n_atoms * self._kT() * self.p_period**2
+        """Barostat mass W = (N + 1) kT / p_freq², [S] (LAMMPS's setup())."""
+        return (n_atoms + 1) * self._kT() * self.p_period**2
 
     def _p_masses(self, like):
         kT, freq = self._kT(), 1.0 / self.p_period
         return _chain_masses(self.p_chain, kT / freq**2 * jnp.ones_like(like), kT, freq)
+
+    def _p_target(self):
+        """What the barostat chain holds Σ W ω̇² at: kT for iso (one degree of freedom), else
+        kT per barostatted component (3 aniso, 6 tri), as LAMMPS's nhc_press_integrate."""
+        return self._kT() * (1 if self.couple == "iso" else int(self._flags().sum()))
 
     def _flags(self):
         return np.array([True] * 3 + [self.couple == "tri"] * 3)
@@ -262,7 +265,8 @@ class MTKBarostat(_Thermostat):
         ke2 = jnp.sum(jnp.where(flags, w[:, None] * od * od, 0.0), axis=1)
         kT = self._kT()
         eta, ed, edd, scale = chain_half_step(extra["etap"], extra["etap_dot"], extra["etap_dotdot"], ke2,
-                                              kT * jnp.ones_like(ke2), kT, self._p_masses(ke2), self.dt, self.p_loops)
+                                              self._p_target() * jnp.ones_like(ke2), kT, self._p_masses(ke2),
+                                              self.dt, self.p_loops)
         return dict(extra, etap=eta, etap_dot=ed, etap_dotdot=edd, omega_dot=od * scale[:, None])
 
     def _p_current(self, kin, virial, volume):
@@ -304,16 +308,20 @@ class MTKBarostat(_Thermostat):
         h = [cell[:, 0, 0], cell[:, 1, 1], cell[:, 2, 2], cell[:, 2, 1], cell[:, 2, 0], cell[:, 1, 0]]
         tri = self.couple == "tri"
 
+        # Both halves of the tilt update read the lengths from before the step: LAMMPS's
+        # remap() rescales boxlo/boxhi and sets h from them only after both halves.
+        ly, lz = h[1], h[2]
+
         def tilts(h):
             h = list(h)
             e = jnp.exp(dto / 8 * od[:, 0])
-            h[4] = (h[4] * e + dto / 4 * (od[:, 5] * h[3] + od[:, 4] * h[2])) * e
+            h[4] = (h[4] * e + dto / 4 * (od[:, 5] * h[3] + od[:, 4] * lz)) * e
             e = jnp.exp(dto / 4 * od[:, 1])
-            h[3] = (h[3] * e + dto / 2 * od[:, 3] * h[2]) * e
+            h[3] = (h[3] * e + dto / 2 * od[:, 3] * lz) * e
             e = jnp.exp(dto / 4 * od[:, 0])
-            h[5] = (h[5] * e + dto / 2 * od[:, 5] * h[1]) * e
+            h[5] = (h[5] * e + dto / 2 * od[:, 5] * ly) * e
             e = jnp.exp(dto / 8 * od[:, 0])
-            h[4] = (h[4] * e + dto / 4 * (od[:, 5] * h[3] + od[:, 4] * h[2])) * e
+            h[4] = (h[4] * e + dto / 4 * (od[:, 5] * h[3] + od[:, 4] * lz)) * e
             return h
 
         if tri:
@@ -338,10 +346,10 @@ class MTKBarostat(_Thermostat):
         dof = ctx.dof().astype(dtype)
         w = self._w(n_atoms)
         extra = self._barostat_thermostat(state.extra, w)
-        extra, s = self._thermostat(extra, _ke2(ctx, state.velocities), dof)
+        extra, s = self._thermostat(extra, ctx.kinetic2(state.velocities), dof)
         v = state.velocities * s[sys][:, None]
         kin = ctx.kinetic_tensor(v)
-        volume = _volume(state.cell)
+        volume = cell_volume(state.cell)
         od = self._omega_dot(extra["omega_dot"], self._p_current(kin, state.virial, volume), volume, kin, n_atoms, w)
         v = self._v_press(v, od, n_atoms, sys)
         v = v + 0.5 * dt * state.forces * ctx.inv_mass
@@ -354,7 +362,7 @@ class MTKBarostat(_Thermostat):
         v = v + 0.5 * dt * f * ctx.inv_mass
         v = self._v_press(v, od, n_atoms, sys)
         kin = ctx.kinetic_tensor(v)
-        volume = _volume(cell2)
+        volume = cell_volume(cell2)
         od = self._omega_dot(od, self._p_current(kin, virial, volume), volume, kin, n_atoms, w)
         extra, s = self._thermostat(dict(extra, omega_dot=od), jnp.trace(kin, axis1=1, axis2=2), dof)
         v = v * s[sys][:, None]
@@ -372,11 +380,12 @@ class MTKBarostat(_Thermostat):
         flags = jnp.asarray(self._flags())
         e = e + 0.5 * jnp.sum(jnp.where(flags, self._w(n)[:, None] * od * od, 0.0), axis=1)
         e = e + self.pressure * (jnp.abs(jnp.linalg.det(jnp.asarray(cell, dtype))) - extra["vol0"])
-        return e + _chain_energy(extra["etap"], extra["etap_dot"], self._p_masses(n), kT, kT)
+        return e + _chain_energy(extra["etap"], extra["etap_dot"], self._p_masses(n), kT * int(self._flags().sum()), kT)
 
 
-def _volume(cell):
-    """|det cell| [S]; 1 for the cells of padding systems (zero volume, no atoms)."""
+def cell_volume(cell):
+    """|det cell| [S] Å³ of cells [S, 3, 3]; 1 for the cells of padding systems (zero
+    volume, no atoms), so it can divide."""
     v = jnp.abs(jnp.linalg.det(cell))
     return jnp.where(v > 0, v, 1.0)
 

@@ -1,0 +1,129 @@
+"""Stochastic cell rescaling (Bernetti & Bussi, J. Chem. Phys. 153, 114107, 2020) with
+stochastic velocity rescaling (Bussi, Donadio & Parrinello 2007): NPT that reaches the
+isothermal-isobaric volume distribution with first-order cell dynamics.
+
+The step is the time-reversible Trotter splitting of the paper's reference code
+(``barotype T`` with scaled velocities): half a thermostat, half a kick, the volume move
+(positions and cell scaled by s, velocities by 1/s), the drift, forces, half a kick, half a
+thermostat. The work of the thermostat and barostat is accumulated (``extra["heat"]``), so
+``K + U + P·V + heat`` is conserved up to the integration error: the thermo's
+``conserved``. Random numbers are drawn per system from (seed, step), the same on every
+rank, so a trajectory does not depend on the decomposition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from ..checks import integral
+from .integrators import KB_EV_PER_K, RankState, StepContext, check_number, register_integrator
+from .nose_hoover import cell_volume, check_barostat_cell
+
+__all__ = ["CRescale"]
+
+
+@register_integrator
+@dataclasses.dataclass(frozen=True)
+class CRescale:
+    """Isotropic NPT by stochastic cell rescaling with a velocity-rescaling thermostat.
+
+    dt: time step. temperature: target T. pressure: target P (eV/Å³, or reduced units).
+    t_period: the thermostat's relaxation time τ_T. p_period: the barostat's τ_P.
+    compressibility: the isothermal compressibility β_T the barostat assumes (1/pressure:
+    Å³/eV; ~0.3 for the LJ liquid in reduced units, ~70 for water, ~1 for metals); it sets
+    how fast the volume relaxes, not the distribution. seed: random stream. kB: Boltzmann
+    constant. Every system must be periodic on all axes.
+    """
+
+    dt: float
+    temperature: float
+    pressure: float
+    t_period: float
+    p_period: float
+    compressibility: float
+    seed: int = 0
+    kB: float = KB_EV_PER_K
+
+    needs_virial = True
+    moves_cell = True
+
+    def __post_init__(self):
+        for name in ("dt", "temperature", "t_period", "p_period", "compressibility", "kB"):
+            object.__setattr__(self, name, check_number("CRescale", name, getattr(self, name)))
+        object.__setattr__(self, "pressure", check_number("CRescale", "pressure", self.pressure, positive=False))
+        object.__setattr__(self, "seed", integral("CRescale.seed", self.seed, minimum=0))
+
+    def init(self, batch) -> dict:
+        check_barostat_cell(batch, "CRescale", restricted=False)
+        return dict(heat=jnp.zeros((batch.n_systems,), batch.positions.dtype))
+
+    def converged(self, state, ctx):
+        return jnp.asarray(False)
+
+    def _key(self, step, draw: int):
+        return jax.random.fold_in(jax.random.fold_in(jax.random.key(self.seed), step), draw)
+
+    def _thermostat(self, v, heat, ctx: StepContext, draw: int):
+        """Half a step (dt/2) of stochastic velocity rescaling, per system."""
+        dtype = v.dtype
+        kT = self.kB * self.temperature
+        ndeg = ctx.dof().astype(dtype)
+        ke = 0.5 * ctx.kinetic2(v)
+        target = 0.5 * ndeg * kT
+        f = jnp.exp(jnp.asarray(-0.5 * self.dt / self.t_period, dtype))
+        k_r, k_g = jax.random.split(self._key(ctx.step, draw))
+        r = jax.random.normal(k_r, ke.shape, dtype)
+        rest = jnp.maximum(ndeg - 1, 1e-30)
+        # Σ of ndeg - 1 squared normals = 2·Gamma((ndeg - 1) / 2).
+        squares = jnp.where(ndeg > 1, 2.0 * jax.random.gamma(k_g, rest / 2, dtype=dtype), 0.0)
+        new = ke + (1 - f) * (target * (squares + r * r) / ndeg - ke) + 2 * r * jnp.sqrt(
+            jnp.maximum(ke * target / ndeg * (1 - f) * f, 0.0))
+        alpha = jnp.sqrt(jnp.where(ke > 0, jnp.maximum(new, 0.0) / jnp.where(ke > 0, ke, 1.0), 1.0))
+        return v * alpha[ctx.system][:, None], heat + ke - alpha * alpha * ke
+
+    def _force(self, volume, kin2, virial):
+        """λ-space force of the barostat, λ = √V: -2λ(P - P_int - kT / 2V), [S]."""
+        kT = self.kB * self.temperature
+        p_int = (jnp.trace(virial, axis1=1, axis2=2) + kin2) / (3 * volume)
+        return -2 * jnp.sqrt(volume) * (self.pressure - p_int - 0.5 * kT / volume)
+
+    def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
+        dtype = state.positions.dtype
+        dt = jnp.asarray(self.dt, dtype)
+        kT = self.kB * self.temperature
+        sys = ctx.system
+        heat = state.extra["heat"]
+        v, heat = self._thermostat(state.velocities, heat, ctx, 0)
+        v = v + 0.5 * dt * state.forces * ctx.inv_mass
+        # The volume move: λ = √V diffuses with D = kT β_T / (4 τ_P).
+        volume = cell_volume(state.cell)
+        diffusion = 0.25 * kT * self.compressibility / self.p_period
+        force = self._force(volume, ctx.kinetic2(v), state.virial)
+        noise = jax.random.normal(self._key(ctx.step, 1), volume.shape, dtype)
+        d_lambda = diffusion / kT * force * dt + jnp.sqrt(2 * diffusion * dt) * noise
+        scale = jnp.exp(2 * jnp.log1p(d_lambda / jnp.sqrt(volume)) / 3)
+        heat = heat + 0.5 * d_lambda * force - 0.25 * diffusion / kT * dt * force**2 + 0.5 * kT * jnp.log(volume)
+        r1 = scale[sys][:, None]
+        vf = 1.0 / r1
+        x = r1 * state.positions + 0.5 * (r1 + vf) * v * dt
+        cell = state.cell * scale[:, None, None]
+        v = v * vf
+        f, e, virial = forces_fn(x, cell)
+        volume = cell_volume(cell)
+        force = self._force(volume, ctx.kinetic2(v), virial)
+        heat = heat + 0.5 * d_lambda * force + 0.25 * diffusion / kT * dt * force**2 - 0.5 * kT * jnp.log(volume)
+        v = v + 0.5 * dt * f * ctx.inv_mass
+        v, heat = self._thermostat(v, heat, ctx, 2)
+        v = jnp.where(ctx.valid[:, None], v, 0.0)
+        return state._replace(positions=x, velocities=v, forces=f, energy=e, cell=cell, virial=virial,
+                              extra=dict(heat=heat))
+
+    def energy(self, extra, n_atoms, cell):
+        """P·V + the accumulated work of thermostat and barostat, [S] eV."""
+        volume = jnp.abs(jnp.linalg.det(jnp.asarray(cell, extra["heat"].dtype)))
+        return self.pressure * volume + extra["heat"]
+
+
