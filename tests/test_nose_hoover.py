@@ -28,7 +28,7 @@ from jax.sharding import AxisType, Mesh
 
 import jaxdd
 from jaxdd.distributed import DistributedModel, DomainConfig
-from jaxdd.dynamics import DomainParallel, MTKBarostat, NoseHooverChain, VelocityVerlet, register_integrator
+from jaxdd.dynamics import CRescale, DomainParallel, MTKBarostat, NoseHooverChain, VelocityVerlet, register_integrator
 from jaxdd.models.lj import LennardJones
 from jaxdd.models.mpnn import SchNet
 from jaxdd.systems import fcc_lattice, lj_melt, lj_melt_data
@@ -37,6 +37,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks co
 
 CUTOFF, SKIN, DT = 2.5, 0.3, 0.005
 NVT = NoseHooverChain(dt=DT, temperature=1.0, period=0.5, kB=1.0)
+CRESCALE = CRescale(dt=DT, temperature=1.0, pressure=1.0, t_period=0.5, p_period=5.0, compressibility=0.3, seed=7,
+                    kB=1.0)
 
 
 def npt(couple, pressure=1.0, p_period=5.0):
@@ -184,6 +186,19 @@ def test_barostat_keeps_its_conserved_quantity_while_the_cell_moves():
     assert stats.rebuilds > 0
 
 
+def test_crescale_reaches_the_target_pressure_and_keeps_its_effective_energy():
+    md = lj_md(CRESCALE, (1, 1, 1))
+    state = md.run(md.init(triclinic_melt()), 400)  # from a lattice under tension: relax first
+    first = md.thermo(state)
+    log = []
+    md.run(state, 1600, thermo_every=20, log=lambda step, thermo: log.append(thermo))
+    pressure = np.mean([thermo["pressure"][0] for thermo in log])
+    assert abs(pressure - 1.0) < 0.3  # 256 atoms: the pressure fluctuates by ~1 from sample to sample
+    conserved = np.array([thermo["conserved"][0] for thermo in log])
+    moved = np.ptp([thermo["total_energy"][0] for thermo in log])
+    assert np.ptp(conserved - first["conserved"][0]) < moved / 20
+
+
 def test_iso_and_aniso_keep_the_cell_shape_they_must():
     _, iso, _, _ = lj_run(npt("iso"), (1, 1, 1), "triclinic", 60)
     _, aniso, _, _ = lj_run(npt("aniso"), (1, 1, 1), "triclinic", 60)
@@ -200,15 +215,15 @@ def test_iso_and_aniso_keep_the_cell_shape_they_must():
 # ----------------------------------------------------------------------------- distributed = one device
 
 
-@pytest.mark.parametrize("integrator", [NVT, npt("tri")], ids=["nvt", "npt-tri"])
+@pytest.mark.parametrize("integrator", [NVT, npt("tri"), CRESCALE], ids=["nvt", "npt-tri", "crescale"])
 def test_distributed_follows_one_device(integrator):
     assert_follows(lj_run(integrator, (2, 2, 1), "triclinic", 200), lj_run(integrator, (1, 1, 1), "triclinic", 200))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("grid", [(2, 2, 1), (3, 2, 1)])
-@pytest.mark.parametrize("integrator", [NVT, npt("iso"), npt("aniso"), npt("tri")],
-                         ids=["nvt", "npt-iso", "npt-aniso", "npt-tri"])
+@pytest.mark.parametrize("integrator", [NVT, npt("iso"), npt("aniso"), npt("tri"), CRESCALE],
+                         ids=["nvt", "npt-iso", "npt-aniso", "npt-tri", "crescale"])
 def test_distributed_follows_one_device_on_uneven_grids(integrator, grid):
     assert_follows(lj_run(integrator, grid, "triclinic", 200), lj_run(integrator, (1, 1, 1), "triclinic", 200))
 
@@ -295,6 +310,11 @@ def test_bad_barostat_settings_are_refused(kwargs, match):
     settings = dict(dt=DT, temperature=1.0, pressure=1.0, t_period=0.5, p_period=5.0, kB=1.0) | kwargs
     with pytest.raises(ValueError, match=match):
         MTKBarostat(**settings)
+
+
+def test_crescale_needs_a_positive_compressibility():
+    with pytest.raises(ValueError, match="CRescale.compressibility must be a finite number > 0"):
+        CRescale(dt=DT, temperature=1.0, pressure=1.0, t_period=0.5, p_period=5.0, compressibility=0.0)
 
 
 def test_an_integrator_can_be_registered():
