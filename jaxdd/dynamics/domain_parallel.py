@@ -273,23 +273,31 @@ class DomainParallel:
     # ------------------------------------------------------------------ running
 
     def run(self, state: MDState, n_steps: int, *, thermo_every: int = 0, trajectory=None,
-            trajectory_every: int = 0, progress: bool = False, log=None) -> MDState:
+            trajectory_every: int = 0, progress: bool = False, log=None, observers=()) -> MDState:
         """Advance ``n_steps`` steps (fewer if a minimiser converges).
 
         thermo_every: print (or pass to ``log``) the thermo of every system every N steps
         (0: never). trajectory: an extxyz path or an :class:`ExtXYZWriter`; the gathered
         system is appended every ``trajectory_every`` steps (and at the start when the
         file is new). progress: a progress line with atom-steps per second on stderr.
-        The input state is not modified.
+        observers: objects with an ``every`` (int > 0) attribute, each called as
+        ``observer(md, state)`` after every step that is a multiple of its ``every`` (a
+        :class:`~jaxdd.dynamics.HeatFlux`, or one of yours). The input state is not modified.
         """
         n_steps = _count("n_steps", n_steps)
         thermo_every = _count("thermo_every", thermo_every)
         trajectory_every = _count("trajectory_every", trajectory_every)
         if trajectory is not None and trajectory_every == 0:
             raise ValueError("a trajectory needs trajectory_every > 0 (steps between frames)")
+        observers = tuple(observers)
+        for i, obs in enumerate(observers):
+            every = getattr(obs, "every", None)
+            if not callable(obs) or isinstance(every, bool) or not isinstance(every, int) or every <= 0:
+                raise ValueError(f"observers[{i}] must be callable as observer(md, state) and have an int attribute "
+                                 f"every > 0 (steps between calls); got {obs!r}")
         writer = ExtXYZWriter(trajectory) if isinstance(trajectory, (str, Path)) else trajectory
         log = log if log is not None else _print_thermo
-        marks = [m for m in (thermo_every, trajectory_every) if m]
+        marks = [m for m in (thermo_every, trajectory_every, *(o.every for o in observers)) if m]
         show = progress and jax.process_index() == 0
         bar = Progress(n_steps, int(np.asarray(state.template.atom_mask).sum())) if show else None
         rebuilds0, recompiles0, migrations0, host0 = (self._rebuilds, self._recompiles, self._migrations,
@@ -309,6 +317,9 @@ class DomainParallel:
                 log(state.step, self.thermo(state))
             if writer is not None and (state.step % trajectory_every == 0 or state.converged):
                 writer.write(self, state)
+            for obs in observers:
+                if state.step % obs.every == 0:
+                    obs(self, state)
             if bar is not None:
                 bar.update(done)
         jax.block_until_ready(state.arrays["positions"])
@@ -474,6 +485,25 @@ class DomainParallel:
             sigma = np.asarray(stress, np.float64) / np.where(volume > 0, volume, 1.0)[:, None, None]
             out["pressure"] = 2 * ke / (3 * np.where(volume > 0, volume, 1.0)) - np.trace(sigma, axis1=1, axis2=2) / 3
         return out
+
+    def atom_terms(self, state: MDState) -> dict:
+        """Per-atom energies and virials of the owned rows, on the devices (nothing gathered).
+
+        Returns a dict of per-rank arrays laid out as ``state.arrays`` ([P, n_owned, ...]):
+        ``atomic_energies`` [P, n] eV and ``atomic_virials`` [P, n, 3, 3] eV (W_i, summing to
+        the system's virial -dE/dε; :mod:`jaxdd.virials`), zero on free rows. The model
+        must output ``atomic_energies`` and see positions only through edge vectors.
+        """
+        model = self.dist_model.model
+        if "atomic_energies" not in model.model_config.outputs:
+            raise ValueError(f"{type(model).__name__} has no 'atomic_energies' output; per-atom terms need it")
+        static = self.dist_model.program(state.template.n_systems, ("energy", "atomic_energies", "forces"),
+                                         state.layout)
+        energies, virials = _atom_terms(model, state.arrays, state.fixed, static)
+        from ..virials import refuse_broken
+
+        refuse_broken(virials, type(model).__name__, "atomic_virials")
+        return dict(atomic_energies=energies, atomic_virials=virials)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -800,6 +830,26 @@ def _evaluate(model, arrays, fixed, static, stress):
     ranked, replicated = _split(fixed)
     return on_ranks(rank_fn, static.mesh, ranked=(arrays, ranked), replicated=(params, *replicated),
                     replicated_out=(True, False, True, True, True))
+
+
+@eqx.filter_jit
+def _atom_terms(model, arrays, fixed, static):
+    """(atomic energies [P, n_owned], atomic virials [P, n_owned, 3, 3]) of the owned rows."""
+    params, rest = eqx.partition(model, eqx.is_array)
+    report = DispatchReport(policy=static.spec.policy)
+
+    def rank_fn(a, f, params, cell, system_mask):
+        model = eqx.combine(params, rest)
+        _, out, _, _, _, _, w = rank_evaluate(
+            model, f["local"], a["positions"], a["system"], f["owned_rows"], f["routing"], cell, system_mask, static,
+            report, forces=False, virials=True)
+        valid = a["ids"] >= 0
+        e = jnp.where(valid, out["atomic_energies"][:static.layout.n_owned], 0.0)
+        return e, jnp.where(valid[:, None, None], w, 0.0)
+
+    ranked, replicated = _split(fixed)
+    return on_ranks(rank_fn, static.mesh, ranked=(arrays, ranked), replicated=(params, *replicated),
+                    replicated_out=(False, False))
 
 
 @eqx.filter_jit
