@@ -5,6 +5,8 @@
   0.8442``, ``region box block 0 20 0 20 0 20``, ``velocity all create 3.0 87287``), in LJ
   reduced units (σ = ε = m = k_B = 1).
 * :func:`lj_melt_data` — the same melt as an :class:`~jaxdd.AtomicData`.
+* :func:`lj_slab`, :func:`lj_droplet` — uneven systems (a film under vacuum, a drop in a
+  periodic box) for load balancing.
 
 Positions are listed cell by cell (x slowest, z fastest), four basis atoms per cell.
 """
@@ -24,6 +26,8 @@ __all__ = [
     "fcc_lattice",
     "lj_melt",
     "lj_melt_data",
+    "lj_droplet",
+    "lj_slab",
     "maxwell_boltzmann_velocities",
     "melt_lattice_constant",
 ]
@@ -147,3 +151,46 @@ def lj_melt_data(n_cells=20, density: float = LJ_MELT_DENSITY, temperature: floa
     from .data import AtomicData
 
     return AtomicData.from_ase(lj_melt(n_cells, density, temperature, seed), dtype=dtype)
+
+
+def lj_slab(n_cells=(6, 6, 4), vacuum: float = 0.6, pbc=(True, True, False), density: float = LJ_MELT_DENSITY,
+            temperature: float | None = None, seed: int = 0):
+    """A film of the LJ melt lattice in a cell whose upper ``vacuum`` fraction along z is empty.
+
+    n_cells: fcc cells of the film (int or 3 ints). vacuum: fraction of the cell's height
+    above the film, in [0, 1). pbc: periodic axes (default a (T, T, F) slab). Other
+    arguments as :func:`lj_melt`. Returns ``ase.Atoms`` (reduced units, masses 1).
+    """
+    if isinstance(vacuum, bool) or not isinstance(vacuum, numbers.Real) or not 0 <= vacuum < 1:
+        raise ValueError(f"vacuum must be a fraction in [0, 1), got {vacuum!r}")
+    atoms = lj_melt(n_cells, density, temperature, seed)
+    cell = np.array(atoms.cell)
+    cell[2] /= 1.0 - float(vacuum)
+    atoms.set_cell(cell)
+    atoms.pbc = tuple(bool(p) for p in pbc)
+    return atoms
+
+
+def lj_droplet(radius: float = 6.0, box: float = 24.0, density: float = LJ_MELT_DENSITY,
+               temperature: float | None = None, seed: int = 0, jitter: float = 0.1, centre=(0.5, 0.5, 0.5)):
+    """A sphere of the LJ melt lattice (``radius`` σ) in a periodic cubic box of edge ``box``
+    σ, centred at the fractional position ``centre``, each atom displaced at random by about
+    ``jitter`` σ (a liquid drop has no lattice planes). Other arguments as :func:`lj_melt`.
+    Returns ``ase.Atoms`` (positions wrapped into the box)."""
+    radius, box = _positive_float("radius", radius), _positive_float("box", box)
+    if 2 * radius >= box:
+        raise ValueError(f"a droplet of radius {radius} does not fit a box of {box}: radius must be below box / 2")
+    n = int(math.ceil(2 * radius / melt_lattice_constant(density))) + 1
+    atoms = lj_melt(n, density, temperature, seed)
+    centre_of_lattice = np.array(atoms.cell).sum(axis=0) / 2
+    keep = np.linalg.norm(atoms.positions - centre_of_lattice, axis=1) <= radius
+    atoms = atoms[keep]
+    atoms.positions += box * np.asarray(centre, np.float64) - centre_of_lattice
+    if jitter:
+        atoms.positions += np.random.default_rng(seed).normal(0.0, float(jitter) / np.sqrt(3), atoms.positions.shape)
+    atoms.set_cell(np.eye(3) * box)
+    atoms.pbc = True
+    atoms.wrap()
+    if temperature is not None:
+        atoms.set_velocities(maxwell_boltzmann_velocities(atoms.get_masses(), float(temperature), int(seed)))
+    return atoms

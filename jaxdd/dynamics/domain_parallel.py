@@ -88,8 +88,9 @@ class MDState:
 class RunStats:
     """The last :meth:`DomainParallel.run`: steps, wall seconds, atom-steps per second,
     plan rebuilds, atoms that migrated to another rank at those rebuilds, recompilations
-    for capacity growth, and the rebuilds that were planned on the host (the others ran
-    on the devices)."""
+    for capacity growth, the rebuilds that were planned on the host (the others ran on
+    the devices), and the times the blocks were cut again to balance the ranks
+    (``DomainConfig(balance="dynamic")``; each is a host rebuild too)."""
 
     steps: int
     seconds: float
@@ -98,6 +99,7 @@ class RunStats:
     migrations: int
     recompiles: int
     host_rebuilds: int = 0
+    rebalances: int = 0
 
 
 class DomainParallel:
@@ -149,7 +151,9 @@ class DomainParallel:
         self._host_rebuilds = 0
         self._migrations = 0
         self._recompiles = 0
+        self._rebalances = 0
         self._frame = None
+        self._cuts = None  # a balanced partition's block boundaries, kept between rebalancing
 
     # ------------------------------------------------------------------ set-up
 
@@ -168,6 +172,7 @@ class DomainParallel:
         if batch.velocities is None:
             batch = batch.replace(velocities=jnp.zeros_like(batch.positions))
         positions = np.asarray(batch.positions, np.float64)
+        self._cuts = None  # a new system: balanced blocks are placed for its atoms
         state = self._place(batch, positions, np.asarray(batch.velocities), None, step=0,
                             extra=self.integrator.init(batch), energy=None)
         return self._with_forces(state)
@@ -178,8 +183,9 @@ class DomainParallel:
         dm = self.dist_model
         batch = template.replace(positions=jnp.asarray(positions, template.positions.dtype))
         before = None if dm.capacities is None else dm.capacities.halo
-        part, plan = dm.plan(batch, grid=self.grid)
+        part, plan = dm.plan(batch, grid=self.grid, cuts=self._cuts)
         self.grid = part.grid  # fixed after the first partition, so plans keep their shapes
+        self._cuts = part.cuts
         if before is not None and dm.capacities.halo != before:
             self._recompiles += 1  # a grown halo capacity is a new program shape
         inputs, local_positions = dm.rank_inputs(batch, part, plan)
@@ -229,7 +235,7 @@ class DomainParallel:
                  for k, v in fixed.items()}
         energy = jax.device_put(energy, replicated)
         extra = jax.device_put(extra, replicated)
-        self._frame = jax.device_put(_frame(template, dm.ghost_width), replicated)
+        self._frame = jax.device_put(_frame(template, dm.ghost_width, self._cuts), replicated)
         if not dm.capacities.migrate:  # sized once; it grows when a rebuild needs more (a new program)
             dm.capacities = dataclasses.replace(dm.capacities, migrate=8 + n_owned // 8)
         return MDState(step=step, energy=energy, extra=extra, arrays=arrays, fixed=fixed, template=template,
@@ -297,11 +303,12 @@ class DomainParallel:
                                  f"every > 0 (steps between calls); got {obs!r}")
         writer = ExtXYZWriter(trajectory) if isinstance(trajectory, (str, Path)) else trajectory
         log = log if log is not None else _print_thermo
-        marks = [m for m in (thermo_every, trajectory_every, *(o.every for o in observers)) if m]
+        rebalance_every = self.dist_model.config.balance_every if self.dist_model.config.balance == "dynamic" else 0
+        marks = [m for m in (thermo_every, trajectory_every, rebalance_every, *(o.every for o in observers)) if m]
         show = progress and jax.process_index() == 0
         bar = Progress(n_steps, int(np.asarray(state.template.atom_mask).sum())) if show else None
-        rebuilds0, recompiles0, migrations0, host0 = (self._rebuilds, self._recompiles, self._migrations,
-                                                      self._host_rebuilds)
+        rebuilds0, recompiles0, migrations0, host0, rebalances0 = (
+            self._rebuilds, self._recompiles, self._migrations, self._host_rebuilds, self._rebalances)
         start, done = time.perf_counter(), 0
         state = self._fitting(dataclasses.replace(state))
         if writer is not None and writer.frames == 0:
@@ -313,6 +320,8 @@ class DomainParallel:
             before = state.step
             state = self._advance(state, chunk)
             done += state.step - before
+            if rebalance_every and state.step % rebalance_every == 0 and state.step != before:
+                state = self._rebalance(state)
             if thermo_every and (state.step % thermo_every == 0 or state.converged):
                 log(state.step, self.thermo(state))
             if writer is not None and (state.step % trajectory_every == 0 or state.converged):
@@ -327,7 +336,8 @@ class DomainParallel:
         n_atoms = int(np.asarray(state.template.atom_mask).sum())
         self.last_run = RunStats(done, seconds, done * n_atoms / seconds if seconds > 0 else 0.0,
                                  self._rebuilds - rebuilds0, self._migrations - migrations0,
-                                 self._recompiles - recompiles0, self._host_rebuilds - host0)
+                                 self._recompiles - recompiles0, self._host_rebuilds - host0,
+                                 self._rebalances - rebalances0)
         if bar is not None:
             bar.close(self.last_run)
         return state
@@ -381,7 +391,7 @@ class DomainParallel:
         mesh = dm.config.mesh
         layout = state.layout
         if self.integrator.moves_cell:  # blocks follow the cell: the frame of the cell now
-            self._frame = jax.device_put(_frame(state.template, dm.ghost_width), NamedSharding(mesh, P()))
+            self._frame = jax.device_put(_frame(state.template, dm.ghost_width, self._cuts), NamedSharding(mesh, P()))
         for _ in range(self._max_regrowths() + 1):
             # Rows padded to the layout's, so a grown layout compiles one program, not two.
             arrays = _padded(state.arrays, layout.n_owned, mesh)
@@ -406,6 +416,14 @@ class DomainParallel:
             layout = _with_capacities(layout, grown)
             self._recompiles += 1
         raise RuntimeError("the halo plan still overflowed after repeated capacity increases")
+
+    def _rebalance(self, state: MDState) -> MDState:
+        """Cut the blocks again where the atoms are now (each an equal share along each axis)
+        and plan on the host; the step and the dynamics are unchanged."""
+        self._rebalances += 1
+        self._rebuilds += 1
+        self._cuts = None  # the next partition places them afresh
+        return self._rebuild_on_host(state)
 
     def _fitting(self, state: MDState) -> MDState:
         """``state`` on a plan that holds every neighbour of this model: a plan built for a
@@ -526,6 +544,7 @@ class DomainParallel:
         tree = dict(
             ranked={**state.arrays, **_flat_plan(state.fixed)}, energy=state.energy, extra=state.extra,
             plan_cell=state.fixed["plan_cell"], virial=state.virial,
+            **({"cuts": np.asarray(self._cuts)} if self._cuts is not None else {}),
             template={k: np.asarray(v) for k, v in _batch_fields(t).items()},
         )
         checkpointer = ocp.StandardCheckpointer()
@@ -573,13 +592,15 @@ class DomainParallel:
         extra = dict(a["extra"])
         energy = a["energy"]
         dm.model.validate_input(template)  # the saved atoms' species and fields suit this model
+        # A balanced run's cuts fit its own grid; on another one the blocks are placed afresh.
+        self._cuts = np.asarray(a["cuts"], np.float64) if "cuts" in a and same else None
         if same:
             self.grid = tuple(meta["grid"])
             dm.capacities = Capacities(
                 owned=meta["halo_capacity"][0], exchange=meta["halo_capacity"][1], migrate=meta["n_migrate"],
                 neighbors=NeighborCapacity(**{k: (tuple(v) if isinstance(v, list) else v)
                                               for k, v in meta["nl_capacity"].items()}))
-            self._frame = jax.device_put(_frame(template, dm.ghost_width), replicated)
+            self._frame = jax.device_put(_frame(template, dm.ghost_width, self._cuts), replicated)
             arrays, fixed = _unflat_plan(a["ranked"], template, replicated)
             if "plan_cell" in a:
                 fixed["plan_cell"] = jax.device_put(np.asarray(a["plan_cell"]), replicated)
@@ -679,9 +700,10 @@ def _with_capacities(layout: HaloLayout, capacities: Capacities) -> HaloLayout:
     return dataclasses.replace(layout, n_owned=capacities.owned, exchanges=tuple(exchanges))
 
 
-def _frame(template: Batch, ghost_width: float):
+def _frame(template: Batch, ghost_width: float, cuts=None):
     """The partition frame, in float64 where JAX has it (the host partition's precision)."""
-    return frame_of(template.cell, template.pbc, ghost_width, np.float64 if jax.config.jax_enable_x64 else np.float32)
+    return frame_of(template.cell, template.pbc, ghost_width, np.float64 if jax.config.jax_enable_x64 else np.float32,
+                    cuts)
 
 
 def _padded(arrays: dict, n_owned: int, mesh) -> dict:

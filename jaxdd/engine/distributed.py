@@ -118,6 +118,12 @@ class DomainConfig:
     ``dispatch_report.fallbacks`` and a :class:`~jaxdd.DispatchWarning`. A deep-halo spec
     (``scatter_mode="local"``) declares every rank computes its ghost rows itself, which allows
     them too.
+    balance: where the blocks are cut: None (default: equal slices of the cell, or of the
+    atoms' extent on open axes), ``"static"`` (planes placed so the blocks along each axis
+    hold equal shares of the atoms, as LAMMPS's ``balance shift``; at every partition, and
+    kept through a run of dynamics), ``"dynamic"`` (dynamics places them again every
+    ``balance_every`` steps as the atoms move). The halo strategy only. balance_every: steps
+    between rebalancing under ``"dynamic"`` (default 500).
     """
 
     cutoff: float
@@ -132,6 +138,8 @@ class DomainConfig:
     neighbor_backend: str = "auto"
     memory_limit: int | None = None
     allow_unfollowed: bool = False
+    balance: str | None = None
+    balance_every: int = 500
 
     def __post_init__(self):
         cutoff = _positive("cutoff", self.cutoff)
@@ -183,6 +191,12 @@ class DomainConfig:
         object.__setattr__(self, "capacity_factor", factor)
         object.__setattr__(self, "migration_hysteresis", hyst)
         object.__setattr__(self, "mesh", mesh)
+        if self.balance not in (None, "static", "dynamic"):
+            raise ValueError(f"DomainConfig.balance must be None, 'static' or 'dynamic', got {self.balance!r}")
+        if self.balance is not None and self.strategy == "graph_partition":
+            raise ValueError("DomainConfig.balance places spatial blocks; strategy='graph_partition' has node blocks "
+                             "of equal size already: leave balance=None")
+        object.__setattr__(self, "balance_every", integral("DomainConfig.balance_every", self.balance_every, minimum=1))
         if self.neighbor_backend == "kernel" and not _kernel_neighbors_possible(mesh):
             raise ValueError(
                 "DomainConfig.neighbor_backend='kernel' needs CPU devices and jaxdd's compiled kernels "
@@ -226,9 +240,16 @@ class PartitionHealth:
     devices: int | None = None
     devices_present: int | None = None
 
+    @property
+    def imbalance(self) -> float:
+        """Owned atoms of the busiest rank over the mean over ranks (1.0: balanced)."""
+        owned = np.asarray(self.owned, np.float64)
+        return float(owned.max() / owned.mean()) if owned.sum() > 0 else 1.0
+
     def __str__(self) -> str:
         rows = [f"grid {self.grid}: owned/ghost/remote atoms per rank (capacities {self.owned_capacity}/"
-                f"{self.ghost_capacity} rows, {self.edge_capacity} edges); recompiles {self.recompiles}"]
+                f"{self.ghost_capacity} rows, {self.edge_capacity} edges); recompiles {self.recompiles}; "
+                f"imbalance {self.imbalance:.3f} (busiest rank's owned atoms / mean)"]
         if self.devices is not None and self.devices_present is not None and self.devices < self.devices_present:
             rows.append(f"  runs on {self.devices} of the {self.devices_present} devices (the first {self.devices})")
         for r, (o, g, m) in enumerate(zip(self.owned, self.ghost, self.remote)):
@@ -363,13 +384,15 @@ class DistributedModel:
 
     # ------------------------------------------------------------------ host side
 
-    def plan(self, batch: Batch, grid=None, *, bucketed: bool = False) -> tuple[Partition, HaloPlan]:
+    def plan(self, batch: Batch, grid=None, *, bucketed: bool = False, cuts=None) -> tuple[Partition, HaloPlan]:
         """Partition ``batch`` and plan its halo (growing :attr:`capacities` if needed).
 
         grid: the rank grid (default ``DomainConfig.grid``, else the least-surface one).
         bucketed: round the owned rows and exchange slots up to capacity buckets
         (:func:`~jaxdd.neighbors.capacity_bucket`), as calls of the model do (halo strategy
-        only: node blocks keep their exact size)."""
+        only: node blocks keep their exact size). cuts: relative block boundaries to keep
+        ([S, 3, max(grid) + 1], :mod:`jaxdd.engine.partition`); None: equal slices, or
+        balanced ones when ``DomainConfig.balance`` is set."""
         cfg = self.config
         if self.strategy == "graph_partition":
             # Node blocks keep their exact size: padded block rows gave wrong NequIP energies on
@@ -378,7 +401,8 @@ class DistributedModel:
             self.capacities = dataclasses.replace(self.capacities or Capacities(0), owned=plan.layout.n_owned)
             return part, plan
         part = partition(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
-                         cfg.n_ranks, grid=grid if grid is not None else cfg.grid)
+                         cfg.n_ranks, grid=grid if grid is not None else cfg.grid, cuts=cuts,
+                         balance=cuts is None and cfg.balance is not None)
         # With several processes each plans only the ranks on its own devices; they agree on
         # the capacities (maxima of a few integers) so that every rank runs one program shape.
         ranks = own_ranks(cfg.mesh)

@@ -155,7 +155,7 @@ def build_halo_plan(
     coords = rank_coords(np.arange(n_ranks), grid)  # [P, 3]
     bounds = [part.bounds(r) for r in range(n_ranks)]  # (lo, hi), each [S, 3]
     reach = ghost_width / part.spacing  # [S, 3] ghost width in frame units
-    block_width = (part.hi - part.lo) / np.asarray(grid)  # [S, 3]
+    block_width = part.thinnest()  # [S, 3]: the hops must cross the thinnest block
     present = _present(part) if present is None else present
 
     # What a rank holds: global ids, where each row lives ("origin": (-1, row) for owned

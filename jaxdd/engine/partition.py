@@ -7,6 +7,12 @@ extent, measured along unit vectors orthogonal to the periodic lattice vectors (
 "effective cell" the neighbour search uses), so slabs, wires and clusters need no cell.
 The assignment is deterministic: the same positions always give the same owners.
 
+Blocks are equal slices of that extent, or, balanced (:func:`balanced_cuts`), slices cut
+where each holds an equal share of the atoms along each axis: cutting planes across the
+whole system, as LAMMPS's ``balance shift``, so the blocks still form a grid and the halo
+exchanges stay between grid neighbours. Cuts are relative positions in ``[0, 1]`` of each
+axis's extent (``cuts [S, 3, max(grid) + 1]``), so they follow a cell that moves.
+
 Host-side (numpy): a partition is computed once per plan, not traced.
 """
 
@@ -20,7 +26,8 @@ import numpy as np
 from ..neighbors import effective_cell
 from ..periodic import wrap_fractional
 
-__all__ = ["Partition", "choose_grid", "partition", "rank_coords", "rank_of"]
+__all__ = ["Partition", "balanced_cuts", "block_of", "choose_grid", "partition", "rank_coords", "rank_of",
+           "uniform_cuts"]
 
 
 def rank_coords(rank: int | np.ndarray, grid: tuple[int, int, int]) -> np.ndarray:
@@ -61,7 +68,9 @@ class Partition:
     removed by wrapping (position_wrapped = position - wraps @ cell).
     lo, hi: [S, 3] extent of each system's partitioned box in that frame.
     spacing: [S, 3] distance between lattice planes of the effective cell (Å per frame unit).
-    pbc: [S, 3] bool. system: [V] system of each atom.
+    pbc: [S, 3] bool. system: [V] system of each atom. cuts: [S, 3, max(grid) + 1] relative
+    block boundaries along each axis (0 … 1 of ``hi - lo``; entries past ``grid[a]`` are 1),
+    or None for equal slices.
     """
 
     grid: tuple[int, int, int]
@@ -73,6 +82,7 @@ class Partition:
     spacing: np.ndarray
     pbc: np.ndarray
     system: np.ndarray
+    cuts: np.ndarray | None = None
 
     @property
     def n_ranks(self) -> int:
@@ -81,18 +91,40 @@ class Partition:
     def bounds(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
         """Block of ``rank`` in every system: (lo, hi) each [S, 3], in the partition frame."""
         c = rank_coords(rank, self.grid)
-        width = (self.hi - self.lo) / np.asarray(self.grid)
-        return self.lo + c * width, self.lo + (c + 1) * width
+        if self.cuts is None:
+            width = (self.hi - self.lo) / np.asarray(self.grid)
+            return self.lo + c * width, self.lo + (c + 1) * width
+        edges = block_edges(self.lo, self.hi, self.cuts)
+        axes = np.arange(3)
+        return edges[:, axes, c], edges[:, axes, c + 1]
+
+    def thinnest(self) -> np.ndarray:
+        """[S, 3] width of the thinnest block along each axis (frame units)."""
+        if self.cuts is None:
+            return (self.hi - self.lo) / np.asarray(self.grid)
+        edges = block_edges(self.lo, self.hi, self.cuts)
+        widths = np.diff(edges, axis=2)
+        real = np.arange(widths.shape[2])[None, None, :] < np.asarray(self.grid)[None, :, None]
+        return np.min(np.where(real, widths, np.inf), axis=2)
+
+    def imbalance(self) -> float:
+        """Owned atoms of the busiest rank over the mean (1.0: perfectly balanced)."""
+        counts = self.counts()
+        return float(counts.max() / counts.mean()) if counts.sum() else 1.0
 
     def counts(self) -> np.ndarray:
         """Owned atoms per rank, [P]."""
         return np.bincount(self.owner[self.owner >= 0], minlength=self.n_ranks)
 
 
-def partition(positions, cell, pbc, batch_idx, atom_mask, n_ranks: int, grid=None) -> Partition:
+def partition(positions, cell, pbc, batch_idx, atom_mask, n_ranks: int, grid=None, cuts=None,
+              balance: bool = False) -> Partition:
     """Assign each real atom to a rank of a ``grid`` (chosen by :func:`choose_grid` if None).
 
     positions: [V, 3] Å; cell: [S, 3, 3]; pbc: [S, 3]; batch_idx: [V]; atom_mask: [V].
+    cuts: [S, 3, max(grid) + 1] (or [3, max(grid) + 1] for every system) relative block
+    boundaries; None: equal slices. balance: cut each axis where the blocks hold equal
+    shares of the atoms (:func:`balanced_cuts`; ``cuts`` must then be None).
     """
     positions = np.asarray(positions, np.float64)
     cell = np.asarray(cell, np.float64).reshape(-1, 3, 3)
@@ -128,12 +160,13 @@ def partition(positions, cell, pbc, batch_idx, atom_mask, n_ranks: int, grid=Non
         grid = choose_grid(n_ranks, (hi[main] - lo[main]) * spacing[main])
     grid = tuple(int(g) for g in grid)
 
-    width = (hi - lo) / np.asarray(grid)
-    # Block b owns [lo + b·w, lo + (b+1)·w): a boundary belongs to the block above it, as
-    # floor() says; the clip keeps f == 1 - ulp (rounding of the division) and the open
-    # axes' topmost atom in the last block. The device rebuild (replan.py) computes the same.
-    block = np.floor((frac - lo[system]) / width[system]).astype(np.int64)
-    block = np.clip(block, 0, np.asarray(grid) - 1)
+    if balance:
+        if cuts is not None:
+            raise ValueError("partition: pass cuts or balance=True, not both")
+        cuts = balanced_cuts(frac, lo, hi, system, atom_mask, grid)
+    elif cuts is not None:
+        cuts = _checked_cuts(cuts, n_sys, grid)
+    block = block_of(frac, lo, hi, system, grid, cuts)
     owner = np.where(atom_mask, rank_of(block, grid), -1)
     return Partition(
         grid=grid,
@@ -145,7 +178,98 @@ def partition(positions, cell, pbc, batch_idx, atom_mask, n_ranks: int, grid=Non
         spacing=spacing,
         pbc=pbc,
         system=system,
+        cuts=cuts,
     )
+
+
+def block_edges(lo, hi, cuts):
+    """Absolute block boundaries [S, 3, G + 1] in the partition frame from relative ``cuts``
+    (the same arithmetic on the host and in the device rebuild, so both place an atom on a
+    boundary in the same block)."""
+    return lo[..., None] + cuts * (hi - lo)[..., None]
+
+
+def block_of(frac, lo, hi, system, grid, cuts=None) -> np.ndarray:
+    """Block coordinates [V, 3] of frame coordinates ``frac`` [V, 3].
+
+    Equal slices: block b owns [lo + b·w, lo + (b+1)·w); a boundary belongs to the block
+    above it, as floor() says; the clip keeps f == 1 - ulp (rounding of the division) and
+    the open axes' topmost atom in the last block. With ``cuts``, block b owns
+    [edge_b, edge_{b+1}), the same rule. The device rebuild (replan.py) computes the same.
+    """
+    grid_a = np.asarray(grid)
+    if cuts is None:
+        width = (hi - lo) / grid_a
+        block = np.floor((frac - lo[system]) / width[system]).astype(np.int64)
+    else:
+        edges = block_edges(lo, hi, cuts)[system]  # [V, 3, G + 1]
+        interior = np.arange(edges.shape[2])[None, None, :]
+        interior = (interior >= 1) & (interior < grid_a[None, :, None])
+        block = np.sum(interior & (frac[:, :, None] >= edges), axis=2).astype(np.int64)
+    return np.clip(block, 0, grid_a - 1)
+
+
+def uniform_cuts(n_systems: int, grid) -> np.ndarray:
+    """Equal slices as relative cuts [S, 3, max(grid) + 1]."""
+    g = max(grid)
+    cuts = np.ones((n_systems, 3, g + 1))
+    for a, n in enumerate(grid):
+        cuts[:, a, :n + 1] = np.arange(n + 1) / n
+    return cuts
+
+
+def balanced_cuts(frac, lo, hi, system, atom_mask, grid, weights=None) -> np.ndarray:
+    """Relative cuts [S, 3, max(grid) + 1] that give the blocks along each axis equal shares
+    of each system's atoms (or of ``weights`` [V], a cost per atom).
+
+    Each cut lies halfway between two neighbouring distinct coordinates, where the share
+    below it is nearest to k / G_a, so no atom sits on it and a lattice plane stays in one
+    block; an axis whose atoms share one coordinate (or a system without atoms) keeps equal
+    slices.
+    """
+    frac = np.asarray(frac, np.float64)
+    n_sys = lo.shape[0]
+    cuts = uniform_cuts(n_sys, grid)
+    w_all = np.ones(len(frac)) if weights is None else np.asarray(weights, np.float64)
+    for s in range(n_sys):
+        sel = np.asarray(atom_mask, bool) & (system == s)
+        if not sel.any():
+            continue
+        for a, n in enumerate(grid):
+            if n == 1:
+                continue
+            span = max(hi[s, a] - lo[s, a], 1e-300)
+            rel = (frac[sel, a] - lo[s, a]) / span
+            # Candidate cuts lie halfway between neighbouring distinct coordinates (a plane of
+            # atoms stays whole in one block); each takes the one whose share below is nearest
+            # to k / G.
+            values, inverse = np.unique(rel, return_inverse=True)
+            if len(values) < 2:
+                continue
+            mass = np.bincount(inverse, weights=w_all[sel], minlength=len(values))
+            below = np.cumsum(mass)[:-1] / max(mass.sum(), 1e-300)  # share under each candidate
+            candidates = 0.5 * (values[:-1] + values[1:])
+            for k in range(1, n):
+                cuts[s, a, k] = candidates[int(np.argmin(np.abs(below - k / n)))]
+            # Cuts must not decrease (ties of many atoms at one coordinate).
+            cuts[s, a, :n + 1] = np.clip(np.maximum.accumulate(cuts[s, a, :n + 1]), 0.0, 1.0)
+    return cuts
+
+
+def _checked_cuts(cuts, n_sys: int, grid) -> np.ndarray:
+    cuts = np.asarray(cuts, np.float64)
+    g = max(grid)
+    if cuts.ndim == 2:
+        cuts = np.broadcast_to(cuts, (n_sys,) + cuts.shape).copy()
+    if cuts.shape != (n_sys, 3, g + 1):
+        raise ValueError(f"cuts must have shape [{n_sys}, 3, {g + 1}] (systems, axes, max(grid) + 1) for grid {grid}, "
+                         f"got {list(cuts.shape)}")
+    for a, n in enumerate(grid):
+        c = cuts[:, a, :n + 1]
+        if not (np.all(np.isfinite(c)) and np.all(c[:, 0] == 0) and np.all(c[:, -1] == 1) and np.all(np.diff(c) >= 0)):
+            raise ValueError(f"cuts along axis {a} must rise from 0 to 1 over grid[{a}] + 1 = {n + 1} entries, got "
+                             f"{c.tolist()}")
+    return cuts
 
 
 def grids_of(n_ranks: int):

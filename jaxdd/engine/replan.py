@@ -44,25 +44,29 @@ class Frame:
 
     cell: [S, 3, 3] Å. inv: [S, 3, 3] positions (Å) → frame coordinates (fractions on
     periodic axes, Å along the effective cell's unit vectors on open ones). pbc: [S, 3].
-    reach: [S, 3] the ghost width in frame units.
+    reach: [S, 3] the ghost width in frame units. cuts: [S, 3, max(grid) + 1] relative
+    block boundaries of a balanced partition (:func:`jaxdd.engine.partition.balanced_cuts`),
+    or None for equal slices.
     """
 
     cell: jax.Array
     inv: jax.Array
     pbc: jax.Array
     reach: jax.Array
+    cuts: jax.Array | None = None
 
 
-def frame_of(cell, pbc, ghost_width: float, dtype) -> Frame:
-    """The :class:`Frame` of cells ``[S, 3, 3]`` Å with ``pbc`` [S, 3], computed on the host
-    as :func:`jaxdd.partition.partition` does."""
+def frame_of(cell, pbc, ghost_width: float, dtype, cuts=None) -> Frame:
+    """The :class:`Frame` of cells ``[S, 3, 3]`` Å with ``pbc`` [S, 3] (and a balanced
+    partition's ``cuts``), computed on the host as :func:`jaxdd.partition.partition` does."""
     cell = np.asarray(cell, np.float64).reshape(-1, 3, 3)
     pbc = np.asarray(pbc, bool).reshape(-1, 3)
     ceff = np.where(pbc[:, :, None], cell, np.asarray(effective_cell(cell, pbc), np.float64))
     inv = np.linalg.inv(ceff)
     spacing = 1.0 / np.linalg.norm(inv, axis=1)
     return Frame(cell=np.asarray(cell, dtype), inv=np.asarray(inv, dtype), pbc=pbc,
-                 reach=np.asarray(ghost_width / spacing, dtype))
+                 reach=np.asarray(ghost_width / spacing, dtype),
+                 cuts=None if cuts is None else np.asarray(cuts, dtype))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,9 +141,20 @@ def rank_replan(owned: dict, frame: Frame, cfg: ReplanConfig):
     pad = jnp.maximum(1e-9 * jnp.maximum(jnp.abs(fmax), 1.0), 1e-9)
     lo = jnp.where(pbc | ~present[:, None], 0.0, fmin)
     hi = jnp.where(pbc | ~present[:, None], 1.0, fmax + pad)
-    width = (hi - lo) / grid_a
-    # The host partition's block rule: a boundary belongs to the block above it; clipped.
-    block = jnp.clip(jnp.floor((frac - lo[sys]) / width[sys]), 0, grid_a - 1).astype(jnp.int32)
+    # The host partition's block rule (partition.block_of): a boundary belongs to the block
+    # above it; clipped. Equal slices of width w, or the balanced cuts' edges.
+    g_max = max(grid)
+    if frame.cuts is None:
+        width = (hi - lo) / grid_a
+        block = jnp.clip(jnp.floor((frac - lo[sys]) / width[sys]), 0, grid_a - 1).astype(jnp.int32)
+    else:
+        edges = lo[..., None] + jnp.asarray(frame.cuts, wide) * (hi - lo)[..., None]  # [S, 3, G + 1]
+        k = np.arange(g_max + 1)[None, :]
+        interior = jnp.asarray((k >= 1) & (k < np.asarray(grid)[:, None]))  # [3, G + 1]
+        block = jnp.sum(interior & (frac[:, :, None] >= edges[sys]), axis=2)
+        block = jnp.clip(block, 0, grid_a - 1).astype(jnp.int32)
+        real = jnp.asarray(k[:, :-1] < np.asarray(grid)[:, None])  # [3, G]
+        width = jnp.min(jnp.where(real, jnp.diff(edges, axis=2), jnp.inf), axis=2)  # the thinnest block
     rows["_frac"], rows["_block"] = frac, block
     rows["_from"] = jnp.full(valid.shape, rank, jnp.int32)
 
@@ -219,8 +234,12 @@ def rank_replan(owned: dict, frame: Frame, cfg: ReplanConfig):
         s_sys = l_sys[src]
         fa = l_frac[src, ex.axis] + wr
         c_dst = coords[jnp.maximum(dst, 0), ex.axis]
-        lo_d = lo[s_sys, ex.axis] + c_dst * width[s_sys, ex.axis]
-        hi_d = lo[s_sys, ex.axis] + (c_dst + 1) * width[s_sys, ex.axis]
+        if frame.cuts is None:
+            lo_d = lo[s_sys, ex.axis] + c_dst * width[s_sys, ex.axis]
+            hi_d = lo[s_sys, ex.axis] + (c_dst + 1) * width[s_sys, ex.axis]
+        else:
+            lo_d = edges[s_sys, ex.axis, c_dst]
+            hi_d = edges[s_sys, ex.axis, c_dst + 1]
         r_ax = reach[s_sys, ex.axis]
         # Inclusive bounds, as the host plan's (halo.build_halo_plan): an atom on the bound is sent.
         sel = (sends & (l_ids[src] >= 0) & (pbc[s_sys, ex.axis] | (wr == 0))
