@@ -258,12 +258,13 @@ def test_restart_continues_bit_for_bit(tmp_path):
 
 
 @functools.lru_cache(maxsize=None)
-def schnet_run(integrator, grid, n_steps=200):
+def schnet_run(integrator, grid, n_steps=200, strategy="halo"):
     atoms = fcc_lattice(3, 5.26, symbol="Ar")  # 108 atoms of solid argon
     atoms.rattle(0.02, seed=4)
     data = jaxdd.AtomicData.from_ase(atoms, dtype=np.float64)
     model = SchNet((18,), 5.0, features=16, n_interactions=2, seed=1)
-    dm = DistributedModel(model, DomainConfig(5.0, skin=0.5, mesh=mesh_of(math.prod(grid)), grid=grid))
+    dm = DistributedModel(model, DomainConfig(5.0, skin=0.5, mesh=mesh_of(math.prod(grid)), grid=grid,
+                                              strategy=strategy))
     md = DomainParallel(dm, integrator)
     state = md.run(md.init(data), n_steps)
     return (np.asarray(md.gather(state).positions), np.asarray(state.template.cell[0]), md.thermo(state),
@@ -279,6 +280,15 @@ SCHNET_NPT = MTKBarostat(dt=1.0, temperature=80.0, pressure=0.0, t_period=50.0, 
 @pytest.mark.parametrize("integrator", [SCHNET_NVT, SCHNET_NPT], ids=["nvt", "npt-tri"])
 def test_schnet_distributed_follows_one_device(integrator, grid):
     assert_follows(schnet_run(integrator, grid), schnet_run(integrator, (1, 1, 1)))
+
+
+@pytest.mark.parametrize("integrator", [SCHNET_NVT, pytest.param(SCHNET_NPT, marks=pytest.mark.slow)],
+                         ids=["nvt", "npt-tri"])
+def test_graph_parallel_dynamics_follows_one_device(integrator):
+    """Node blocks (strategy='graph_partition') never migrate: the same steps on 4 ranks."""
+    run = schnet_run(integrator, (4, 1, 1), 50, "graph_partition")
+    assert run[3].rebuilds == 0 and run[3].migrations == 0
+    assert_follows(run, schnet_run(integrator, (1, 1, 1), 50))
 
 
 # ----------------------------------------------------------------------------- refused input

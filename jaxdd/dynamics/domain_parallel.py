@@ -107,7 +107,8 @@ class DomainParallel:
     NoseHooverChain, MTKBarostat, or one added with :func:`register_integrator`).
 
     dist_model: a :class:`~jaxdd.DistributedModel` whose ``DomainConfig.skin`` is > 0 (the
-    skin is what lets the halo plan be replayed for several steps). kB: Boltzmann constant
+    skin is what lets the halo plan be replayed for several steps), or one of the
+    graph-parallel strategy (node blocks: atoms stay on their rank, nothing goes stale). kB: Boltzmann constant
     for the thermo temperature (energy per temperature unit): by default the integrator's
     (``Langevin(kB=...)``), else eV/K; 1 in Lennard-Jones reduced units.
     """
@@ -118,12 +119,11 @@ class DomainParallel:
         if not isinstance(integrator, tuple(INTEGRATORS.values())):
             raise ValueError(f"integrator must be one of {sorted(INTEGRATORS)} (or a class added with "
                              f"jaxdd.register_integrator), got {integrator!r}")
-        if dist_model.strategy != "halo":
-            raise ValueError(
-                f"DomainParallel runs the halo strategy (spatial domains whose atoms migrate); this DistributedModel "
-                f"uses {dist_model.strategy!r}. Build it with DomainConfig(strategy='halo') and a halo spec for dynamics")
         cfg = dist_model.config
-        threshold = min(cfg.migration_hysteresis, cfg.skin / 2)
+        # Node blocks (the graph-parallel strategy) are blocks of atom indices: no atom ever
+        # leaves its rank and no plan goes stale, whatever the atoms do.
+        self.node_blocks = dist_model.strategy == "graph_partition"
+        threshold = math.inf if self.node_blocks else min(cfg.migration_hysteresis, cfg.skin / 2)
         if not threshold > 0:
             raise ValueError(
                 f"DomainParallel needs DomainConfig.skin > 0 and migration_hysteresis > 0 (got skin {cfg.skin}, "
@@ -385,8 +385,11 @@ class DomainParallel:
     def _rebuild(self, state: MDState) -> MDState:
         """Migrate atoms to the ranks whose blocks hold them now and rebuild the halo plan, on
         the devices. Capacities that no longer fit grow (a new program); the host plans only
-        when the blocks have changed shape beyond what the plan's exchanges cover."""
+        when the blocks have changed shape beyond what the plan's exchanges cover. Node
+        blocks are planned again on the host (their blocks never change)."""
         self._rebuilds += 1
+        if self.node_blocks:
+            return self._rebuild_on_host(state)
         dm = self.dist_model
         mesh = dm.config.mesh
         layout = state.layout
