@@ -176,3 +176,30 @@ def test_a_balanced_run_restarts_bit_for_bit(tmp_path):
     resumed = again.run(again.restore(tmp_path / "ck"), 20)
     np.testing.assert_array_equal(np.asarray(again.gather(resumed).positions),
                                   np.asarray(md.gather(straight).positions))
+
+
+def test_pair_weights_are_each_atoms_neighbour_count_plus_one():
+    from ase.neighborlist import neighbor_list
+
+    dm = DistributedModel(MODEL, DomainConfig(2.5, skin=0.3, mesh=mesh_of(8), grid=(2, 2, 2), balance="static",
+                                              balance_by="pairs"))
+    md = DomainParallel(dm, VelocityVerlet(0.005), kB=1.0)
+    state = md.init(system("drop"))
+    atoms = lj_droplet(6.0, 16.0, temperature=0.8, seed=6, centre=(0.3, 0.35, 0.4))
+    expected = 1 + np.bincount(neighbor_list("i", atoms, 2.5 + 0.3), minlength=len(atoms))  # the model's list range
+    np.testing.assert_array_equal(md.pair_weights(state), expected)
+
+
+def test_balancing_by_pairs_follows_one_device():
+    dm = DistributedModel(MODEL, DomainConfig(2.5, skin=0.3, mesh=mesh_of(8), grid=(2, 2, 2), balance="dynamic",
+                                              balance_by="pairs", balance_every=50))
+    md = DomainParallel(dm, VelocityVerlet(0.005), kB=1.0)
+    state = md.run(md.init(system("film")), 200)
+    reference, _ = md_run((1, 1, 1), None)
+    np.testing.assert_allclose(np.asarray(md.gather(state).positions), reference, rtol=0, atol=1e-9)
+    assert md.last_run.rebalances == 4
+
+
+def test_balancing_by_something_else_is_refused():
+    with pytest.raises(ValueError, match="DomainConfig.balance_by must be 'atoms' or 'pairs'"):
+        DomainConfig(2.5, balance="static", balance_by="time")

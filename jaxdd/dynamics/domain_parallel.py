@@ -154,6 +154,7 @@ class DomainParallel:
         self._rebalances = 0
         self._frame = None
         self._cuts = None  # a balanced partition's block boundaries, kept between rebalancing
+        self._weights = None  # measured cost per atom [V] the next balanced partition shares out
 
     # ------------------------------------------------------------------ set-up
 
@@ -172,10 +173,30 @@ class DomainParallel:
         if batch.velocities is None:
             batch = batch.replace(velocities=jnp.zeros_like(batch.positions))
         positions = np.asarray(batch.positions, np.float64)
-        self._cuts = None  # a new system: balanced blocks are placed for its atoms
+        self._cuts = self._weights = None  # a new system: balanced blocks are placed for its atoms
         state = self._place(batch, positions, np.asarray(batch.velocities), None, step=0,
                             extra=self.integrator.init(batch), energy=None)
+        if self._by_pairs():  # blocks balanced by atoms first; then by the pairs they measured
+            self._weights = self.pair_weights(state)
+            self._cuts = None
+            state = self._place(batch, positions, np.asarray(batch.velocities), None, step=0,
+                                extra=state.extra, energy=None)
         return self._with_forces(state)
+
+    def _by_pairs(self) -> bool:
+        cfg = self.dist_model.config
+        return cfg.balance is not None and cfg.balance_by == "pairs" and not self.node_blocks
+
+    def pair_weights(self, state: MDState) -> np.ndarray:
+        """The cost per atom ``DomainConfig(balance_by="pairs")`` shares out: 1 + each atom's
+        neighbour count within the model's search range, [V] in the batch's atom order,
+        measured on the devices from the ranks' neighbour lists now."""
+        counts = _pair_counts(state.arrays, state.fixed, self._static(state))
+        return 1.0 + self._global_rows(state, counts)
+
+    def _global_rows(self, state: MDState, rows) -> np.ndarray:
+        """Per-rank rows [P, n, ...] in the batch's atom order (float64)."""
+        return _atom_order(_host(state.arrays["ids"]), _host(rows), state.template.n_atoms)
 
     def _place(self, template: Batch, positions, velocities, forces, *, step, extra, energy) -> MDState:
         """Partition ``positions`` ([N, 3] Å, unwrapped), plan the halo and lay the atoms out
@@ -183,7 +204,7 @@ class DomainParallel:
         dm = self.dist_model
         batch = template.replace(positions=jnp.asarray(positions, template.positions.dtype))
         before = None if dm.capacities is None else dm.capacities.halo
-        part, plan = dm.plan(batch, grid=self.grid, cuts=self._cuts)
+        part, plan = dm.plan(batch, grid=self.grid, cuts=self._cuts, weights=self._weights)
         self.grid = part.grid  # fixed after the first partition, so plans keep their shapes
         self._cuts = part.cuts
         if before is not None and dm.capacities.halo != before:
@@ -426,6 +447,7 @@ class DomainParallel:
         self._rebalances += 1
         self._rebuilds += 1
         self._cuts = None  # the next partition places them afresh
+        self._weights = self.pair_weights(state) if self._by_pairs() else None
         return self._rebuild_on_host(state)
 
     def _fitting(self, state: MDState) -> MDState:
@@ -855,6 +877,22 @@ def _evaluate(model, arrays, fixed, static, stress):
     ranked, replicated = _split(fixed)
     return on_ranks(rank_fn, static.mesh, ranked=(arrays, ranked), replicated=(params, *replicated),
                     replicated_out=(True, False, True, True, True))
+
+
+@eqx.filter_jit
+def _pair_counts(arrays, fixed, static):
+    """Neighbours of every owned row within the model's search cutoff, [P, n_owned]."""
+    def rank_fn(a, f, cell, system_mask):
+        f = dict(f, cell=cell, system_mask=system_mask)
+        positions = halo_forward(a["positions"], static.layout, f["routing"], static.axes, cell=cell)
+        nl = rank_neighbors(positions, f["local"], static, cell=cell, routing=f["routing"])
+        n_local = positions.shape[0]
+        counts = jax.ops.segment_sum(nl.mask.astype(jnp.int32), jnp.where(nl.mask, nl.receivers, n_local),
+                                     num_segments=n_local + 1)
+        return jnp.where(a["ids"] >= 0, counts[:static.layout.n_owned], 0)
+
+    ranked, replicated = _split(fixed)
+    return on_ranks(rank_fn, static.mesh, ranked=(arrays, ranked), replicated=replicated)
 
 
 @eqx.filter_jit

@@ -123,7 +123,10 @@ class DomainConfig:
     hold equal shares of the atoms, as LAMMPS's ``balance shift``; at every partition, and
     kept through a run of dynamics), ``"dynamic"`` (dynamics places them again every
     ``balance_every`` steps as the atoms move). The halo strategy only. balance_every: steps
-    between rebalancing under ``"dynamic"`` (default 500).
+    between rebalancing under ``"dynamic"`` (default 500). balance_by: what the blocks share
+    equally: ``"atoms"`` (default) or ``"pairs"`` (each atom weighted by 1 + its neighbour
+    count, measured on the devices from the neighbour lists; dynamics only, where those
+    lists exist: a DistributedModel call balances atoms).
     """
 
     cutoff: float
@@ -140,6 +143,7 @@ class DomainConfig:
     allow_unfollowed: bool = False
     balance: str | None = None
     balance_every: int = 500
+    balance_by: str = "atoms"
 
     def __post_init__(self):
         cutoff = _positive("cutoff", self.cutoff)
@@ -197,6 +201,8 @@ class DomainConfig:
             raise ValueError("DomainConfig.balance places spatial blocks; strategy='graph_partition' has node blocks "
                              "of equal size already: leave balance=None")
         object.__setattr__(self, "balance_every", integral("DomainConfig.balance_every", self.balance_every, minimum=1))
+        if self.balance_by not in ("atoms", "pairs"):
+            raise ValueError(f"DomainConfig.balance_by must be 'atoms' or 'pairs', got {self.balance_by!r}")
         if self.neighbor_backend == "kernel" and not _kernel_neighbors_possible(mesh):
             raise ValueError(
                 "DomainConfig.neighbor_backend='kernel' needs CPU devices and jaxdd's compiled kernels "
@@ -384,7 +390,8 @@ class DistributedModel:
 
     # ------------------------------------------------------------------ host side
 
-    def plan(self, batch: Batch, grid=None, *, bucketed: bool = False, cuts=None) -> tuple[Partition, HaloPlan]:
+    def plan(self, batch: Batch, grid=None, *, bucketed: bool = False, cuts=None,
+             weights=None) -> tuple[Partition, HaloPlan]:
         """Partition ``batch`` and plan its halo (growing :attr:`capacities` if needed).
 
         grid: the rank grid (default ``DomainConfig.grid``, else the least-surface one).
@@ -392,7 +399,8 @@ class DistributedModel:
         (:func:`~jaxdd.neighbors.capacity_bucket`), as calls of the model do (halo strategy
         only: node blocks keep their exact size). cuts: relative block boundaries to keep
         ([S, 3, max(grid) + 1], :mod:`jaxdd.engine.partition`); None: equal slices, or
-        balanced ones when ``DomainConfig.balance`` is set."""
+        balanced ones when ``DomainConfig.balance`` is set, by atoms or by ``weights`` [V]
+        (a cost per atom)."""
         cfg = self.config
         if self.strategy == "graph_partition":
             # Node blocks keep their exact size: padded block rows gave wrong NequIP energies on
@@ -402,7 +410,8 @@ class DistributedModel:
             return part, plan
         part = partition(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
                          cfg.n_ranks, grid=grid if grid is not None else cfg.grid, cuts=cuts,
-                         balance=cuts is None and cfg.balance is not None)
+                         balance=cuts is None and cfg.balance is not None,
+                         weights=weights if cuts is None and cfg.balance is not None else None)
         # With several processes each plans only the ranks on its own devices; they agree on
         # the capacities (maxima of a few integers) so that every rank runs one program shape.
         ranks = own_ranks(cfg.mesh)

@@ -118,13 +118,14 @@ class Partition:
 
 
 def partition(positions, cell, pbc, batch_idx, atom_mask, n_ranks: int, grid=None, cuts=None,
-              balance: bool = False) -> Partition:
+              balance: bool = False, weights=None) -> Partition:
     """Assign each real atom to a rank of a ``grid`` (chosen by :func:`choose_grid` if None).
 
     positions: [V, 3] Å; cell: [S, 3, 3]; pbc: [S, 3]; batch_idx: [V]; atom_mask: [V].
     cuts: [S, 3, max(grid) + 1] (or [3, max(grid) + 1] for every system) relative block
     boundaries; None: equal slices. balance: cut each axis where the blocks hold equal
-    shares of the atoms (:func:`balanced_cuts`; ``cuts`` must then be None).
+    shares of the atoms (:func:`balanced_cuts`; ``cuts`` must then be None), or of
+    ``weights`` [V] (a cost per atom, e.g. its neighbour count).
     """
     positions = np.asarray(positions, np.float64)
     cell = np.asarray(cell, np.float64).reshape(-1, 3, 3)
@@ -163,7 +164,7 @@ def partition(positions, cell, pbc, batch_idx, atom_mask, n_ranks: int, grid=Non
     if balance:
         if cuts is not None:
             raise ValueError("partition: pass cuts or balance=True, not both")
-        cuts = balanced_cuts(frac, lo, hi, system, atom_mask, grid)
+        cuts = balanced_cuts(frac, lo, hi, system, atom_mask, grid, weights)
     elif cuts is not None:
         cuts = _checked_cuts(cuts, n_sys, grid)
     block = block_of(frac, lo, hi, system, grid, cuts)
