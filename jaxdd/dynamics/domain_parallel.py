@@ -631,7 +631,8 @@ class DomainParallel:
                 fixed["plan_cell"] = jax.device_put(np.asarray(a["plan_cell"]), replicated)
             state = MDState(step=meta["step"], energy=energy, extra=extra, arrays=arrays, fixed=fixed,
                             template=template, layout=_layout_of(meta["layout"]), ghost_width=meta.get("ghost_width"),
-                            virial=a.get("virial"))
+                            virial=a["virial"] if "virial" in a else jax.device_put(
+                                np.zeros((template.n_systems, 3, 3), dtype), replicated))
         else:
             held = {k: np.asarray(v) for k, v in a["ranked"].items()}
             n = template.n_atoms
