@@ -273,11 +273,13 @@ def schnet_run(integrator, grid, n_steps=200, strategy="halo"):
 
 SCHNET_NVT = NoseHooverChain(dt=1.0, temperature=80.0, period=50.0)
 SCHNET_NPT = MTKBarostat(dt=1.0, temperature=80.0, pressure=0.0, t_period=50.0, p_period=500.0, couple="tri")
+SCHNET_CRESCALE = CRescale(dt=1.0, temperature=80.0, pressure=0.0, t_period=50.0, p_period=500.0, compressibility=0.5,
+                           seed=3)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("grid", [(2, 2, 1), (3, 2, 1)])
-@pytest.mark.parametrize("integrator", [SCHNET_NVT, SCHNET_NPT], ids=["nvt", "npt-tri"])
+@pytest.mark.parametrize("integrator", [SCHNET_NVT, SCHNET_NPT, SCHNET_CRESCALE], ids=["nvt", "npt-tri", "crescale"])
 def test_schnet_distributed_follows_one_device(integrator, grid):
     assert_follows(schnet_run(integrator, grid), schnet_run(integrator, (1, 1, 1)))
 
