@@ -16,7 +16,7 @@ from .model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig, Neighbo
 from .ops import SpecError, register_op
 from .spec import CompilePolicy, DistributionSpec, MLIPSpec, OpAdapter, OutputKind
 from .neighbors import NeighborCapacity, NeighborList, build_neighbor_list, edge_vectors, neighbor_capacity, neighbor_list
-from .dynamics import FIRE, CRescale, DomainParallel, Langevin, MTKBarostat, NoseHooverChain, VelocityVerlet, register_integrator
+from .dynamics import FIRE, CRescale, DomainParallel, HeatFlux, Langevin, MTKBarostat, NoseHooverChain, VelocityVerlet, register_integrator
 from .checkpoint import CheckpointError
 from . import ase  # noqa: E402  (jaxdd.ase.Calculator; the module imports ase, a core dependency)
 from . import ffi  # noqa: E402  (custom FFI kernels as named ops; the compiled library loads on first use)
@@ -66,6 +66,7 @@ __all__ = [
     "NoseHooverChain",
     "MTKBarostat",
     "CRescale",
+    "HeatFlux",
     "register_integrator",
     "VelocityVerlet",
     "JitAdapter",

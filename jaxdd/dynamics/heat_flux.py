@@ -1,31 +1,18 @@
 """The microscopic heat flux of each system, recorded during a run (``HeatFlux``).
 
-    J = Σᵢ eᵢ vᵢ + Σᵢ Wᵢ · vᵢ        [S, 3]  eV·Å / time unit (ε·σ/τ in reduced units)
+    J = Σᵢ eᵢ vᵢ + Σᵢ Wᵢ · vᵢ      [S, 3] eV·Å per time unit (ε·σ/τ in reduced units)
 
-eᵢ: the energy of atom i (its potential energy, the model's ``atomic_energies``, plus
-½ mᵢ vᵢ² unless ``include_kinetic=False``); Wᵢ [3, 3]: its virial (``DomainParallel.atom_terms``,
-:mod:`jaxdd.virials`), summing to the system's virial -dE/dε; (Wᵢ · vᵢ)_a = Σ_b Wᵢ_ab vᵢ_b.
-This is LAMMPS's ``compute heat/flux`` (J = Σ eᵢvᵢ - Σ Sᵢvᵢ with Sᵢ = -Wᵢ its per-atom
-stress, the ``virial`` part of ``compute stress/atom``), and the Green–Kubo flux of thermal
-conductivity (divide by the volume for a current density).
+eᵢ: the energy of atom i, its potential energy (the model's ``atomic_energies``) plus
+½ mᵢ vᵢ² unless ``include_kinetic=False``. Wᵢ [3, 3]: its virial (:mod:`jaxdd.virials`),
+the per-atom terms of the system's virial -dE/dε, and (Wᵢ · vᵢ)_a = Σ_b Wᵢ_ab vᵢ_b. This
+is LAMMPS's ``compute heat/flux`` (Σ eᵢvᵢ - Σ Sᵢvᵢ, its per-atom stress Sᵢ = -Wᵢ), the
+flux of the Green–Kubo thermal conductivity (divide by the volume for a current density).
 
-Why ``+ Wᵢ · vᵢ``: for a pair potential φ whose energy is split half-half (eᵢ = ½mᵢvᵢ² +
-½ Σⱼ φ(rᵢⱼ), rᵢⱼ = rⱼ - rᵢ, fᵢⱼ = ∇φ(rᵢⱼ), so Fᵢ = Σⱼ fᵢⱼ) Newton's equations give
-ėᵢ = ½ Σⱼ fᵢⱼ · (vᵢ + vⱼ), and without periodic images
-
-    d/dt Σᵢ rᵢ eᵢ = Σᵢ eᵢ vᵢ + ½ Σᵢⱼ rᵢ (fᵢⱼ · (vᵢ + vⱼ)) = Σᵢ eᵢ vᵢ - ¼ Σᵢⱼ rᵢⱼ (fᵢⱼ · (vᵢ + vⱼ))
-
-(swapping i and j flips rᵢⱼ and fᵢⱼ). The edge j → i carries ½φ, so its gradient is ½fᵢⱼ
-and Wᵢ = -½ Σⱼ rᵢⱼ ⊗ fᵢⱼ (edge vector first, gradient second): Σᵢ Σ_b Wᵢ_ab vᵢ_b is the
-last sum. The velocity contracts with the gradient index, as in d/dt of an energy of the
-edge vectors (∂e/∂r_e · ṙ_e); pair virials are symmetric, many-body ones are not. With
-periodic images the last sum is still the flux (the images' rᵢⱼ), while Σᵢ rᵢ eᵢ of the
-unwrapped positions also counts pairs across the boundary at rᵢ - rⱼ ≠ -rᵢⱼ.
-
-For a many-body model (an energy of the atom's neighbourhood or a message-passing network)
-this is the flux of the per-atom virials, as LAMMPS's with ``stress/atom``; the exact
-potential term needs each atom's energy differentiated by every edge (Fan et al., PRB 92,
-094301 (2015); Langer et al., PRB 108, L100302 (2023)), which the virials do not carry.
+For a pair potential J = d/dt Σᵢ rᵢ eᵢ without periodic images (derivation at
+:func:`heat_flux`). For a many-body model (a neighbourhood energy, a message-passing
+network) it is the flux of its per-atom virials, as LAMMPS's with ``stress/atom``: the
+exact potential term needs each atom's energy differentiated by every edge (Fan et al.,
+PRB 92, 094301 (2015); Langer et al., PRB 108, L100302 (2023)).
 """
 
 from __future__ import annotations
@@ -65,6 +52,15 @@ def heat_flux(energies, virials, velocities, masses, system, n_systems: int, inc
     e = jnp.asarray(energies, wide)
     if include_kinetic:
         e = e + 0.5 * jnp.asarray(masses, wide) * jnp.sum(v * v, axis=-1)
+    # Why +W·v, contracted over the gradient index: for a pair potential φ split half-half,
+    # eᵢ = ½mᵢvᵢ² + ½Σⱼ φ(rᵢⱼ) with rᵢⱼ = rⱼ - rᵢ and fᵢⱼ = ∇φ(rᵢⱼ) (so Fᵢ = Σⱼ fᵢⱼ),
+    # Newton gives ėᵢ = ½Σⱼ fᵢⱼ·(vᵢ + vⱼ), and swapping i and j (rᵢⱼ, fᵢⱼ change sign)
+    # d/dt Σᵢ rᵢeᵢ = Σᵢ eᵢvᵢ + Σᵢ rᵢėᵢ = Σᵢ eᵢvᵢ - ¼Σᵢⱼ rᵢⱼ (fᵢⱼ·(vᵢ + vⱼ)). The edge j → i
+    # carries ½φ, so its gradient is ½fᵢⱼ and Wᵢ = -½Σⱼ rᵢⱼ ⊗ fᵢⱼ (edge vector first):
+    # Σᵢ Σ_b Wᵢ_ab vᵢ_b is the last sum. The velocity meets the gradient (∂e/∂r_e · ṙ_e),
+    # which matters for the asymmetric virials of many-body models. With periodic images
+    # the rᵢⱼ are the images' and J is still the flux, but no longer d/dt Σᵢ rᵢeᵢ of the
+    # unwrapped positions (which puts a pair across the boundary an image apart).
     per_atom = e[:, None] * v + jnp.einsum("nab,nb->na", jnp.asarray(virials, wide), v)
     system = jnp.asarray(system)
     real = (system >= 0) & (system < n_systems)
@@ -152,7 +148,7 @@ class HeatFlux:
         new = not self.path.exists() or self.path.stat().st_size == 0
         with open(self.path, "a", encoding="utf-8") as handle:
             if new:
-                energy = "potential + kinetic energy of atom i" if self.include_kinetic else "potential energy of atom i"
-                handle.write(_HEADER.format(energy=energy))
+                kinetic = " + kinetic" if self.include_kinetic else ""
+                handle.write(_HEADER.format(energy=f"potential{kinetic} energy of atom i"))
             for s, (jx, jy, jz) in enumerate(flux):
                 handle.write(f"{step} {s} {jx:.17g} {jy:.17g} {jz:.17g}\n")
