@@ -2,6 +2,13 @@
 stochastic velocity rescaling (Bussi, Donadio & Parrinello 2007): NPT that reaches the
 isothermal-isobaric volume distribution with first-order cell dynamics.
 
+Anisotropic (``couple="aniso"``): each axis's log-length εₐ diffuses on its own,
+dεₐ = β_T/(3τ_P)·(Pₐₐ - P) dt + √(2 kT β_T / (3 V τ_P)) dWₐ (Itô; the drift of the
+entropy of the measure dLₓdL_ydL_z and the Itô term of the volume-dependent diffusion
+cancel), the cell's x, y, z components scaled by exp(εₐ), velocities by exp(-εₐ). Its work
+is accounted from the ratio of the backward and forward Gaussian moves (the effective
+energy of the isotropic scheme, in ε).
+
 The step is the time-reversible Trotter splitting of the paper's reference code
 (``barotype T`` with scaled velocities): half a thermostat, half a kick, the volume move
 (positions and cell scaled by s, velocities by 1/s), the drift, forces, half a kick, half a
@@ -28,14 +35,16 @@ __all__ = ["CRescale"]
 @register_integrator
 @dataclasses.dataclass(frozen=True)
 class CRescale:
-    """Isotropic NPT by stochastic cell rescaling with a velocity-rescaling thermostat.
+    """NPT by stochastic cell rescaling with a velocity-rescaling thermostat.
 
     dt: time step. temperature: target T. pressure: target P (eV/Å³, or reduced units).
     t_period: the thermostat's relaxation time τ_T. p_period: the barostat's τ_P.
     compressibility: the isothermal compressibility β_T the barostat assumes (1/pressure:
     Å³/eV; ~0.3 for the LJ liquid in reduced units, ~70 for water, ~1 for metals); it sets
     how fast the volume relaxes, not the distribution. seed: random stream. kB: Boltzmann
-    constant. Every system must be periodic on all axes.
+    constant. couple: ``"iso"`` (the cell scales uniformly) or ``"aniso"`` (its x, y, z
+    components scale separately, each driven by its diagonal pressure Pₐₐ; needs LAMMPS's
+    restricted cell, as MTKBarostat's). Every system must be periodic on all axes.
     """
 
     dt: float
@@ -46,6 +55,7 @@ class CRescale:
     compressibility: float
     seed: int = 0
     kB: float = KB_EV_PER_K
+    couple: str = "iso"
 
     needs_virial = True
     moves_cell = True
@@ -55,9 +65,11 @@ class CRescale:
             object.__setattr__(self, name, check_number("CRescale", name, getattr(self, name)))
         object.__setattr__(self, "pressure", check_number("CRescale", "pressure", self.pressure, positive=False))
         object.__setattr__(self, "seed", integral("CRescale.seed", self.seed, minimum=0))
+        if self.couple not in ("iso", "aniso"):
+            raise ValueError(f"CRescale.couple must be 'iso' or 'aniso', got {self.couple!r}")
 
     def init(self, batch) -> dict:
-        check_barostat_cell(batch, "CRescale", restricted=False)
+        check_barostat_cell(batch, "CRescale", restricted=self.couple == "aniso")
         return dict(heat=jnp.zeros((batch.n_systems,), batch.positions.dtype))
 
     def converged(self, state, ctx):
@@ -98,6 +110,13 @@ class CRescale:
         heat = state.extra["heat"]
         v, heat = self._thermostat(state.velocities, heat, ctx, 0)
         v = v + 0.5 * dt * state.forces * ctx.inv_mass
+        if self.couple == "aniso":
+            x, v, cell, f, e, virial, heat = self._aniso_move(state, ctx, v, heat, forces_fn)
+            v = v + 0.5 * dt * f * ctx.inv_mass
+            v, heat = self._thermostat(v, heat, ctx, 2)
+            v = jnp.where(ctx.valid[:, None], v, 0.0)
+            return state._replace(positions=x, velocities=v, forces=f, energy=e, cell=cell, virial=virial,
+                                  extra=dict(heat=heat))
         # The volume move: λ = √V diffuses with D = kT β_T / (4 τ_P).
         volume = cell_volume(state.cell)
         diffusion = 0.25 * kT * self.compressibility / self.p_period
@@ -120,6 +139,38 @@ class CRescale:
         v = jnp.where(ctx.valid[:, None], v, 0.0)
         return state._replace(positions=x, velocities=v, forces=f, energy=e, cell=cell, virial=virial,
                               extra=dict(heat=heat))
+
+    def _aniso_move(self, state, ctx, v, heat, forces_fn):
+        """The drift with each axis's log-length moved by its own Gaussian step; returns
+        (positions, velocities, cell, forces, energy, virial, heat)."""
+        dtype = v.dtype
+        dt = jnp.asarray(self.dt, dtype)
+        kT = self.kB * self.temperature
+        sys = ctx.system
+        rate = self.compressibility / (3 * self.p_period)
+
+        def drift_and_diffusion(cell, velocities, virial):
+            volume = cell_volume(cell)
+            kin = ctx.kinetic_tensor(velocities)
+            p_diag = (jnp.diagonal(kin, axis1=1, axis2=2) + jnp.diagonal(virial, axis1=1, axis2=2)) / volume[:, None]
+            return rate * (p_diag - self.pressure), kT * rate / volume, volume  # [S, 3], [S], [S]
+
+        a0, d0, v0 = drift_and_diffusion(state.cell, v, state.virial)
+        noise = jax.random.normal(self._key(ctx.step, 1), a0.shape, dtype)
+        d_eps = a0 * dt + jnp.sqrt(2 * d0 * dt)[:, None] * noise  # [S, 3]
+        r1 = jnp.exp(d_eps)
+        vf = 1.0 / r1
+        x = r1[sys] * state.positions + 0.5 * (r1 + vf)[sys] * v * dt
+        cell = state.cell * r1[:, None, :]  # each lattice vector's x, y, z components
+        v = v * vf[sys]
+        f, e, virial = forces_fn(x, cell)
+        a1, d1, v1 = drift_and_diffusion(cell, v, virial)
+        # -kT ln(T_backward / T_forward) of the Gaussian moves, and the entropy -kT ln V of
+        # the measure: what the effective energy gains.
+        log_ratio = (jnp.sum((d_eps - a0 * dt) ** 2, axis=1) / (4 * d0 * dt)
+                     - jnp.sum((d_eps + a1 * dt) ** 2, axis=1) / (4 * d1 * dt) - 1.5 * jnp.log(d1 / d0))
+        heat = heat - kT * log_ratio - kT * jnp.log(v1 / v0)
+        return x, v, cell, f, e, virial, heat
 
     def energy(self, extra, n_atoms, cell):
         """P·V + the accumulated work of thermostat and barostat, [S] eV."""
