@@ -122,10 +122,18 @@ def test_a_model_that_builds_its_own_graph_is_refused():
         gp_model(Plain("mpnn_segment_sum"), 2, spec=SPEC_UMA_HALO)
 
 
-def test_dynamics_refuse_the_graph_parallel_strategy():
-    dm = gp_model(LennardJones(1.0, 1.0, 2.5), 2)
-    with pytest.raises(ValueError, match="halo strategy"):
-        jaxdd.DomainParallel(dm, jaxdd.VelocityVerlet(dt=0.005))
+def test_dynamics_run_node_blocks_without_migration():
+    """DomainParallel keeps each node block on its rank: no rebuilds, the one-device steps."""
+    from jaxdd.systems import lj_melt_data
+
+    data = lj_melt_data(3, temperature=1.0, dtype=np.float64)
+    md = jaxdd.DomainParallel(gp_model(LennardJones(1.0, 1.0, 2.5), 2), jaxdd.VelocityVerlet(dt=0.005), kB=1.0)
+    state = md.run(md.init(data), 40)
+    assert md.last_run.rebuilds == 0 and md.last_run.migrations == 0
+    one = jaxdd.DomainParallel(DistributedModel(LennardJones(1.0, 1.0, 2.5), DomainConfig(2.5, skin=0.3,
+                                                mesh=mesh_for((1, 1, 1)))), jaxdd.VelocityVerlet(dt=0.005), kB=1.0)
+    reference = one.gather(one.run(one.init(data), 40)).positions
+    np.testing.assert_allclose(np.asarray(md.gather(state).positions), np.asarray(reference), rtol=0, atol=1e-9)
 
 
 # ----------------------------------------------------------------------------- results
