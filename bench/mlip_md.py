@@ -1,0 +1,212 @@
+"""Benchmark: MLIP molecular dynamics, jax-md's own NVE loop against jaxdd's DomainParallel.
+
+    python bench/mlip_md.py [--atoms 1000,8000] [--steps 100] [--config small|default] [--json PATH]
+
+jax-md's NequIP (``jax_md.energy.nequip_neighbor_list`` built from ``nequip.default_config()``,
+one element, random weights from its own ``init_fn``) on diamond silicon (a = 5.43 Å, r_max
+5 Å), float32, NVE at dt = 1 fs from 300 K:
+
+- jax-md: ``simulate.nve`` with its cell-list neighbour list (``neighbor_fn.update`` every
+  step), 100 steps inside one ``lax.fori_loop``, the list checked for overflow after;
+- jaxdd: the same network and weights wrapped by ``jaxdd.interop.jax_md.JaxMDModel`` under
+  ``DomainParallel(VelocityVerlet)`` on 1 device and on 2 devices.
+
+Each run is a child process pinned to its cores (1 for jax-md and jaxdd's 1 device, 2 for
+jaxdd's 2 devices), compiled and warmed before timing. Printed: atom-steps per second, the
+ratios (targets: jaxdd 1 device ≥ 1.0× jax-md; 2 devices ≥ 1.7× 1 device) and the peak
+resident memory of each child. ``--config small`` (default here: this 2-core machine)
+shrinks jax-md's default network (32x0e + 8x1e + 4x2e, 3 interaction steps);
+``--config default`` keeps it (128x0e + 64x1e + 4x2e, 5 steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+A_SI, R_MAX, DT_FS, MASS_SI = 5.43, 5.0, 1.0, 28.0855
+
+
+def config(kind: str):
+    from jax_md._nn import nequip
+
+    cfg = nequip.default_config()
+    cfg.n_elements, cfg.r_max, cfg.shift, cfg.scale = 1, R_MAX, 0.0, 1.0
+    if kind == "small":
+        cfg.hidden_irreps, cfg.graph_net_steps, cfg.radial_net_n_hidden = "32x0e + 8x1e + 4x2e", 3, 32
+    return cfg
+
+
+def diamond(n_atoms: int, seed: int = 0):
+    """Diamond Si, (n_atoms / 8)^(1/3) conventional cells per axis, Maxwell–Boltzmann 300 K."""
+    import ase.build
+    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary
+
+    k = round((n_atoms / 8) ** (1 / 3))
+    if 8 * k**3 != n_atoms:
+        raise SystemExit(f"--atoms must be 8·k³ (diamond cells), got {n_atoms}")
+    atoms = ase.build.bulk("Si", "diamond", a=A_SI, cubic=True).repeat((k, k, k))
+    atoms.rattle(0.01, seed=seed)
+    import numpy as np
+
+    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(seed))
+    Stationary(atoms)
+    return atoms
+
+
+def network(cfg, atoms):
+    """jax-md's factory, its weights (its own init) and the one-hot species."""
+    import jax
+    import jax.numpy as jnp
+    from jax_md import energy, space
+
+    box = jnp.asarray(atoms.cell.array.T, jnp.float32)
+    displacement, shift = space.periodic(box[0, 0])
+    neighbor_fn, init_fn, energy_fn = energy.nequip_neighbor_list(displacement, box[0, 0], cfg)
+    R = jnp.asarray(atoms.positions, jnp.float32)
+    nbrs = neighbor_fn.allocate(R)
+    species = jax.nn.one_hot(jnp.zeros(len(atoms), jnp.int32), 1)
+    params = init_fn(jax.random.PRNGKey(0), R, nbrs, atoms=species)
+    return dict(box=box, displacement=displacement, shift=shift, neighbor_fn=neighbor_fn, energy_fn=energy_fn,
+                params=params, species=species, R=R, nbrs=nbrs)
+
+
+def run_jax_md(n_atoms: int, steps: int, kind: str) -> dict:
+    import jax
+    import jax.numpy as jnp
+    from ase import units
+    from jax_md import simulate
+
+    atoms = diamond(n_atoms)
+    net = network(config(kind), atoms)
+
+    def energy(R, neighbor, **kwargs):
+        return net["energy_fn"](net["params"], R, neighbor, atoms=net["species"])
+
+    init, apply = simulate.nve(energy, net["shift"], DT_FS * units.fs)
+    state = init(jax.random.PRNGKey(1), net["R"], mass=MASS_SI, neighbor=net["nbrs"], kT=0.0)
+    state = state.set(momentum=jnp.asarray(atoms.get_momenta(), jnp.float32))
+
+    @jax.jit
+    def loop(state, nbrs):
+        def body(i, carry):
+            state, nbrs = carry
+            state = apply(state, neighbor=nbrs)
+            return state, nbrs.update(state.position)
+
+        return jax.lax.fori_loop(0, steps, body, (state, nbrs))
+
+    s, n = loop(state, net["nbrs"])  # compile and warm
+    jax.block_until_ready(s.position)
+    t0 = time.perf_counter()
+    s, n = loop(s, n)
+    jax.block_until_ready(s.position)
+    seconds = time.perf_counter() - t0
+    if bool(n.did_buffer_overflow):
+        raise RuntimeError("jax-md's neighbour list overflowed; the figure would be wrong")
+    return dict(seconds=seconds)
+
+
+def run_jaxdd(n_atoms: int, steps: int, kind: str, devices: int) -> dict:
+    import jax
+    import numpy as np
+    from jax.sharding import AxisType, Mesh
+    from jax_md import energy
+
+    import jaxdd
+    from jaxdd.interop.jax_md import JaxMDModel
+
+    atoms = diamond(n_atoms)
+    cfg = config(kind)
+    net = network(cfg, atoms)
+    model = JaxMDModel(lambda d, b: energy.nequip_neighbor_list(d, b, cfg), cutoff=R_MAX, format="Sparse",
+                       periodic=True, fractional_coordinates=False, species=(14,), species_as="atoms",
+                       params=net["params"])
+    mesh = Mesh(np.asarray(jax.devices()[:devices]), ("dd",), axis_types=(AxisType.Auto,))
+    dm = jaxdd.DistributedModel(model, jaxdd.DomainConfig(R_MAX, skin=0.5, mesh=mesh))
+    from ase import units
+
+    md = jaxdd.DomainParallel(dm, jaxdd.VelocityVerlet(DT_FS * units.fs))
+    data = jaxdd.AtomicData.from_ase(atoms, dtype=np.float32)
+    state = md.run(md.init(data), steps)  # compile, grow capacities, warm
+    t0 = time.perf_counter()
+    md.run(state, steps)
+    return dict(seconds=time.perf_counter() - t0, rebuilds=md.last_run.rebuilds, recompiles=md.last_run.recompiles)
+
+
+def worker(spec: str) -> int:
+    kw = json.loads(spec)
+    os.environ["JAX_NUM_CPU_DEVICES"] = str(kw["devices"])
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if kw["side"] == "jax-md":
+        out = run_jax_md(kw["atoms"], kw["steps"], kw["config"])
+    else:
+        out = run_jaxdd(kw["atoms"], kw["steps"], kw["config"], kw["devices"])
+    out["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+def pinned(side: str, atoms: int, steps: int, kind: str, devices: int) -> dict:
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    use = set(cores[:devices])
+    spec = json.dumps(dict(side=side, atoms=atoms, steps=steps, config=kind, devices=devices))
+    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+    proc = subprocess.run([sys.executable, __file__, "--worker", spec], capture_output=True, text=True, env=env,
+                          preexec_fn=(lambda: os.sched_setaffinity(0, use)) if use else None)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{side} on {devices} core(s), {atoms} atoms, failed:\n{proc.stderr[-3000:]}")
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    row.update(side=side, atoms=atoms, cores=len(use) or os.cpu_count(), devices=devices,
+               atom_steps_per_second=atoms * steps / row["seconds"])
+    return row
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--worker"]:
+        return worker(argv[1])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--atoms", default="1000,8000", help="comma-separated atom counts, each 8·k³ (default 1000,8000)")
+    p.add_argument("--steps", type=int, default=100, help="NVE steps timed (default 100)")
+    p.add_argument("--config", choices=("small", "default"), default="small", help="jax-md NequIP size")
+    p.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
+    args = p.parse_args(argv)
+    sizes = [int(a) for a in args.atoms.split(",") if a.strip()]
+    rows = []
+    print(f"NequIP (jax-md, {args.config} config) NVE on diamond Si, {args.steps} steps, dt {DT_FS} fs, float32; "
+          "each row a child pinned to its cores")
+    print(f"{'side':>14} {'atoms':>6} {'cores':>5} {'atom-steps/s':>13} {'seconds':>8} {'max RSS MB':>10} {'ratio':>22}")
+    for n in sizes:
+        ref = pinned("jax-md", n, args.steps, args.config, 1)
+        one = pinned("jaxdd", n, args.steps, args.config, 1)
+        two = pinned("jaxdd", n, args.steps, args.config, 2)
+        one["ratio"] = one["atom_steps_per_second"] / ref["atom_steps_per_second"]
+        two["ratio"] = two["atom_steps_per_second"] / one["atom_steps_per_second"]
+        for r, label, what in ((ref, "jax-md", ""), (one, "jaxdd 1 dev", f"{one['ratio']:.2f}x jax-md"),
+                               (two, "jaxdd 2 dev", f"{two['ratio']:.2f}x 1 device")):
+            print(f"{label:>14} {n:>6} {r['cores']:>5} {r['atom_steps_per_second']:>13,.0f} {r['seconds']:>8.2f} "
+                  f"{r['max_rss_mb']:>10.0f} {what:>22}", flush=True)
+        rows += [ref, one, two]
+    ones = [r["ratio"] for r in rows if r["side"] == "jaxdd" and r["devices"] == 1]
+    twos = [r["ratio"] for r in rows if r["side"] == "jaxdd" and r["devices"] == 2]
+    print(f"target (jaxdd 1 device >= 1.0x jax-md): {'met' if min(ones) >= 1.0 else 'NOT met'}: lowest {min(ones):.2f}x")
+    print(f"target (2 pinned devices >= 1.7x 1 device): {'met' if min(twos) >= 1.7 else 'NOT met'}: "
+          f"lowest {min(twos):.2f}x")
+    if args.json is not None:
+        from timing import write_record
+
+        write_record(args.json, dict(benchmark="mlip_md", config=args.config, steps=args.steps, rows=rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
