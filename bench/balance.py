@@ -23,7 +23,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -124,15 +123,11 @@ def md_worker(spec: str) -> int:
 
 
 def pinned_md(system: str, grid, balance, steps: int, quick: bool) -> dict:
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    use = set(cores[:2])
-    spec = json.dumps(dict(system=system, grid=list(grid), balance=balance, steps=steps, quick=quick, devices=2))
-    proc = subprocess.run([sys.executable, __file__, "--worker", spec], capture_output=True, text=True,
-                          preexec_fn=(lambda: os.sched_setaffinity(0, use)) if use else None)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the MD run of {system} ({balance}) failed:\n{proc.stderr[-3000:]}")
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
-    return dict(row, system=system, grid=tuple(grid), balance=balance or "none", cores=len(use) or os.cpu_count())
+    from timing import run_pinned
+
+    row, cores = run_pinned(__file__, dict(system=system, grid=list(grid), balance=balance, steps=steps, quick=quick,
+                                           devices=2), 2)
+    return dict(row, system=system, grid=tuple(grid), balance=balance or "none", cores=cores)
 
 
 def equality(steps: int, quick: bool) -> float:

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -156,16 +155,11 @@ def worker(spec: str) -> int:
 
 
 def pinned(side: str, atoms: int, steps: int, kind: str, devices: int) -> dict:
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    use = set(cores[:devices])
-    spec = json.dumps(dict(side=side, atoms=atoms, steps=steps, config=kind, devices=devices))
-    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
-    proc = subprocess.run([sys.executable, __file__, "--worker", spec], capture_output=True, text=True, env=env,
-                          preexec_fn=(lambda: os.sched_setaffinity(0, use)) if use else None)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{side} on {devices} core(s), {atoms} atoms, failed:\n{proc.stderr[-3000:]}")
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
-    row.update(side=side, atoms=atoms, cores=len(use) or os.cpu_count(), devices=devices,
+    from timing import run_pinned
+
+    row, cores = run_pinned(__file__, dict(side=side, atoms=atoms, steps=steps, config=kind, devices=devices),
+                            devices)
+    row.update(side=side, atoms=atoms, cores=cores, devices=devices,
                atom_steps_per_second=atoms * steps / row["seconds"])
     return row
 

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -170,6 +169,8 @@ def step_time(m: dict, n_per_rank: float, ranks: int, hw: dict) -> dict:
 
 
 def cpu_constants() -> dict:
+    from timing import call_times
+
     """This CPU core's float32 flop rate (a jitted matmul) and memory bandwidth (a copy)."""
     import jax
     import jax.numpy as jnp
@@ -177,31 +178,21 @@ def cpu_constants() -> dict:
 
     a = jnp.asarray(np.random.default_rng(0).random((1024, 1024), np.float32))
     mm = jax.jit(lambda x: x @ x)
-    flops = 2 * 1024**3 / _best(lambda: mm(a))
+    flops = 2 * 1024**3 / min(call_times(lambda: mm(a), 5))
     big = jnp.zeros(16 * 1024 * 1024, jnp.float32)
     cp = jax.jit(lambda x: x + 1.0)
-    bandwidth = 2 * big.nbytes / _best(lambda: cp(big))
+    bandwidth = 2 * big.nbytes / min(call_times(lambda: cp(big), 5))
     return dict(flops=flops, hbm=bandwidth, nvlink=bandwidth / 2, ib=bandwidth / 2, lat_nvlink=20e-6,
                 lat_ib=20e-6, per_node=64)
-
-
-def _best(fn, repeat: int = 5) -> float:
-    import jax
-
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def worker(spec: str) -> int:
     """In a child pinned to ``ranks`` cores: this CPU's constants, the measured work and the
     measured time of one evaluation."""
     kw = json.loads(spec)
-    set_device_count(kw["ranks"])
+    set_device_count(kw["ranks"])  # before JAX is imported (it reads the count once)
+    from timing import call_times
+
     import numpy as np
 
     import jaxdd
@@ -215,35 +206,17 @@ def worker(spec: str) -> int:
                                                           neighbor_backend="jnp"))
     inputs = dm.prepare(data, ("energy", "forces"))  # the host's partition and plan, outside the timing
     apply = jax.jit(dm.apply)
-    seconds = statistics.median(_times(lambda: apply(model, inputs)["forces"], 7))
+    seconds = statistics.median(call_times(lambda: apply(model, inputs)["forces"], 7))
     m = measure(kw["model"], "halo", kw["quick"], kw["ranks"], large=True) if kw["ranks"] > 1 else None
     print(json.dumps(dict(seconds=seconds, constants=cpu_constants() if kw["ranks"] == 1 else None,
                           measured=m, atoms=len(atoms))), flush=True)
     return 0
 
 
-def _times(fn, repeat: int):
-    import jax
-
-    jax.block_until_ready(fn())
-    out = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        out.append(time.perf_counter() - t0)
-    return out
-
-
 def pinned(model: str, ranks: int, quick: bool) -> dict:
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    use = set(cores[:ranks])
-    spec = json.dumps(dict(model=model, ranks=ranks, quick=quick))
-    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
-    proc = subprocess.run([sys.executable, __file__, "--worker", spec], capture_output=True, text=True, env=env,
-                          preexec_fn=(lambda: os.sched_setaffinity(0, use)) if use else None)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the pinned {model} run on {ranks} core(s) failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    from timing import run_pinned
+
+    return run_pinned(__file__, dict(model=model, ranks=ranks, quick=quick), ranks)[0]
 
 
 def validation(quick: bool, models=("lj", "schnet")) -> list[dict]:

@@ -4,20 +4,47 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
 
 
-def median_time(fn, repeat: int = 3) -> float:
-    """Median seconds of ``repeat`` calls of ``fn`` after one warm-up call (compilation)."""
+def call_times(fn, repeat: int = 3) -> list[float]:
+    """Seconds of each of ``repeat`` calls of ``fn`` (results waited for), after one warm-up
+    call (compilation)."""
     jax.block_until_ready(fn())
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         jax.block_until_ready(fn())
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+def median_time(fn, repeat: int = 3) -> float:
+    """Median seconds of ``repeat`` calls of ``fn`` after one warm-up call (compilation)."""
+    return statistics.median(call_times(fn, repeat))
+
+
+def run_pinned(script: str, spec: dict, cores: int) -> tuple[dict, int]:
+    """Run ``python script --worker <spec as JSON>`` in a child process bound to the first
+    ``cores`` cores (one XLA CPU device would otherwise use them all), without this
+    process's device count (the worker sets its own). Returns (the JSON of the child's last
+    stdout line, the cores it had); RuntimeError with the child's stderr if it fails."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    use = set(available[:cores])
+    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+    proc = subprocess.run([sys.executable, script, "--worker", json.dumps(spec)], capture_output=True, text=True,
+                          env=env, preexec_fn=(lambda: os.sched_setaffinity(0, use)) if use else None)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{Path(script).name} worker {spec} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1]), len(use) or os.cpu_count()
 
 
 def cost(compiled) -> dict:
