@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from ..checks import integral
-from .integrators import KB_EV_PER_K, RankState, StepContext, check_number, register_integrator
+from .integrators import KB_EV_PER_K, Dynamics, RankState, StepContext, check_number, register_integrator
 from .nose_hoover import cell_volume, check_barostat_cell
 
 __all__ = ["CRescale"]
@@ -34,7 +34,7 @@ __all__ = ["CRescale"]
 
 @register_integrator
 @dataclasses.dataclass(frozen=True)
-class CRescale:
+class CRescale(Dynamics):
     """NPT by stochastic cell rescaling with a velocity-rescaling thermostat.
 
     dt: time step. temperature: target T. pressure: target P (eV/Å³, or reduced units).
@@ -71,9 +71,6 @@ class CRescale:
     def init(self, batch) -> dict:
         check_barostat_cell(batch, "CRescale", restricted=self.couple == "aniso")
         return dict(heat=jnp.zeros((batch.n_systems,), batch.positions.dtype))
-
-    def converged(self, state, ctx):
-        return jnp.asarray(False)
 
     def _key(self, step, draw: int):
         return jax.random.fold_in(jax.random.fold_in(jax.random.key(self.seed), step), draw)

@@ -46,8 +46,9 @@ from ..engine.rank_program import (neighbor_needs, neighbor_stats, on_ranks, pla
 from ..engine.halo import Exchange, HaloLayout, HaloRouting, halo_forward
 from ..neighbors import NeighborCapacity
 from ..engine.replan import ReplanConfig, frame_of, rank_replan
-from .integrators import INTEGRATORS, KB_EV_PER_K, RankState, StepContext
-from .io import ExtXYZWriter, Progress, read_md_arrays, read_md_json
+from ..virials import refuse_broken
+from .integrators import INTEGRATORS, KB_EV_PER_K, RankState, StepContext, cell_map
+from .io import ExtXYZWriter, Progress, host_array, read_md_arrays, read_md_json
 
 __all__ = ["DomainParallel", "MDState", "RunStats"]
 
@@ -196,7 +197,7 @@ class DomainParallel:
 
     def _global_rows(self, state: MDState, rows) -> np.ndarray:
         """Per-rank rows [P, n, ...] in the batch's atom order (float64)."""
-        return _atom_order(_host(state.arrays["ids"]), _host(rows), state.template.n_atoms)
+        return _atom_order(host_array(state.arrays["ids"]), host_array(rows), state.template.n_atoms)
 
     def _place(self, template: Batch, positions, velocities, forces, *, step, extra, energy) -> MDState:
         """Partition ``positions`` ([N, 3] Å, unwrapped), plan the halo and lay the atoms out
@@ -476,12 +477,12 @@ class DomainParallel:
         """Per-rank arrays in the batch's atom order, float64 numpy (a collective with several
         processes). Positions are unwrapped, or with ``unwrap=False`` exactly the plan's frame."""
         t = state.template
-        ids = _host(state.arrays["ids"])
+        ids = host_array(state.arrays["ids"])
         out = []
         for key in keys:
-            value = _atom_order(ids, _host(state.arrays[key]), t.n_atoms)
+            value = _atom_order(ids, host_array(state.arrays[key]), t.n_atoms)
             if key == "positions":
-                image = _atom_order(ids, _host(state.arrays["image"]), t.n_atoms) if unwrap else None
+                image = _atom_order(ids, host_array(state.arrays["image"]), t.n_atoms) if unwrap else None
                 value = _positions(t, value, image)
             out.append(value)
         return out
@@ -508,7 +509,7 @@ class DomainParallel:
         t = state.template
         n_sys = t.n_systems
         # Reduced on the devices: no process gathers the velocities.
-        ke, counts = (_host(x) for x in _kinetic(state.arrays, n_sys))
+        ke, counts = (host_array(x) for x in _kinetic(state.arrays, n_sys))
         ke = ke.astype(np.float64)
         dof = np.maximum(3 * counts - 3, 1)
         pe = np.asarray(state.energy, np.float64)
@@ -519,12 +520,15 @@ class DomainParallel:
         volume = np.abs(np.linalg.det(np.asarray(t.cell, np.float64)))
         if np.all(volume[np.asarray(t.system_mask)] > 0):
             out["volume"] = volume
-            _, _, stress, overflow, _ = _evaluate(self.dist_model.model, state.arrays, state.fixed,
-                                                  self._static(state), True)
-            if bool(overflow):  # positions still valid for the plan: grow and evaluate again
-                state = self._with_forces(state)
-                _, _, stress, _, _ = _evaluate(self.dist_model.model, state.arrays, state.fixed,
-                                               self._static(state), True)
+            if self.integrator.needs_virial:  # the state carries the virial of these positions
+                stress = -np.asarray(state.virial, np.float64)
+            else:
+                _, _, stress, overflow, _ = _evaluate(self.dist_model.model, state.arrays, state.fixed,
+                                                      self._static(state), True)
+                if bool(overflow):  # positions still valid for the plan: grow and evaluate again
+                    state = self._with_forces(state)
+                    _, _, stress, _, _ = _evaluate(self.dist_model.model, state.arrays, state.fixed,
+                                                   self._static(state), True)
             sigma = np.asarray(stress, np.float64) / np.where(volume > 0, volume, 1.0)[:, None, None]
             out["pressure"] = 2 * ke / (3 * np.where(volume > 0, volume, 1.0)) - np.trace(sigma, axis1=1, axis2=2) / 3
         return out
@@ -543,8 +547,6 @@ class DomainParallel:
         static = self.dist_model.program(state.template.n_systems, ("energy", "atomic_energies", "forces"),
                                          state.layout)
         energies, virials = _atom_terms(model, state.arrays, state.fixed, static)
-        from ..virials import refuse_broken
-
         refuse_broken(virials, type(model).__name__, "atomic_virials")
         return dict(atomic_energies=energies, atomic_virials=virials)
 
@@ -766,7 +768,7 @@ def _positions(template: Batch, frame, image=None) -> np.ndarray:
 
 def _rank_of_atom(state: MDState) -> np.ndarray:
     """The rank owning each atom of the batch, [V] (-1: padding)."""
-    ids = _host(state.arrays["ids"])
+    ids = host_array(state.arrays["ids"])
     out = np.full(state.template.n_atoms, -1)
     rank, row = np.nonzero(ids >= 0)
     out[ids[rank, row]] = rank
@@ -779,16 +781,6 @@ def _barrier(name: str) -> None:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
-
-
-def _host(x) -> np.ndarray:
-    """``x`` whole on the host; with several processes each contributes its devices' rows
-    (a collective: every process must call it)."""
-    if getattr(x, "is_fully_addressable", True):
-        return np.asarray(x)
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -825,23 +817,6 @@ def _print_thermo(step: int, thermo: dict) -> None:
 def _split(fixed):
     """(the plan's per-rank arrays, the cell and system mask the same on every rank)."""
     return {k: fixed[k] for k in ("local", "owned_rows", "routing")}, (fixed["cell"], fixed["system_mask"])
-
-
-def _shrink(cell, ref, system_mask):
-    """The least factor [] by which any length of a real system shrank from cell ``ref`` to
-    ``cell`` [S, 3, 3] (the smallest singular value of ref⁻¹·cell; 1 or more: none shrank)."""
-    eye = jnp.eye(3, dtype=cell.dtype)
-    m = jnp.einsum("sij,sjk->sik", jnp.linalg.inv(jnp.where(system_mask[:, None, None], ref, eye)),
-                   jnp.where(system_mask[:, None, None], cell, eye))
-    return jnp.min(jnp.linalg.svd(m, compute_uv=False))
-
-
-def _carried_by_cell(x, ref_cell, cell, system, system_mask):
-    """Positions [n, 3] of cell ``ref_cell`` carried to ``cell`` (fractional coordinates kept)."""
-    eye = jnp.eye(3, dtype=cell.dtype)
-    m = jnp.einsum("sij,sjk->sik", jnp.linalg.inv(jnp.where(system_mask[:, None, None], ref_cell, eye)),
-                   jnp.where(system_mask[:, None, None], cell, eye))
-    return jnp.einsum("ni,nij->nj", x, m[system])
 
 
 def rank_forces(model, f, own_pos, own_sys, static, report, neighbors=None, virial=False):
@@ -947,8 +922,11 @@ def _loop(model, arrays, energy, extra, virial, fixed, step0, n, static, integra
             """Largest squared displacement since ``ref``, and how far lengths shrank since then."""
             if not moving:
                 return max_shift2(x, ref), jnp.ones((), x.dtype)
-            carried = _carried_by_cell(ref, ref_cell, cell_now, a["system"], system_mask)
-            return max_shift2(x, carried), jnp.minimum(_shrink(cell_now, ref_cell, system_mask), 1.0)
+            m = cell_map(ref_cell, cell_now, system_mask)  # identity for padding systems
+            carried = jnp.einsum("ni,nij->nj", ref, m[a["system"]])
+            # The least factor by which any length shrank: the smallest singular value of m.
+            shrink = jnp.min(jnp.linalg.svd(m, compute_uv=False))
+            return max_shift2(x, carried), jnp.minimum(shrink, 1.0)
 
         def neighbors(x, cell_now):
             return rank_neighbors(halo_forward(x, static.layout, f["routing"], axes, cell=cell_now), f["local"],

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..checks import integral
+from .io import host_array
 
 __all__ = ["HeatFlux", "heat_flux"]
 
@@ -80,15 +81,6 @@ def _ranked_flux(energies, virials, velocities, masses, system, ids, n_systems, 
                      masses.reshape(rows), system.reshape(rows), n_systems, include_kinetic)
 
 
-def _on_host(x) -> np.ndarray:
-    """A replicated device array on the host (with several processes, each holds it whole)."""
-    if getattr(x, "is_fully_addressable", True):
-        return np.asarray(x)
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
 class HeatFlux:
     """An observer of :meth:`DomainParallel.run` recording the heat flux J of every system.
 
@@ -142,7 +134,7 @@ class HeatFlux:
         flux = _ranked_flux(terms["atomic_energies"], terms["atomic_virials"], arrays["velocities"],
                             arrays["masses"], arrays["system"], arrays["ids"], state.template.n_systems,
                             self.include_kinetic)
-        return _on_host(flux).astype(np.float64)
+        return host_array(flux).astype(np.float64)
 
     def _write(self, step: int, flux: np.ndarray) -> None:
         new = not self.path.exists() or self.path.stat().st_size == 0

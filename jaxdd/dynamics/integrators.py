@@ -34,8 +34,8 @@ import jax.numpy as jnp
 
 from ..checks import integral
 
-__all__ = ["RankState", "StepContext", "VelocityVerlet", "Langevin", "FIRE", "KB_EV_PER_K", "INTEGRATORS",
-           "register_integrator"]
+__all__ = ["RankState", "StepContext", "Dynamics", "VelocityVerlet", "Langevin", "FIRE", "KB_EV_PER_K",
+           "INTEGRATORS", "register_integrator", "cell_map", "carry_with_cell"]
 
 KB_EV_PER_K = 8.617333262e-5  # Boltzmann constant (eV/K), as ase.units.kB
 
@@ -100,7 +100,10 @@ def check_number(owner, name, value, *, positive=True, allow_zero=False):
     return float(value)
 
 
-class _NoConvergence:
+class Dynamics:
+    """The defaults of a molecular-dynamics integrator: no state of its own, never
+    converged, the cell fixed, no virial read. Subclasses override what they do."""
+
     needs_virial = False
     moves_cell = False
 
@@ -111,8 +114,25 @@ class _NoConvergence:
         return jnp.asarray(False)
 
 
+def cell_map(old, new, real=None):
+    """[S, 3, 3] M that carries positions of cells ``old`` to ``new`` ([S, 3, 3] Å, rows
+    lattice vectors) keeping fractional coordinates: x_new = x_old @ M = x_old @ old⁻¹ @ new.
+    real: [S] the systems to map (default: those whose ``old`` cell has a volume); the
+    others get the identity (padding systems' empty cells)."""
+    if real is None:
+        real = jnp.abs(jnp.linalg.det(old)) > 0
+    real = real[:, None, None]
+    eye = jnp.eye(3, dtype=old.dtype)
+    return jnp.einsum("sij,sjk->sik", jnp.linalg.inv(jnp.where(real, old, eye)), jnp.where(real, new, eye))
+
+
+def carry_with_cell(x, old, new, system, real=None):
+    """Positions [n, 3] of cells ``old`` carried to ``new`` (:func:`cell_map`); system: [n]."""
+    return jnp.einsum("ni,nij->nj", x, cell_map(old, new, real)[system])
+
+
 @dataclasses.dataclass(frozen=True)
-class VelocityVerlet(_NoConvergence):
+class VelocityVerlet(Dynamics):
     """NVE velocity Verlet. dt: time step (ASE time units, or τ in reduced units)."""
 
     dt: float
@@ -137,7 +157,7 @@ def _kept(virial, state: RankState):
 
 
 @dataclasses.dataclass(frozen=True)
-class Langevin(_NoConvergence):
+class Langevin(Dynamics):
     """NVT Langevin dynamics, BAOAB splitting (Leimkuhler & Matthews).
 
     dt: time step. temperature: target T (K with the default ``kB``; ε/k_B with ``kB=1``).

@@ -12,7 +12,17 @@ import numpy as np
 
 from ..checkpoint import array_tree, damaged, read_json, restore_arrays
 
-__all__ = ["ExtXYZWriter", "Progress", "read_md_json", "read_md_arrays"]
+__all__ = ["ExtXYZWriter", "Progress", "read_md_json", "read_md_arrays", "host_array"]
+
+
+def host_array(x) -> np.ndarray:
+    """``x`` whole on the host; with several processes each contributes its devices' rows
+    (a collective: every process must call it)."""
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 class ExtXYZWriter:

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..checks import integral
-from .integrators import KB_EV_PER_K, RankState, StepContext, check_number, register_integrator
+from .integrators import (KB_EV_PER_K, Dynamics, RankState, StepContext, carry_with_cell, check_number,
+                          register_integrator)
 
 __all__ = ["NoseHooverChain", "MTKBarostat", "chain_half_step", "cell_volume", "check_barostat_cell"]
 
@@ -121,7 +122,7 @@ def _common_checks(self, name: str, period: str):
 
 @register_integrator
 @dataclasses.dataclass(frozen=True)
-class NoseHooverChain(_Thermostat):
+class NoseHooverChain(_Thermostat, Dynamics):
     """NVT with a Nosé–Hoover chain, as LAMMPS's ``fix nvt temp T T period``.
 
     dt: time step. temperature: target T (K with the default ``kB``). period: the
@@ -139,9 +140,6 @@ class NoseHooverChain(_Thermostat):
     loops: int = 1
     kB: float = KB_EV_PER_K
 
-    needs_virial = False
-    moves_cell = False
-
     @property
     def t_period(self) -> float:
         return self.period
@@ -151,9 +149,6 @@ class NoseHooverChain(_Thermostat):
 
     def init(self, batch) -> dict:
         return _chain_init(batch.n_systems, self.chain, 1.0 / self.period, batch.positions.dtype)
-
-    def converged(self, state, ctx):
-        return jnp.asarray(False)
 
     def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
         dt = jnp.asarray(self.dt, state.positions.dtype)
@@ -176,7 +171,7 @@ class NoseHooverChain(_Thermostat):
 
 @register_integrator
 @dataclasses.dataclass(frozen=True)
-class MTKBarostat(_Thermostat):
+class MTKBarostat(_Thermostat, Dynamics):
     """NPT: Martyna–Tobias–Klein barostat with Nosé–Hoover chains on the atoms and on the
     barostat, as LAMMPS's ``fix npt temp T T t_period {iso|aniso|tri} P P p_period``.
 
@@ -236,9 +231,6 @@ class MTKBarostat(_Thermostat):
         volume = np.abs(np.linalg.det(np.asarray(batch.cell, np.float64)))
         extra.update(omega_dot=jnp.zeros((n, 6), dtype), vol0=jnp.asarray(volume, dtype))
         return extra
-
-    def converged(self, state, ctx):
-        return jnp.asarray(False)
 
     # ---------------------------------------------------------------- pieces of fix_nh.cpp
 
@@ -354,10 +346,10 @@ class MTKBarostat(_Thermostat):
         v = self._v_press(v, od, n_atoms, sys)
         v = v + 0.5 * dt * state.forces * ctx.inv_mass
         cell1 = self._remap(state.cell, od)
-        x = _affine(state.positions, state.cell, cell1, sys)
+        x = carry_with_cell(state.positions, state.cell, cell1, sys)
         x = x + dt * v
         cell2 = self._remap(cell1, od)
-        x = _affine(x, cell1, cell2, sys)
+        x = carry_with_cell(x, cell1, cell2, sys)
         f, e, virial = forces_fn(x, cell2)
         v = v + 0.5 * dt * f * ctx.inv_mass
         v = self._v_press(v, od, n_atoms, sys)
@@ -388,15 +380,6 @@ def cell_volume(cell):
     volume, no atoms), so it can divide."""
     v = jnp.abs(jnp.linalg.det(cell))
     return jnp.where(v > 0, v, 1.0)
-
-
-def _affine(x, old, new, system):
-    """Positions [n, 3] carried with the cell from ``old`` to ``new`` [S, 3, 3] (fractional
-    coordinates kept; padding systems' empty cells are left alone)."""
-    ok = (jnp.abs(jnp.linalg.det(old)) > 0)[:, None, None]
-    eye = jnp.eye(3, dtype=old.dtype)
-    m = jnp.einsum("sij,sjk->sik", jnp.linalg.inv(jnp.where(ok, old, eye)), jnp.where(ok, new, eye))
-    return jnp.einsum("ni,nij->nj", x, m[system])
 
 
 def check_barostat_cell(batch, owner: str, *, restricted: bool) -> None:

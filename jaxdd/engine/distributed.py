@@ -41,7 +41,7 @@ from ..model import ModelOutputs
 from ..neighbors import (NEIGHBOR_BACKENDS, NeighborCapacity, NeighborListFormat, NeighborStats, capacity_bucket,
                         neighbor_capacity)
 from ..ops import GraphParallelPolicy, HaloRefreshPolicy, HaloStoragePolicy
-from .partition import Partition, partition
+from .partition import Partition, imbalance, partition
 from .rank_program import (RankInputs, RankProgram, ReportSink, agree_max, neighbor_needs, neighbor_stats, on_ranks,
                            own_ranks, rank_evaluate)
 from ..spec import SPEC_MPNN_HALO, MLIPSpec, OutputKind
@@ -249,8 +249,7 @@ class PartitionHealth:
     @property
     def imbalance(self) -> float:
         """Owned atoms of the busiest rank over the mean over ranks (1.0: balanced)."""
-        owned = np.asarray(self.owned, np.float64)
-        return float(owned.max() / owned.mean()) if owned.sum() > 0 else 1.0
+        return imbalance(self.owned)
 
     def __str__(self) -> str:
         rows = [f"grid {self.grid}: owned/ghost/remote atoms per rank (capacities {self.owned_capacity}/"
@@ -410,8 +409,7 @@ class DistributedModel:
             return part, plan
         part = partition(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
                          cfg.n_ranks, grid=grid if grid is not None else cfg.grid, cuts=cuts,
-                         balance=cuts is None and cfg.balance is not None,
-                         weights=weights if cuts is None and cfg.balance is not None else None)
+                         balance=cuts is None and cfg.balance is not None, weights=weights)
         # With several processes each plans only the ranks on its own devices; they agree on
         # the capacities (maxima of a few integers) so that every rank runs one program shape.
         ranks = own_ranks(cfg.mesh)

@@ -26,8 +26,8 @@ import numpy as np
 from ..neighbors import effective_cell
 from ..periodic import wrap_fractional
 
-__all__ = ["Partition", "balanced_cuts", "block_of", "choose_grid", "partition", "rank_coords", "rank_of",
-           "uniform_cuts"]
+__all__ = ["Partition", "balanced_cuts", "block_of", "choose_grid", "imbalance", "partition", "rank_coords",
+           "rank_of", "uniform_cuts"]
 
 
 def rank_coords(rank: int | np.ndarray, grid: tuple[int, int, int]) -> np.ndarray:
@@ -109,8 +109,7 @@ class Partition:
 
     def imbalance(self) -> float:
         """Owned atoms of the busiest rank over the mean (1.0: perfectly balanced)."""
-        counts = self.counts()
-        return float(counts.max() / counts.mean()) if counts.sum() else 1.0
+        return imbalance(self.counts())
 
     def counts(self) -> np.ndarray:
         """Owned atoms per rank, [P]."""
@@ -183,6 +182,13 @@ def partition(positions, cell, pbc, batch_idx, atom_mask, n_ranks: int, grid=Non
     )
 
 
+def imbalance(owned) -> float:
+    """The busiest rank's owned atoms over the mean over ranks, of counts ``owned`` [P]
+    (1.0: balanced, or no atoms)."""
+    owned = np.asarray(owned, np.float64)
+    return float(owned.max() / owned.mean()) if owned.sum() > 0 else 1.0
+
+
 def block_edges(lo, hi, cuts):
     """Absolute block boundaries [S, 3, G + 1] in the partition frame from relative ``cuts``
     (the same arithmetic on the host and in the device rebuild, so both place an atom on a
@@ -250,10 +256,10 @@ def balanced_cuts(frac, lo, hi, system, atom_mask, grid, weights=None) -> np.nda
             mass = np.bincount(inverse, weights=w_all[sel], minlength=len(values))
             below = np.cumsum(mass)[:-1] / max(mass.sum(), 1e-300)  # share under each candidate
             candidates = 0.5 * (values[:-1] + values[1:])
+            # ``below`` rises, so the nearest candidate to a rising k / G never moves back: the
+            # cuts rise, strictly inside (0, 1).
             for k in range(1, n):
                 cuts[s, a, k] = candidates[int(np.argmin(np.abs(below - k / n)))]
-            # Cuts must not decrease (ties of many atoms at one coordinate).
-            cuts[s, a, :n + 1] = np.clip(np.maximum.accumulate(cuts[s, a, :n + 1]), 0.0, 1.0)
     return cuts
 
 
