@@ -86,6 +86,14 @@ def test_cuts_that_do_not_rise_are_refused():
         partition(b.positions, b.cell, b.pbc, b.batch_idx, b.atom_mask, 3, grid=(3, 1, 1), cuts=bad)
 
 
+def test_balancing_node_blocks_is_refused_even_when_the_spec_chooses_them():
+    from jaxdd.spec import SPEC_MPNN_GP
+    from jaxdd.models.mpnn import SchNet
+
+    with pytest.raises(ValueError, match="graph-parallel strategy.*leave balance=None"):
+        DistributedModel(SchNet((18,), 5.0), DomainConfig(5.0, mesh=mesh_of(2), balance="static"), spec=SPEC_MPNN_GP)
+
+
 def test_a_bad_balance_setting_is_refused():
     with pytest.raises(ValueError, match="DomainConfig.balance must be None, 'static' or 'dynamic'"):
         DomainConfig(2.5, balance="shift")

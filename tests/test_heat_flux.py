@@ -257,3 +257,12 @@ def test_a_new_observer_continues_an_existing_file(tmp_path):
 def test_every_must_be_a_positive_int(every):
     with pytest.raises(ValueError, match=r"HeatFlux\.every must be an int > 0"):
         HeatFlux(every=every)
+
+
+def test_node_blocks_are_refused_with_what_to_do():
+    """Per-atom virials need each rank's full list of its owned atoms: node blocks say so."""
+    dm = DistributedModel(LennardJones(1.0, 1.0, CUTOFF, shift=True),
+                          DomainConfig(CUTOFF, mesh=mesh_of(2), strategy="graph_partition"))
+    md = DomainParallel(dm, VelocityVerlet(DT), kB=1.0)
+    with pytest.raises(ValueError, match=r"node blocks.*strategy='halo'"):
+        md.run(md.init(lj_melt_data(3, temperature=1.0, dtype=np.float64)), 5, observers=[HeatFlux(every=5)])

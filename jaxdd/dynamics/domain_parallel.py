@@ -542,6 +542,10 @@ class DomainParallel:
         must output ``atomic_energies`` and see positions only through edge vectors.
         """
         model = self.dist_model.model
+        if self.node_blocks:
+            raise ValueError("per-atom virials are assigned through each rank's full neighbour list of its owned atoms "
+                             "(the halo strategy); this DistributedModel runs node blocks (graph-parallel). Build it "
+                             "with DomainConfig(strategy='halo') for atom_terms and HeatFlux")
         if "atomic_energies" not in model.model_config.outputs:
             raise ValueError(f"{type(model).__name__} has no 'atomic_energies' output; per-atom terms need it")
         static = self.dist_model.program(state.template.n_systems, ("energy", "atomic_energies", "forces"),

@@ -317,6 +317,10 @@ class DistributedModel:
                 f"{name} provides neither per-atom energies nor 'energy' (outputs {sorted(cfg.outputs)}); "
                 "DistributedModel differentiates one of them"
             )
+        if layout == "graph_partition" and domain_config.balance is not None:
+            # The strategy may come from the spec (GraphParallelPolicy), after DomainConfig checked.
+            raise ValueError("DomainConfig.balance places spatial blocks, but this spec runs the graph-parallel "
+                             "strategy (node blocks of equal size already): leave balance=None")
         self.config = domain_config
         self.spec = spec
         self.strategy = layout  # "halo" or "graph_partition"
