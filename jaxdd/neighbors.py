@@ -620,7 +620,8 @@ def local_neighbor_list(positions, batch_idx, atom_mask, *, n_systems: int, cuto
 
     positions: [n, 3] Å; batch_idx: [n] int32; atom_mask: [n] bool. backend: ``"jnp"`` (the
     bin search of :func:`build_neighbor_list`, any device) or ``"kernel"`` (the compiled
-    cell list of :mod:`jaxdd.ffi.neighbors`: CPU only, much faster, same pairs; only its
+    cell list of :mod:`jaxdd.ffi.neighbors`: CPU, or CUDA GPUs with the CUDA kernels built;
+    much faster, same pairs; only its
     edge and neighbour slots can overflow). Shifts are all zero. order: for a half list, the
     two [n] int32 keys that decide which row of a pair lists it (see :func:`build_neighbor_list`).
     """

@@ -168,3 +168,28 @@ def test_half_list_order_keys_are_checked_naming_what_is_wrong():
     with pytest.raises(ValueError, match="periodic"):
         build_neighbor_list(x, eye * 5.0, np.ones((1, 3), bool), system, mask, cutoff=2.0, capacity=cap, half=True,
                             order=keys)
+
+
+@pytest.mark.skipif(not ffi.cuda_available(), reason="no CUDA device with jaxdd's CUDA kernels (see docs/gpu.md)")
+@pytest.mark.parametrize("dtype, half, n_systems", [(np.float64, False, 1), (np.float32, True, 3)])
+def test_cuda_cell_list_is_the_cpu_one_edge_for_edge(dtype, half, n_systems):
+    """Both kernels sort each bin by atom index and scan the same bins in the same order."""
+    x, system, mask = _cloud(3000, 14.0, n_systems, dtype, seed=3)
+    rng = np.random.default_rng(4)
+    order = (rng.integers(0, 40, 3000).astype(np.int32), rng.permutation(3000).astype(np.int32))
+    args = dict(cutoff=3.0, max_edges=150_000, n_receivers=2500, n_systems=n_systems, half=half, order=order)
+    results = {}
+    for platform in ("cpu", "cuda"):
+        device = jax.devices(platform)[0]
+        put = lambda a: jax.device_put(a, device)  # noqa: E731
+        results[platform] = jax.device_get(cell_list(put(x), put(system), put(mask), **args))
+    for got, want in zip(results["cuda"], results["cpu"]):
+        np.testing.assert_array_equal(got, want)
+    # And with too few slots: the same count, the same first edges.
+    small = dict(args, max_edges=5000)
+    for platform in ("cpu", "cuda"):
+        device = jax.devices(platform)[0]
+        put = lambda a: jax.device_put(a, device)  # noqa: E731
+        results[platform] = jax.device_get(cell_list(put(x), put(system), put(mask), **small))
+    for got, want in zip(results["cuda"], results["cpu"]):
+        np.testing.assert_array_equal(got, want)

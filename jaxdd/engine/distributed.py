@@ -81,10 +81,14 @@ def _positive(name, value, *, allow_zero=False):
 
 
 def _kernel_neighbors_possible(mesh: Mesh) -> bool:
-    """True when every device of ``mesh`` is a CPU and the compiled kernels are built."""
+    """True when the compiled cell list can run on every device of ``mesh``: all CPUs with
+    the CPU kernels built, or all CUDA GPUs with the CUDA kernels built too."""
     from .. import ffi
 
-    return ffi.available() and all(d.platform == "cpu" for d in mesh.devices.flat)
+    platforms = {d.platform for d in mesh.devices.flat}
+    if platforms == {"cpu"}:
+        return ffi.available()
+    return platforms <= {"gpu", "cuda"} and ffi.cuda_available()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,9 +109,9 @@ class DomainConfig:
     an atom may leave its block before it migrates (default skin / 2; used by dynamics).
     require_nondegenerate: raise instead of warning when the ghost shell covers every atom.
     neighbor_backend: how each rank searches its rows for neighbours: ``"kernel"`` (the
-    compiled cell list of :mod:`jaxdd.ffi.neighbors`; CPU devices only), ``"jnp"`` (the
-    jit-compiled bin search, any device) or ``"auto"`` (default: the kernel on CPU devices
-    when the compiled library is built, else jnp). Both give the same pairs.
+    compiled cell list of :mod:`jaxdd.ffi.neighbors`; CPU devices, or CUDA GPUs when the
+    CUDA kernels were built), ``"jnp"`` (the jit-compiled bin search, any device) or
+    ``"auto"`` (default: the kernel where it can run, else jnp). Both give the same pairs.
     memory_limit: bytes one rank may use (None, the default: what its device reports, none
     on CPU); a halo whose rows and neighbour list alone need more is refused before
     compiling (:mod:`jaxdd.engine.guardrail`).
@@ -205,8 +209,9 @@ class DomainConfig:
             raise ValueError(f"DomainConfig.balance_by must be 'atoms' or 'pairs', got {self.balance_by!r}")
         if self.neighbor_backend == "kernel" and not _kernel_neighbors_possible(mesh):
             raise ValueError(
-                "DomainConfig.neighbor_backend='kernel' needs CPU devices and jaxdd's compiled kernels "
-                "(pip install -e . builds them); use 'auto' or 'jnp'")
+                "DomainConfig.neighbor_backend='kernel' needs jaxdd's compiled kernels for the mesh's devices: "
+                "CPU devices with the CPU kernels (pip install -e . builds them) or CUDA GPUs with the CUDA "
+                "kernels too (built at install time when nvcc is found; see docs/gpu.md); use 'auto' or 'jnp'")
 
     @property
     def neighbor_search(self) -> str:

@@ -14,13 +14,14 @@ Without the compiled library, importing this module works; the kernels raise
 :class:`KernelLibraryError` saying how to build it. See docs/kernels.md.
 """
 
-from ._library import KernelLibraryError, available, cuda_library_path, library_path
+from ._library import KernelLibraryError, available, cuda_available, cuda_library_path, library_path
 from .attention import ATTENTION_OP, attention_message, attention_message_reference
 from .lj import LJ_OP, lennard_jones, lennard_jones_reference
 
 __all__ = [
     "KernelLibraryError",
     "available",
+    "cuda_available",
     "library_path",
     "cuda_library_path",
     "lennard_jones",

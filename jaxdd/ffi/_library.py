@@ -18,12 +18,12 @@ from pathlib import Path
 
 import jax
 
-__all__ = ["KernelLibraryError", "KERNELS", "CPU_ONLY_KERNELS", "library_path", "cuda_library_path", "available", "ensure_registered"]
+__all__ = ["KernelLibraryError", "KERNELS", "library_path", "cuda_library_path", "available", "cuda_available",
+           "ensure_registered"]
 
-# Handler symbols are f"jaxdd_{kernel}_{f32|f64}"; the XLA target names are the same.
-KERNELS = ("lj_forward", "lj_backward", "attention_forward", "attention_backward")
-# Kernels the CPU library has and the CUDA one does not (their callers use jnp on GPUs).
-CPU_ONLY_KERNELS = ("cell_list",)
+# Handler symbols are f"jaxdd_{kernel}_{f32|f64}"; the XLA target names are the same. Both
+# libraries have every one (csrc/cpu_*.cc and csrc/cuda_*.cu).
+KERNELS = ("lj_forward", "lj_backward", "attention_forward", "attention_backward", "cell_list")
 DTYPES = ("f32", "f64")
 
 _HERE = Path(__file__).resolve().parent
@@ -67,6 +67,11 @@ def available() -> bool:
     return library_path() is not None
 
 
+def cuda_available() -> bool:
+    """True when both libraries are built and JAX has CUDA devices to run the CUDA one on."""
+    return available() and cuda_library_path() is not None and _has_cuda_backend()
+
+
 def _has_cuda_backend() -> bool:
     try:
         return bool(jax.devices("cuda"))
@@ -105,7 +110,7 @@ def ensure_registered() -> None:
         path = library_path()
         if path is None:
             raise KernelLibraryError(f"jaxdd's compiled kernels (jaxdd/ffi/_kernels*.so) are not built; {_BUILD_HINT}")
-        _register(path, "cpu", KERNELS + CPU_ONLY_KERNELS)
+        _register(path, "cpu", KERNELS)
         _registered.add("cpu")
         cuda = cuda_library_path()
         if cuda is not None and _has_cuda_backend():

@@ -1,9 +1,10 @@
-"""The compiled open-boundary cell list (CPU): each rank's neighbour search over its rows.
+"""The compiled open-boundary cell list (CPU and CUDA): each rank's neighbour search over its rows.
 
 Under domain decomposition a rank's rows are its owned atoms and explicit ghost images, so
 its neighbour search has no periodic axis. :func:`cell_list` is that search as one C++
-pass (csrc/cpu_neighbors.cc): per-system bins of at least the cutoff, a counting sort, a
-27-bin scan per receiver. It computes what :func:`jaxdd.neighbors.build_neighbor_list`
+pass (csrc/cpu_neighbors.cc; on CUDA GPUs csrc/cuda_neighbors.cu, which gives the same
+list edge for edge): per-system bins of half the cutoff, a counting sort, a stencil scan
+per receiver. It computes what :func:`jaxdd.neighbors.build_neighbor_list`
 computes with an identity cell and no periodic axis (the same pairs, grouped by receiver
 in receiver order; the order within a receiver may differ), in a small fraction of the
 time on a CPU, and needs no candidate or bin capacity: only the edge slots can run out.
