@@ -46,6 +46,8 @@ __device__ __forceinline__ const T* EdgeVector(const T* x, const int32_t* sh, co
   return h;
 }
 
+// ef / w: whether the energies and forces, and the virial, are wanted (cpu_kernels.cc's
+// ``parts``); a part not wanted has a null output.
 template <typename T>
 __global__ void LjForwardKernel(int64_t n, int64_t ne, int64_t k, int64_t nc, const T* x, const int32_t* sh,
                                 const T* cells, const int32_t* sys, const int32_t* snd, const int32_t* rcv,
@@ -64,14 +66,20 @@ __global__ void LjForwardKernel(int64_t n, int64_t ne, int64_t k, int64_t nc, co
   jaxdd::lj_pair<T>(r2, sig[ab], eps[ab], vs[ab], &v, &dv);
   const T g = T(2) * dv;
   const bool half = half_list[0];
-  atomicAdd(en + r, T(0.5) * v);
-  if (half) atomicAdd(en + s, T(0.5) * v);
-  for (int a = 0; a < 3; ++a) {
-    atomicAdd(f + 3 * r + a, g * d[a]);
-    if (half) atomicAdd(f + 3 * s + a, -g * d[a]);
-    for (int b = 0; b < 3; ++b) {
-      atomicAdd(w + 9 * r + 3 * a + b, -dv * d[a] * d[b]);
-      if (half) atomicAdd(w + 9 * s + 3 * a + b, -dv * d[a] * d[b]);
+  if (en != nullptr) {
+    atomicAdd(en + r, T(0.5) * v);
+    if (half) atomicAdd(en + s, T(0.5) * v);
+    for (int a = 0; a < 3; ++a) {
+      atomicAdd(f + 3 * r + a, g * d[a]);
+      if (half) atomicAdd(f + 3 * s + a, -g * d[a]);
+    }
+  }
+  if (w != nullptr) {
+    for (int a = 0; a < 3; ++a) {
+      for (int b = 0; b < 3; ++b) {
+        atomicAdd(w + 9 * r + 3 * a + b, -dv * d[a] * d[b]);
+        if (half) atomicAdd(w + 9 * s + 3 * a + b, -dv * d[a] * d[b]);
+      }
     }
   }
 }
@@ -110,20 +118,32 @@ ffi::Error LjForward(cudaStream_t stream, ffi::Buffer<DT> pos, ffi::Buffer<ffi::
                      ffi::Buffer<ffi::S32> system, ffi::Buffer<ffi::S32> senders, ffi::Buffer<ffi::S32> receivers,
                      ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::S32> types, ffi::Buffer<DT> sigma,
                      ffi::Buffer<DT> epsilon, ffi::Buffer<DT> v_shift, ffi::BufferR0<DT> cutoff,
-                     ffi::BufferR0<ffi::PRED> half_list, ffi::ResultBuffer<DT> energy, ffi::ResultBuffer<DT> forces,
-                     ffi::ResultBuffer<DT> virial) {
+                     ffi::BufferR0<ffi::PRED> half_list, int64_t parts, ffi::ResultBuffer<DT> energy,
+                     ffi::ResultBuffer<DT> forces, ffi::ResultBuffer<DT> virial) {
   using T = ffi::NativeType<DT>;
   const int64_t n = pos.dimensions()[0], ne = senders.dimensions()[0], k = sigma.dimensions()[0];
   const int64_t nc = cells.dimensions()[0];
-  cudaMemsetAsync(energy->typed_data(), 0, sizeof(T) * n, stream);
-  cudaMemsetAsync(forces->typed_data(), 0, sizeof(T) * 3 * n, stream);
-  cudaMemsetAsync(virial->typed_data(), 0, sizeof(T) * 9 * n, stream);
+  // parts: 1 energies and forces, 2 virial, 3 both; a part not asked for has 0 rows.
+  if (parts < 1 || parts > 3) return ffi::Error::InvalidArgument("jaxdd lj_forward (CUDA): parts must be 1, 2 or 3");
+  const bool want_ef = parts & 1, want_w = parts & 2;
+  const int64_t ne_rows = want_ef ? n : 0, nw_rows = want_w ? n : 0;
+  if (int64_t(energy->element_count()) != ne_rows || int64_t(forces->element_count()) != 3 * ne_rows ||
+      int64_t(virial->element_count()) != 9 * nw_rows)
+    return ffi::Error::InvalidArgument(
+        "jaxdd lj_forward (CUDA): results must be energy [n], forces [n, 3], virial [n, 3, 3] (0 rows for a part "
+        "not asked for)");
+  if (want_ef) {
+    cudaMemsetAsync(energy->typed_data(), 0, sizeof(T) * n, stream);
+    cudaMemsetAsync(forces->typed_data(), 0, sizeof(T) * 3 * n, stream);
+  }
+  if (want_w) cudaMemsetAsync(virial->typed_data(), 0, sizeof(T) * 9 * n, stream);
   if (ne > 0)
     LjForwardKernel<T><<<Blocks(ne), kThreads, 0, stream>>>(
         n, ne, k, nc, pos.typed_data(), shifts.typed_data(), cells.typed_data(), system.typed_data(),
         senders.typed_data(), receivers.typed_data(), mask.typed_data(), types.typed_data(), sigma.typed_data(),
         epsilon.typed_data(), v_shift.typed_data(), cutoff.typed_data(), half_list.typed_data(),
-        energy->typed_data(), forces->typed_data(), virial->typed_data());
+        want_ef ? energy->typed_data() : nullptr, want_ef ? forces->typed_data() : nullptr,
+        want_w ? virial->typed_data() : nullptr);
   return LastError("jaxdd lj_forward (CUDA)");
 }
 
@@ -279,6 +299,7 @@ ffi::Error AttentionBackward(cudaStream_t stream, ffi::ScratchAllocator scratch,
 #define JAXDD_CUDA_HANDLERS(SUFFIX, DT)                                                         \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdd_lj_forward_##SUFFIX, LjForward<DT>,                       \
                                 ffi::Ffi::Bind() JAXDD_LJ_ARGS(DT)                              \
+                                    .Attr<int64_t>("parts")                                     \
                                     .Ret<ffi::Buffer<DT>>()                                     \
                                     .Ret<ffi::Buffer<DT>>()                                     \
                                     .Ret<ffi::Buffer<DT>>());                                   \

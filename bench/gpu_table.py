@@ -1,0 +1,294 @@
+"""The figures of bench/gpu_check.sh: LJ and MLIP dynamics on one device, jax-md beside them.
+
+    python bench/gpu_table.py [--smoke] [--budget SECONDS] [--json PATH]
+
+On the device JAX picks (a GPU where there is one), one table:
+
+- the LAMMPS LJ melt (bench/md_lj.py's problem) under ``DomainParallel`` on one device at
+  32,000, 1,000,000 and 8,000,000 atoms, float32 and float64, the fused kernel and the jnp
+  path: atom-steps per second, ms per step, the compile (warm-up) time, the peak device
+  memory, and the step's time over its HBM-bandwidth floor (the bytes a step must move,
+  see :func:`lj_floor_bytes`, at 4.8 TB/s, the H200's);
+- jax-md's own LJ NVE loop (``energy.lennard_jones_neighbor_list``, ``simulate.nve``,
+  ``lax.fori_loop`` with the list updated each step) at 32,000 and 1,000,000 atoms;
+- SchNet, NequIP and MACE (jaxdd's zoo; MACE from tests/data/mace/trained.npz) under
+  ``DomainParallel`` on 32,768 atoms, float32, and the largest system of a doubling
+  series that fits in the device's memory;
+- jax-md's NequIP in its own loop against the same network under jaxdd (bench/mlip_md.py's
+  runs) on 8,000 atoms of diamond Si.
+
+Every row is timed after a warm-up run of the same length (compilation, capacity growth).
+A row that fails prints its error in the table instead of stopping it, and rows past
+``--budget`` seconds are listed as skipped. ``--smoke`` runs the same code at tiny sizes
+(a CPU suffices; the test suite runs it so the script cannot rot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import numpy as np  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import md_lj  # noqa: E402
+
+HBM_BYTES_PER_S = 4.8e12  # H200
+LJ_DENSITY = 0.8442
+
+
+def lj_floor_bytes(n_atoms: int, dtype: str) -> float:
+    """Bytes one LJ velocity-Verlet step must move at the least: positions, velocities and
+    forces each read and written once ([n, 3] each), and the half neighbour list (pairs
+    within cutoff + skin, two int32 indices each) read once."""
+    b = np.dtype(dtype).itemsize
+    pairs = n_atoms * LJ_DENSITY * 4 / 3 * math.pi * (md_lj.CUTOFF + md_lj.SKIN) ** 3 / 2
+    return n_atoms * 3 * b * 2 * 3 + pairs * 8
+
+
+def _peak_memory_gb() -> float | None:
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return None if peak is None else peak / 1e9
+
+
+def _oom(err: BaseException) -> bool:
+    text = f"{type(err).__name__}: {err}".lower()
+    return any(k in text for k in ("resource_exhausted", "out of memory", "memory_limit", "needs more memory"))
+
+
+# ---------------------------------------------------------------------------- rows
+
+
+def lj_jaxdd(n_cells: int, dtype: str, path: str, steps: int) -> dict:
+    r = md_lj.bench_jaxdd(1, dtype, n_cells, steps, path)
+    floor = lj_floor_bytes(r["n_atoms"], dtype) / HBM_BYTES_PER_S
+    return dict(atoms=r["n_atoms"], steps=r["steps"], seconds=r["seconds"], compile_s=r["warmup_seconds"] - r["seconds"],
+                note=f"{r['rebuilds']} rebuilds, PE/N step 0 {r['pe_per_atom_first']:.6f}",
+                floor_ratio=(r["seconds"] / r["steps"]) / floor)
+
+
+def lj_jax_md(n_cells: int, dtype: str, steps: int) -> dict:
+    import jax.numpy as jnp
+    from jax_md import energy, simulate, space
+
+    data = md_lj.lj_melt_data(n_cells, temperature=md_lj.TEMPERATURE, dtype=np.dtype(dtype))
+    box = float(np.asarray(data.cell)[0, 0, 0])
+    displacement, shift = space.periodic(box)
+    neighbor_fn, energy_fn = energy.lennard_jones_neighbor_list(
+        displacement, box, sigma=1.0, epsilon=1.0, r_onset=2.0, r_cutoff=md_lj.CUTOFF, dr_threshold=md_lj.SKIN)
+    R = jnp.asarray(data.positions, dtype)
+    nbrs = neighbor_fn.allocate(R)
+    init, apply = simulate.nve(energy_fn, shift, md_lj.DT)
+    state = init(jax.random.PRNGKey(0), R, mass=1.0, neighbor=nbrs, kT=md_lj.TEMPERATURE)
+
+    @jax.jit
+    def loop(state, nbrs):
+        def body(i, carry):
+            state, nbrs = carry
+            state = apply(state, neighbor=nbrs)
+            return state, nbrs.update(state.position)
+
+        return jax.lax.fori_loop(0, steps, body, (state, nbrs))
+
+    t0 = time.perf_counter()
+    s, n = jax.block_until_ready(loop(state, nbrs))
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    s, n = jax.block_until_ready(loop(s, n))
+    seconds = time.perf_counter() - t0
+    if bool(n.did_buffer_overflow):
+        raise RuntimeError("jax-md's neighbour list overflowed; the figure would be wrong")
+    floor = lj_floor_bytes(len(R), dtype) / HBM_BYTES_PER_S
+    return dict(atoms=len(R), steps=steps, seconds=seconds, compile_s=first - seconds,
+                note="smooth cutoff from r 2.0 (jax-md's LJ)", floor_ratio=(seconds / steps) / floor)
+
+
+def _mlip(name: str, dtype: str):
+    import mace_md
+
+    if name == "mace":
+        return mace_md.jaxdd_model(dtype, with_torch=False)
+    from jaxdd.models.mpnn import SchNet
+    from jaxdd.models.nequip import NequIP
+
+    kind = SchNet if name == "schnet" else NequIP
+    return kind(species=(1, 6, 8), cutoff=5.0, dtype=np.dtype(dtype))
+
+
+def mlip_jaxdd(name: str, n: int, steps: int, dtype: str = "float32") -> dict:
+    """A zoo model under DomainParallel on n³ atoms of bench/mace_md.py's H/C/O system."""
+    import mace_md
+    from ase.units import fs
+
+    import jaxdd
+    from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh
+    from jaxdd.dynamics import DomainParallel, VelocityVerlet
+
+    atoms = mace_md.system(n)
+    model = _mlip(name, dtype)
+    data = jaxdd.AtomicData.from_ase(atoms, dtype=np.dtype(dtype))
+    data = data.replace(velocities=jax.numpy.asarray(atoms.get_velocities(), dtype))
+    dm = DistributedModel(model, DomainConfig(5.0, skin=mace_md.SKIN, mesh=default_mesh(jax.devices()[:1])))
+    md = DomainParallel(dm, VelocityVerlet(mace_md.DT_FS * fs))
+    t0 = time.perf_counter()
+    md.run(md.init(data), steps)
+    warmup = time.perf_counter() - t0
+    md.run(md.init(data), steps)
+    stats = md.last_run
+    return dict(atoms=len(atoms), steps=steps, seconds=stats.seconds, compile_s=warmup - stats.seconds,
+                note=f"{stats.rebuilds} rebuilds")
+
+
+def largest_fit(name: str, sides: list[int], steps: int, deadline: float) -> dict:
+    """The largest n³ of ``sides`` (ascending) whose run fits in device memory."""
+    best, tried, reason = None, [], "every size ran"
+    for n in sides:
+        if time.perf_counter() > deadline:
+            reason = f"budget spent before {n ** 3:,} atoms"
+            break
+        try:
+            mlip_jaxdd(name, n, steps)
+            best = n ** 3
+            tried.append(n ** 3)
+        except Exception as err:  # noqa: BLE001 - the reason goes into the table
+            reason = f"{n ** 3:,} atoms: {'out of memory' if _oom(err) else type(err).__name__ + ': ' + str(err)[:80]}"
+            break
+    return dict(atoms=best, note=f"largest that ran of {[f'{t:,}' for t in tried]}; stopped: {reason}")
+
+
+def nequip_pair(n_atoms: int, steps: int, kind: str) -> list[tuple[str, dict]]:
+    import mlip_md
+
+    ref = mlip_md.run_jax_md(n_atoms, steps, kind)
+    mine = mlip_md.run_jaxdd(n_atoms, steps, kind, 1)
+    ratio = ref["seconds"] / mine["seconds"]
+    return [("jax-md NequIP (own loop)", dict(atoms=n_atoms, steps=steps, seconds=ref["seconds"], note="")),
+            ("jaxdd NequIP (jax-md's network)", dict(atoms=n_atoms, steps=steps, seconds=mine["seconds"],
+                                                      note=f"{ratio:.2f}x jax-md, {mine['rebuilds']} rebuilds"))]
+
+
+# ---------------------------------------------------------------------------- plan and report
+
+
+def plan(smoke: bool) -> list[tuple[str, str, object]]:
+    """(section, label, thunk) in the order they run: the most wanted first."""
+    if smoke:  # each code path once, at tiny sizes
+        lj = [(4, 4, "float32", "fused"), (4, 4, "float64", "jnp")]
+        jm = [(4, 4, "float32")]
+        mlip_n, mlip_steps, sides, nq = 3, 2, [3], (64, 2, "small")
+    else:
+        lj = [(c, s, d, p) for c, s in ((20, 100), (63, 50), (126, 20)) for d in ("float32", "float64")
+              for p in ("fused", "jnp")]
+        jm = [(c, s, d) for c, s in ((20, 100), (63, 50)) for d in ("float32", "float64")]
+        mlip_n, mlip_steps, sides, nq = 32, 20, [64, 100, 128, 160], (8000, 100, "default")
+    rows = []
+    for cells, steps, dtype, path in lj:
+        rows.append(("LJ melt, jaxdd", f"{path} {dtype}", lambda c=cells, d=dtype, p=path, s=steps:
+                     lj_jaxdd(c, d, p, s)))
+    for cells, steps, dtype in jm:
+        rows.append(("LJ melt, jax-md", f"jax-md {dtype}", lambda c=cells, d=dtype, s=steps: lj_jax_md(c, d, s)))
+    for name in ("schnet", "nequip", "mace"):
+        rows.append(("MLIP MD, jaxdd", f"{name} float32", lambda m=name: mlip_jaxdd(m, mlip_n, mlip_steps)))
+    rows.append(("NequIP, jax-md vs jaxdd", "", lambda: nequip_pair(*nq)))
+    for name in ("schnet", "nequip", "mace"):
+        rows.append(("largest fit", f"{name} float32", ("fit", name, sides, 3 if not smoke else 1)))
+    return rows
+
+
+def run(smoke: bool, budget: float) -> list[dict]:
+    start = time.perf_counter()
+    deadline = start + budget
+    out = []
+    for section, label, job in plan(smoke):
+        row = dict(section=section, what=label)
+        if time.perf_counter() > deadline:
+            out.append(dict(row, error=f"skipped: the {budget:.0f} s budget is spent"))
+            print(f"{section}: {label}: skipped (budget)", flush=True)
+            continue
+        t0 = time.perf_counter()
+        try:
+            if isinstance(job, tuple):  # a largest-fit search
+                _, name, sides, steps = job
+                results = [(label, largest_fit(name, sides, steps, deadline))]
+            else:
+                got = job()
+                results = got if isinstance(got, list) else [(label, got)]
+        except Exception as err:  # noqa: BLE001 - one failed row must not hide the others
+            traceback.print_exc()
+            kind = "out of memory" if _oom(err) else f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
+            results = [(label, dict(error=kind))]
+        for what, fig in results:
+            fig = dict(row, what=what, **fig, wall_s=time.perf_counter() - t0, peak_gb=_peak_memory_gb())
+            if fig.get("seconds"):
+                fig["atom_steps_per_second"] = fig["atoms"] * fig["steps"] / fig["seconds"]
+                fig["ms_per_step"] = 1e3 * fig["seconds"] / fig["steps"]
+            out.append(fig)
+            print(f"{section}: {what}: " + ", ".join(f"{k}={v}" for k, v in fig.items() if k not in ("section", "what")),
+                  flush=True)
+    return out
+
+
+def format_table(rows: list[dict], device: str) -> str:
+    cols = ("section", "what", "atoms", "atom-steps/s", "ms/step", "x HBM floor", "compile s", "peak GB", "note")
+
+    def cell(r, c):
+        if c == "atoms":
+            return "-" if r.get("atoms") is None else f"{r['atoms']:,}"
+        if c == "atom-steps/s":
+            return f"{r['atom_steps_per_second']:,.0f}" if "atom_steps_per_second" in r else "-"
+        if c == "ms/step":
+            return f"{r['ms_per_step']:.3f}" if "ms_per_step" in r else "-"
+        if c == "x HBM floor":
+            return f"{r['floor_ratio']:.1f}" if r.get("floor_ratio") else "-"
+        if c == "compile s":
+            return f"{r['compile_s']:.1f}" if r.get("compile_s") is not None else "-"
+        if c == "peak GB":
+            return f"{r['peak_gb']:.1f}" if r.get("peak_gb") is not None else "-"
+        if c == "note":
+            return r.get("error") or r.get("note", "")
+        return str(r.get(c, ""))
+
+    body = [[cell(r, c) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols[:-1])]
+    lines = [f"jaxdd GPU check on {device}", "  ".join(c.ljust(w) for c, w in zip(cols, widths)) + "  note"]
+    for b in body:
+        lines.append("  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(b, widths)))
+                     + "  " + b[-1])
+    lines.append("x HBM floor: a step's time over (positions, velocities, forces read and written once, the half "
+                 f"list read once) / {HBM_BYTES_PER_S / 1e12:.1f} TB/s; compile s: warm-up run minus timed run")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, any device (the test suite's check)")
+    p.add_argument("--budget", type=float, default=None, help="seconds for all rows (default 330; smoke 600)")
+    p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    args = p.parse_args(argv)
+    budget = args.budget if args.budget is not None else (600.0 if args.smoke else 330.0)
+    d = jax.devices()[0]
+    device = f"{d.platform} ({d.device_kind}), jax {jax.__version__}"
+    rows = run(args.smoke, budget)
+    print("\n" + format_table(rows, device), flush=True)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(dict(device=device, smoke=args.smoke, rows=rows), indent=1, default=str))
+    errors = [r for r in rows if r.get("error") and not r["error"].startswith("skipped")]
+    return 1 if (args.smoke and errors) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
