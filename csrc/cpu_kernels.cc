@@ -63,7 +63,8 @@ ffi::Error CheckLj(const char* name, ffi::Buffer<DT>& pos, ffi::Buffer<ffi::S32>
   const int64_t n = Dim(pos, 0);
   if (senders.dimensions().size() != 1) return Bad(name, "senders must be [E]");
   const int64_t e = Dim(senders, 0);
-  if (!HasShape(shifts, {e, 3})) return Bad(name, "shifts must be [E, 3]");
+  if (!HasShape(shifts, {e, 3}) && !HasShape(shifts, {0, 3}))
+    return Bad(name, "shifts must be [E, 3] (or [0, 3]: no edge has an image shift)");
   if (cells.dimensions().size() != 3 || Dim(cells, 0) < 1 || Dim(cells, 1) != 3 || Dim(cells, 2) != 3)
     return Bad(name, "cells must be [S, 3, 3]");
   if (!HasShape(system, {n})) return Bad(name, "system must be [n]");
@@ -81,16 +82,24 @@ ffi::Error CheckLj(const char* name, ffi::Buffer<DT>& pos, ffi::Buffer<ffi::S32>
   return ffi::Error::Success();
 }
 
+// The shifts, or null when the list has none ([0, 3]: every edge within the rows, as each
+// rank's list under decomposition). Not reading 12 zero bytes per edge is a good part of
+// a pass over such a list.
+inline const int32_t* ShiftsOrNull(ffi::Buffer<ffi::S32>& shifts) {
+  return Dim(shifts, 0) == 0 ? nullptr : shifts.typed_data();
+}
+
 // Edge vector d = x[s] - x[r] + shift . cell (cell of the receiver's system); the cell row
-// used is returned through *cell (null when the edge has no image shift).
+// used is returned through *cell (null when the edge has no image shift, or sh is null).
 template <typename T>
 inline void EdgeVector(const T* x, const int32_t* sh, const T* cells, const int32_t* system, int64_t n_cells,
                        int64_t e, int32_t r, int32_t s, T* d, const T** cell) {
   d[0] = x[3 * s] - x[3 * r];
   d[1] = x[3 * s + 1] - x[3 * r + 1];
   d[2] = x[3 * s + 2] - x[3 * r + 2];
-  const int32_t n0 = sh[3 * e], n1 = sh[3 * e + 1], n2 = sh[3 * e + 2];
   *cell = nullptr;
+  if (sh == nullptr) return;
+  const int32_t n0 = sh[3 * e], n1 = sh[3 * e + 1], n2 = sh[3 * e + 2];
   if ((n0 | n1 | n2) == 0) return;  // most edges: no image shift, no cell read
   int64_t c = system[r];
   c = c < 0 ? 0 : (c >= n_cells ? n_cells - 1 : c);
@@ -147,7 +156,7 @@ ffi::Error LjForward(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> shifts, ffi::Buf
   if (!HasShape(*energy, {ne_rows}) || !HasShape(*forces, {ne_rows, 3}) || !HasShape(*virial, {nw_rows, 3, 3}))
     return Bad(name, "results must be energy [n], forces [n, 3], virial [n, 3, 3] (0 rows for a part not asked for)");
   const T* x = pos.typed_data();
-  const int32_t* sh = shifts.typed_data();
+  const int32_t* sh = ShiftsOrNull(shifts);
   const T* h = cells.typed_data();
   const int32_t* sys = system.typed_data();
   const int32_t* snd = senders.typed_data();
@@ -267,7 +276,7 @@ ffi::Error LjBackward(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> shifts, ffi::Bu
   if (!HasShape(*ct_pos, {n, 3}) || !HasShape(*ct_cells, {nc, 3, 3}))
     return Bad(name, "results must be [n, 3] and [S, 3, 3]");
   const T* x = pos.typed_data();
-  const int32_t* sh = shifts.typed_data();
+  const int32_t* sh = ShiftsOrNull(shifts);
   const T* h = cells.typed_data();
   const int32_t* sys = system.typed_data();
   const int32_t* snd = senders.typed_data();

@@ -7,7 +7,8 @@
 // Atoms are binned per system in cubes of at least the cutoff (each system's own
 // bounding box), counting-sorted by bin, and every receiver scans the 27 bins around its
 // own (receivers in chunks on XLA's intra-op threads). Edges come out grouped by
-// receiver, in receiver order, as jaxdd's lists are; shifts are all zero.
+// receiver, in receiver order, as jaxdd's lists are. There are no image shifts (the caller
+// supplies zeros where it needs them).
 // Nothing is ever dropped silently: edges past the capacity are counted, not written,
 // and the count is returned so the caller can grow the capacity and build again.
 
@@ -50,7 +51,7 @@ template <ffi::DataType DT>
 ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buffer<ffi::PRED> mask,
                     ffi::Buffer<ffi::S32> order_a, ffi::Buffer<ffi::S32> order_b, int64_t n_receivers, int64_t n_systems, double cutoff, bool half, ffi::ThreadPool pool,
                     ffi::ResultBuffer<ffi::S32> senders, ffi::ResultBuffer<ffi::S32> receivers,
-                    ffi::ResultBuffer<ffi::S32> shifts, ffi::ResultBuffer<ffi::S32> num_neighbors,
+                    ffi::ResultBuffer<ffi::S32> num_neighbors,
                     ffi::ResultBufferR0<ffi::S32> n_edges) {
   using T = ffi::NativeType<DT>;
   if (pos.dimensions().size() != 2 || pos.dimensions()[1] != 3) return BadNl("positions must be [n, 3]");
@@ -63,9 +64,6 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
   if (senders->dimensions().size() != 1 || receivers->dimensions().size() != 1 ||
       senders->dimensions()[0] != receivers->dimensions()[0])
     return BadNl("senders and receivers must be [max_edges]");
-  if (shifts->dimensions().size() != 2 || shifts->dimensions()[0] != senders->dimensions()[0] ||
-      shifts->dimensions()[1] != 3)
-    return BadNl("shifts must be [max_edges, 3]");
   if (num_neighbors->dimensions().size() != 1 || int64_t(num_neighbors->dimensions()[0]) != n)
     return BadNl("num_neighbors must be [n]");
   if (!(cutoff > 0) || !std::isfinite(cutoff)) return BadNl("cutoff must be positive and finite");
@@ -223,7 +221,6 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
     }
   });
   for (int64_t k = std::min(e, cap); k < cap; ++k) snd[k] = rcv[k] = int32_t(n);
-  std::fill(shifts->typed_data(), shifts->typed_data() + 3 * cap, 0);
   n_edges->typed_data()[0] = int32_t(std::min<int64_t>(e, std::numeric_limits<int32_t>::max()));
   return ffi::Error::Success();
 }
@@ -245,7 +242,6 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
                                     .Ctx<ffi::ThreadPool>()                           \
                                     .Ret<ffi::Buffer<ffi::S32>>()    /* senders */    \
                                     .Ret<ffi::Buffer<ffi::S32>>()    /* receivers */  \
-                                    .Ret<ffi::Buffer<ffi::S32>>()    /* shifts */     \
                                     .Ret<ffi::Buffer<ffi::S32>>()    /* per atom */   \
                                     .Ret<ffi::BufferR0<ffi::S32>>()) /* edges found */
 

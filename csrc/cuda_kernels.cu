@@ -37,6 +37,7 @@ __device__ __forceinline__ const T* EdgeVector(const T* x, const int32_t* sh, co
   d[0] = x[3 * s] - x[3 * r];
   d[1] = x[3 * s + 1] - x[3 * r + 1];
   d[2] = x[3 * s + 2] - x[3 * r + 2];
+  if (sh == nullptr) return nullptr;  // a list without shifts ([0, 3])
   const int32_t n0 = sh[3 * e], n1 = sh[3 * e + 1], n2 = sh[3 * e + 2];
   if ((n0 | n1 | n2) == 0) return nullptr;
   int64_t c = system[r];
@@ -139,7 +140,7 @@ ffi::Error LjForward(cudaStream_t stream, ffi::Buffer<DT> pos, ffi::Buffer<ffi::
   if (want_w) cudaMemsetAsync(virial->typed_data(), 0, sizeof(T) * 9 * n, stream);
   if (ne > 0)
     LjForwardKernel<T><<<Blocks(ne), kThreads, 0, stream>>>(
-        n, ne, k, nc, pos.typed_data(), shifts.typed_data(), cells.typed_data(), system.typed_data(),
+        n, ne, k, nc, pos.typed_data(), shifts.dimensions()[0] == 0 ? nullptr : shifts.typed_data(), cells.typed_data(), system.typed_data(),
         senders.typed_data(), receivers.typed_data(), mask.typed_data(), types.typed_data(), sigma.typed_data(),
         epsilon.typed_data(), v_shift.typed_data(), cutoff.typed_data(), half_list.typed_data(),
         want_ef ? energy->typed_data() : nullptr, want_ef ? forces->typed_data() : nullptr,
@@ -161,7 +162,7 @@ ffi::Error LjBackward(cudaStream_t stream, ffi::Buffer<DT> pos, ffi::Buffer<ffi:
   cudaMemsetAsync(ct_cells->typed_data(), 0, sizeof(T) * 9 * nc, stream);
   if (ne > 0)
     LjBackwardKernel<T><<<Blocks(ne), kThreads, 0, stream>>>(
-        n, ne, k, nc, pos.typed_data(), shifts.typed_data(), cells.typed_data(), system.typed_data(),
+        n, ne, k, nc, pos.typed_data(), shifts.dimensions()[0] == 0 ? nullptr : shifts.typed_data(), cells.typed_data(), system.typed_data(),
         senders.typed_data(), receivers.typed_data(), mask.typed_data(), types.typed_data(), sigma.typed_data(),
         epsilon.typed_data(), v_shift.typed_data(), cutoff.typed_data(), half_list.typed_data(), ct.typed_data(),
         ct_pos->typed_data(), ct_cells->typed_data());

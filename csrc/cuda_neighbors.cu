@@ -292,7 +292,7 @@ ffi::Error CellList(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Buf
                     ffi::Buffer<ffi::S32> system, ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::S32> order_a,
                     ffi::Buffer<ffi::S32> order_b, int64_t n_receivers, int64_t n_systems, double cutoff, bool half,
                     ffi::ResultBuffer<ffi::S32> senders, ffi::ResultBuffer<ffi::S32> receivers,
-                    ffi::ResultBuffer<ffi::S32> shifts, ffi::ResultBuffer<ffi::S32> num_neighbors,
+                    ffi::ResultBuffer<ffi::S32> num_neighbors,
                     ffi::ResultBufferR0<ffi::S32> n_edges) {
   using T = ffi::NativeType<DT>;
   if (pos.dimensions().size() != 2 || pos.dimensions()[1] != 3) return Bad("positions must be [n, 3]");
@@ -307,7 +307,6 @@ ffi::Error CellList(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Buf
   const int64_t n_recv = n_receivers < 0 ? 0 : (n_receivers > n ? n : n_receivers);
   int32_t* snd = senders->typed_data();
   int32_t* rcv = receivers->typed_data();
-  cudaMemsetAsync(shifts->typed_data(), 0, sizeof(int32_t) * 3 * cap, stream);
   if (n == 0) {
     PadAndTotal<<<Blocks(cap), kThreads, 0, stream>>>(n, 0, cap, nullptr, snd, rcv, n_edges->typed_data());
     return LastError();
@@ -378,7 +377,6 @@ ffi::Error CellList(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Buf
                                     .Attr<bool>("half")                                \
                                     .Ret<ffi::Buffer<ffi::S32>>()    /* senders */     \
                                     .Ret<ffi::Buffer<ffi::S32>>()    /* receivers */   \
-                                    .Ret<ffi::Buffer<ffi::S32>>()    /* shifts */      \
                                     .Ret<ffi::Buffer<ffi::S32>>()    /* per atom */    \
                                     .Ret<ffi::BufferR0<ffi::S32>>()) /* edges found */
 

@@ -189,6 +189,8 @@ class NeighborList:
     displacement: [max_edges, 3] Å added to every edge vector by :func:`edge_vectors`, or None
         (the default). Zeros set there are what per-atom virials are differentiated by
         (:mod:`jaxdd.virials`): the gradient of the energy with respect to them is dE/dr_e.
+    zero_shifts: static; True when every shift is zero by construction (a rank's list under
+        decomposition, :func:`local_neighbor_list`): kernels may then skip reading them.
     """
 
     senders: jax.Array
@@ -204,6 +206,7 @@ class NeighborList:
     needed_bins: jax.Array
     overflow: jax.Array
     displacement: Any = None
+    zero_shifts: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     def stats(self) -> NeighborStats:
         """Sizes this build needed, as host integers (blocks until the build is done)."""
@@ -629,10 +632,11 @@ def local_neighbor_list(positions, batch_idx, atom_mask, *, n_systems: int, cuto
         raise ValueError(f"backend must be 'kernel' or 'jnp' here, got {backend!r}")
     if backend == "jnp":
         dtype = positions.dtype
-        return build_neighbor_list(
+        nl = build_neighbor_list(
             positions, jnp.broadcast_to(jnp.eye(3, dtype=dtype), (n_systems, 3, 3)), jnp.zeros((n_systems, 3), bool),
             batch_idx, atom_mask, cutoff=cutoff, capacity=capacity, half=half, format=format, n_receivers=n_receivers,
             order=order)
+        return dataclasses.replace(nl, zero_shifts=True)
     from .ffi.neighbors import cell_list
 
     _check_cutoff(cutoff)
@@ -643,8 +647,9 @@ def local_neighbor_list(positions, batch_idx, atom_mask, *, n_systems: int, cuto
         max_edges=capacity.max_edges, n_receivers=n_receivers, n_systems=n_systems, half=half, order=order)
     valid = jnp.arange(capacity.max_edges) < n_edges
     zero = jnp.zeros((), jnp.int32)
-    return _assemble(senders, receivers, shifts, valid, per_atom, n_edges, n, capacity, format, jnp.zeros((), bool),
-                     needed_candidates=zero, needed_range=jnp.zeros(3, jnp.int32), needed_bins=zero)
+    nl = _assemble(senders, receivers, shifts, valid, per_atom, n_edges, n, capacity, format, jnp.zeros((), bool),
+                   needed_candidates=zero, needed_range=jnp.zeros(3, jnp.int32), needed_bins=zero)
+    return dataclasses.replace(nl, zero_shifts=True)
 
 
 # The sizing passes below compile once per bucket of rows (capacity_bucket) and take the cutoff

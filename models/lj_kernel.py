@@ -66,8 +66,10 @@ class LennardJonesKernel(LennardJones):
     def forward(self, positions, cell, batch_idx, atomic_numbers, neighbors, n_systems):
         dtype = positions.dtype
         nc = self.model_config.neighbor_config
+        # A rank's list has no image shifts: a [0, 3] array spares the kernel reading them.
+        shifts = jnp.zeros((0, 3), jnp.int32) if neighbors.zero_shifts else neighbors.shifts
         atomic, forces, virial = lennard_jones(
-            positions, neighbors.shifts, cell, neighbors.senders, neighbors.receivers, neighbors.mask,
+            positions, shifts, cell, neighbors.senders, neighbors.receivers, neighbors.mask,
             self.sigma.astype(dtype), self.epsilon.astype(dtype), cutoff=nc.cutoff, system=batch_idx,
             types=self._types(atomic_numbers), shift=self.shift, half_list=nc.half_list,
         )

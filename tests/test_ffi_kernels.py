@@ -96,6 +96,28 @@ def test_lj_kernel_full_and_half_lists_give_the_same_totals():
     assert_rel_close(jnp.sum(half[2], axis=0), jnp.sum(full[2], axis=0), 1e-12)
 
 
+def test_lj_kernel_reads_shifts_of_zero_rows_as_no_image_shifts():
+    """A rank's list has no image shifts; [0, 3] says so and must equal zeros, in value and gradient."""
+    import ase.build
+
+    atoms = ase.build.bulk("Ar", "fcc", a=1.6796, cubic=True).repeat((3, 3, 3))  # open cluster: no images
+    atoms.rattle(0.05, seed=4)
+    i, j = ase_neighbor_list("ij", atoms, CUTOFF)  # pbc False: every shift is zero
+    pos = jnp.asarray(atoms.positions)
+    args = (jnp.eye(3)[None], jnp.asarray(j, jnp.int32), jnp.asarray(i, jnp.int32), jnp.ones(len(i), bool), 1.0, 1.0)
+    none = jnp.zeros((0, 3), jnp.int32)
+    zeros = jnp.zeros((len(i), 3), jnp.int32)
+    for got, want in zip(ffi.lennard_jones(pos, none, *args, cutoff=CUTOFF), ffi.lennard_jones(pos, zeros, *args,
+                                                                                             cutoff=CUTOFF)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    grad = lambda sh: jax.grad(lambda p, c: jnp.sum(ffi.lennard_jones(p, sh, c, *args[1:], cutoff=CUTOFF)[0]),  # noqa: E731
+                               argnums=(0, 1))(pos, args[0])
+    for got, want in zip(grad(none), grad(zeros)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-12)
+    ref = lj_reference(pos, none, *args, cutoff=CUTOFF)
+    assert_rel_close(ref[1], ffi.lennard_jones(pos, none, *args, cutoff=CUTOFF)[1], 1e-12)
+
+
 def test_lj_kernel_forces_are_minus_the_energy_gradient_of_the_reference():
     pos, shifts, cells, s, r, mask, types = lj_system()
     _, forces, _ = ffi.lennard_jones(pos, shifts, cells, s, r, mask, SIGMA, EPSILON, **lj_kwargs(types))

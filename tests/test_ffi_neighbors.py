@@ -193,3 +193,12 @@ def test_cuda_cell_list_is_the_cpu_one_edge_for_edge(dtype, half, n_systems):
         results[platform] = jax.device_get(cell_list(put(x), put(system), put(mask), **small))
     for got, want in zip(results["cuda"], results["cpu"]):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("backend", ["kernel", "jnp"])
+def test_a_rank_list_declares_its_shifts_zero_and_they_are(backend):
+    x, system, mask = _cloud(300, 7.0, 1, np.float64)
+    _, cap = _reference(x, system, mask, 1, 2.5, False, None)
+    nl = local_neighbor_list(jnp.asarray(x), system, mask, n_systems=1, cutoff=2.5, capacity=cap, backend=backend)
+    assert nl.zero_shifts
+    assert not np.any(np.asarray(nl.shifts))

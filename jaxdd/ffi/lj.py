@@ -31,7 +31,10 @@ def _rows(x, idx):
 
 
 def _edge_vectors(positions, shifts, cells, system, senders, receivers):
-    """d = x[s] - x[r] + shifts · cell of the receiver's system, [E, 3] (elementwise: no dot)."""
+    """d = x[s] - x[r] + shifts · cell of the receiver's system, [E, 3] (elementwise: no dot).
+    Shifts of 0 rows: no edge has an image shift."""
+    if shifts.shape[0] == 0:
+        return _rows(positions, senders) - _rows(positions, receivers)
     n_cells = cells.shape[0]
     h = cells[jnp.clip(_rows(system, receivers), 0, n_cells - 1)]  # [E, 3, 3]
     n = shifts.astype(positions.dtype)
@@ -139,7 +142,7 @@ def _prepare(positions, shifts, cells, senders, receivers, mask, sigma, epsilon,
     _call.check_array(_NAME, "receivers", receivers, (e,), np.int32)
     _call.check_array(_NAME, "mask", mask, (e,), np.bool_)
     shifts = jnp.asarray(shifts)
-    _call.check_array(_NAME, "shifts", shifts, (e, 3), np.int32)
+    _call.check_array(_NAME, "shifts", shifts, (0 if shifts.ndim == 2 and shifts.shape[0] == 0 else e, 3), np.int32)
     cells = jnp.asarray(cells)
     if cells.ndim == 2:
         cells = cells[None]
@@ -170,7 +173,8 @@ def lennard_jones(positions, shifts, cells, senders, receivers, mask, sigma, eps
     """Fused Lennard-Jones pass over a COO list (the compiled kernel).
 
     positions: [n, 3] Å (float32 or float64); shifts: [E, 3] int32 image shift of each
-    edge's sender in cell vectors (``NeighborList.shifts``); cells: [S, 3, 3] Å (or one
+    edge's sender in cell vectors (``NeighborList.shifts``), or [0, 3] when no edge has one
+    (a rank's list under decomposition: the pass then reads no shifts); cells: [S, 3, 3] Å (or one
     [3, 3]), row i the i-th cell vector; system: [n] int32 system of each atom (default
     0; an edge uses its receiver's cell); senders, receivers: [E] int32; mask: [E] bool;
     sigma, epsilon: σ (Å) and ε (eV), scalars or [K, K] tables indexed by ``types`` ([n]
