@@ -133,7 +133,9 @@ inline int64_t RunStart(const int32_t* rcv, int64_t ne, int64_t e) {
 //                     atoms under decomposition -- and zero on rows receiving no edge.
 //   virial [n, 3, 3]: -d (x) dV/dd of each pair, credited like the energy.
 // Edges are visited in order and sums for the current receiver kept in registers, so a
-// list grouped by receiver (jaxdd's lists are) writes each receiver row once.
+// list grouped by receiver (jaxdd's lists are) writes each receiver row once. Pairs beyond
+// the cutoff (a list with a skin holds them) are dropped block by block before computing
+// (see the loop).
 template <ffi::DataType DT>
 ffi::Error LjForward(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> shifts, ffi::Buffer<DT> cells,
                      ffi::Buffer<ffi::S32> system, ffi::Buffer<ffi::S32> senders, ffi::Buffer<ffi::S32> receivers,
@@ -194,42 +196,60 @@ ffi::Error LjForward(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> shifts, ffi::Buf
       }
       ae = f0 = f1 = f2 = w00 = w01 = w02 = w11 = w12 = w22 = 0;
     };
-    for (int64_t e = e0; e < e1; ++e) {
-      const int32_t r = rcv[e], s = snd[e];
-      if (!m[e] || !InRange(r, n) || !InRange(s, n)) continue;
-      T d[3];
-      const T* cell;
-      EdgeVector(x, sh, h, sys, nc, e, r, s, d, &cell);
-      const T r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
-      if (!(r2 < rc2)) continue;
-      if (r != cur) {
-        flush();
-        cur = r;
+    // Edges in blocks: first the block's pairs within the cutoff are picked out without a
+    // branch (a list built with a skin holds pairs beyond it too, at random once the atoms
+    // are disordered, and a branch on the cutoff would be mispredicted about as often as it
+    // is taken), then only those are computed.
+    constexpr int64_t kBlock = 256;
+    int32_t pick_r[kBlock], pick_s[kBlock];
+    T pick_d[kBlock][3], pick_r2[kBlock];
+    for (int64_t b0 = e0; b0 < e1; b0 += kBlock) {
+      const int64_t b1 = std::min(b0 + kBlock, e1);
+      int64_t kept = 0;
+      for (int64_t e = b0; e < b1; ++e) {
+        const int32_t r = rcv[e], s = snd[e];
+        if (!m[e] || !InRange(r, n) || !InRange(s, n)) continue;  // padding: predictable
+        T d[3];
+        const T* cell;
+        EdgeVector(x, sh, h, sys, nc, e, r, s, d, &cell);
+        const T r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+        pick_r[kept] = r, pick_s[kept] = s, pick_r2[kept] = r2;
+        pick_d[kept][0] = d[0], pick_d[kept][1] = d[1], pick_d[kept][2] = d[2];
+        kept += (r2 < rc2);
       }
-      const int64_t ab = int64_t(ty[r]) * k + ty[s];
-      T v, dv;
-      jaxdd::lj_pair<T>(r2, sig[ab], eps[ab], vs[ab], &v, &dv);
-      // The pair's force on the receiver, +dV/dd = 2 dv d, and the virial share
-      // -dv d (x) d of each atom it is credited to.
-      if constexpr (EF) {
-        const T g = T(2) * dv;
-        const T g0 = g * d[0], g1 = g * d[1], g2 = g * d[2];
-        ae += T(0.5) * v;
-        f0 += g0, f1 += g1, f2 += g2;
-        if (half) {  // the sender's half: energy and the opposite force
-          en[s] += T(0.5) * v;
-          f[3 * s] -= g0, f[3 * s + 1] -= g1, f[3 * s + 2] -= g2;
+      for (int64_t q = 0; q < kept; ++q) {
+        const int32_t r = pick_r[q], s = pick_s[q];
+        const T* d = pick_d[q];
+        const T r2 = pick_r2[q];
+        if (r != cur) {
+          flush();
+          cur = r;
         }
-      }
-      if constexpr (W) {
-        const T v00 = -dv * d[0] * d[0], v01 = -dv * d[0] * d[1], v02 = -dv * d[0] * d[2];
-        const T v11 = -dv * d[1] * d[1], v12 = -dv * d[1] * d[2], v22 = -dv * d[2] * d[2];
-        w00 += v00, w01 += v01, w02 += v02, w11 += v11, w12 += v12, w22 += v22;
-        if (half) {  // the sender's virial share
-          T* ws = w + 9 * s;
-          ws[0] += v00, ws[1] += v01, ws[2] += v02;
-          ws[3] += v01, ws[4] += v11, ws[5] += v12;
-          ws[6] += v02, ws[7] += v12, ws[8] += v22;
+        const int64_t ab = int64_t(ty[r]) * k + ty[s];
+        T v, dv;
+        jaxdd::lj_pair<T>(r2, sig[ab], eps[ab], vs[ab], &v, &dv);
+        // The pair's force on the receiver, +dV/dd = 2 dv d, and the virial share
+        // -dv d (x) d of each atom it is credited to.
+        if constexpr (EF) {
+          const T g = T(2) * dv;
+          const T g0 = g * d[0], g1 = g * d[1], g2 = g * d[2];
+          ae += T(0.5) * v;
+          f0 += g0, f1 += g1, f2 += g2;
+          if (half) {  // the sender's half: energy and the opposite force
+            en[s] += T(0.5) * v;
+            f[3 * s] -= g0, f[3 * s + 1] -= g1, f[3 * s + 2] -= g2;
+          }
+        }
+        if constexpr (W) {
+          const T v00 = -dv * d[0] * d[0], v01 = -dv * d[0] * d[1], v02 = -dv * d[0] * d[2];
+          const T v11 = -dv * d[1] * d[1], v12 = -dv * d[1] * d[2], v22 = -dv * d[2] * d[2];
+          w00 += v00, w01 += v01, w02 += v02, w11 += v11, w12 += v12, w22 += v22;
+          if (half) {  // the sender's virial share
+            T* ws = w + 9 * s;
+            ws[0] += v00, ws[1] += v01, ws[2] += v02;
+            ws[3] += v01, ws[4] += v11, ws[5] += v12;
+            ws[6] += v02, ws[7] += v12, ws[8] += v22;
+          }
         }
       }
     }
