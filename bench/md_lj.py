@@ -70,7 +70,7 @@ SKIN = 0.3
 #: of 0.3 (rebuilt on device when an atom has moved 0.15); a wider shell lets atoms move
 #: further before they migrate and the halo plan is rebuilt (every ~30 steps instead of
 #: every ~6; each rebuild leaves the compiled loop), at the price of more ghost atoms per rank.
-HALO_SKIN = 1.0
+HALO_SKIN = 2.0
 DT = 0.005
 TEMPERATURE = 1.44
 DTYPES = ("float32", "float64")

@@ -20,9 +20,13 @@
 #include <vector>
 
 #include "parallel.h"
+#include "scan_row.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
+using jaxdd::Candidates;
+using jaxdd::kScanSlack;
+using jaxdd::ScanRow;
 
 namespace {
 
@@ -154,6 +158,7 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
   const T rc2 = T(cutoff) * T(cutoff);
   const int64_t chunks = jaxdd::ChunkCount(pool, n_recv, 2048);
   std::vector<std::vector<int32_t>> found(chunks);
+  const Candidates cands{order.data(), sa.data(), sb.data()};
   jaxdd::ParallelFor(pool, chunks, [&](int64_t c) {
     // out[0, m) holds the chunk's senders; out grows geometrically ahead of m.
     std::vector<int32_t>& out = found[c];
@@ -182,24 +187,12 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
           // Bins bx-reach..bx+reach of one row are contiguous in the sorted order.
           const int64_t first = start[row + std::max<int64_t>(bx - reach, 0)];
           const int64_t last = start[row + std::min(bx + reach, g.nb[0] - 1) + 1];
-          if (out.size() < m + size_t(last - first)) out.resize(2 * (m + size_t(last - first)));
-          int32_t* dst = out.data();
-          // Branch-free: every candidate is written, and kept by advancing past it.
-          if (half) {  // each pair once: from the row of lower (key a, key b)
-            for (int64_t k = first; k < last; ++k) {
-              const int32_t j = order[k];
-              const T dx = sx[k] - xi, dy = sy[k] - yi, dz = sz[k] - zi;
-              dst[m] = j;
-              m += (dx * dx + dy * dy + dz * dz < rc2) & (j != self) & ((sa[k] > ai) | ((sa[k] == ai) & (sb[k] > bi)));
-            }
-          } else {
-            for (int64_t k = first; k < last; ++k) {
-              const int32_t j = order[k];
-              const T dx = sx[k] - xi, dy = sy[k] - yi, dz = sz[k] - zi;
-              dst[m] = j;
-              m += (dx * dx + dy * dy + dz * dz < rc2) & (j != self);
-            }
-          }
+          if (out.size() < m + size_t(last - first) + kScanSlack)
+            out.resize(2 * (m + size_t(last - first) + kScanSlack));
+          m += half ? ScanRow<T, true>(sx.data(), sy.data(), sz.data(), cands, first, last, xi, yi, zi, rc2, self,
+                                       ai, bi, out.data() + m)
+                    : ScanRow<T, false>(sx.data(), sy.data(), sz.data(), cands, first, last, xi, yi, zi, rc2, self,
+                                        ai, bi, out.data() + m);
         }
       }
       count[i] = int32_t(m - before);

@@ -1,0 +1,155 @@
+// One receiver's pass over one contiguous run of binned candidates (cpu_neighbors.cc): the
+// candidates within the cutoff, not the receiver itself and, for a half list, of higher
+// (key a, key b), written packed to dst. A scalar loop and, on x86-64 CPUs with AVX2 (chosen
+// at run time; the library is built for plain x86-64), the same test 8 (float) or 4 (double)
+// candidates at a time, packed with a permutation table. Both compute the squared distance
+// as (dx*dx + dy*dy) + dz*dz without fused multiply-adds, so they keep exactly the same
+// candidates, in the same order.
+
+#ifndef JAXDD_SCAN_ROW_H_
+#define JAXDD_SCAN_ROW_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define JAXDD_SCAN_AVX2 1
+#endif
+
+namespace jaxdd {
+
+// The slots past the kept ones that a pass may write (the vector pass stores whole vectors).
+constexpr size_t kScanSlack = 8;
+
+struct Candidates {
+  const int32_t* order;  // atom index of each binned candidate
+  const int32_t* sa;     // half lists: key a of each candidate (else unused)
+  const int32_t* sb;     // half lists: key b
+};
+
+template <typename T, bool Half>
+inline size_t ScanRowScalar(const T* sx, const T* sy, const T* sz, const Candidates& c, int64_t first, int64_t last,
+                            T xi, T yi, T zi, T rc2, int32_t self, int32_t ai, int32_t bi, int32_t* dst) {
+  size_t m = 0;
+  for (int64_t k = first; k < last; ++k) {  // branch-free: written, kept by advancing past it
+    const int32_t j = c.order[k];
+    const T dx = sx[k] - xi, dy = sy[k] - yi, dz = sz[k] - zi;
+    dst[m] = j;
+    bool keep = (dx * dx + dy * dy + dz * dz < rc2) & (j != self);
+    if constexpr (Half) keep &= (c.sa[k] > ai) | ((c.sa[k] == ai) & (c.sb[k] > bi));
+    m += keep;
+  }
+  return m;
+}
+
+#ifdef JAXDD_SCAN_AVX2
+
+// For each 8-bit mask, the lanes of its set bits first (the rest: don't care).
+struct PackTable {
+  alignas(32) int32_t lanes[256][8];
+  PackTable() {
+    for (int bits = 0; bits < 256; ++bits) {
+      int n = 0;
+      for (int l = 0; l < 8; ++l)
+        if (bits & (1 << l)) lanes[bits][n++] = l;
+      for (; n < 8; ++n) lanes[bits][n] = 0;
+    }
+  }
+};
+
+inline const PackTable& Packing() {
+  static const PackTable table;
+  return table;
+}
+
+template <bool Half>
+__attribute__((target("avx2"))) inline __m256i KeyMask(const Candidates& c, int64_t k, __m256i vai, __m256i vbi) {
+  if constexpr (!Half) return _mm256_set1_epi32(-1);
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.sa + k));
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.sb + k));
+  return _mm256_or_si256(_mm256_cmpgt_epi32(a, vai),
+                         _mm256_and_si256(_mm256_cmpeq_epi32(a, vai), _mm256_cmpgt_epi32(b, vbi)));
+}
+
+template <bool Half>
+__attribute__((target("avx2"))) size_t ScanRowAvx2(const float* sx, const float* sy, const float* sz,
+                                                   const Candidates& c, int64_t first, int64_t last, float xi,
+                                                   float yi, float zi, float rc2, int32_t self, int32_t ai, int32_t bi,
+                                                   int32_t* dst) {
+  const __m256 vx = _mm256_set1_ps(xi), vy = _mm256_set1_ps(yi), vz = _mm256_set1_ps(zi), vr = _mm256_set1_ps(rc2);
+  const __m256i vself = _mm256_set1_epi32(self), vai = _mm256_set1_epi32(ai), vbi = _mm256_set1_epi32(bi);
+  const PackTable& table = Packing();
+  size_t m = 0;
+  int64_t k = first;
+  for (; k + 8 <= last; k += 8) {
+    const __m256 dx = _mm256_sub_ps(_mm256_loadu_ps(sx + k), vx);
+    const __m256 dy = _mm256_sub_ps(_mm256_loadu_ps(sy + k), vy);
+    const __m256 dz = _mm256_sub_ps(_mm256_loadu_ps(sz + k), vz);
+    const __m256 r2 = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(dx, dx), _mm256_mul_ps(dy, dy)), _mm256_mul_ps(dz, dz));
+    const __m256i j = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.order + k));
+    __m256i keep = _mm256_castps_si256(_mm256_cmp_ps(r2, vr, _CMP_LT_OQ));
+    keep = _mm256_andnot_si256(_mm256_cmpeq_epi32(j, vself), keep);
+    keep = _mm256_and_si256(keep, KeyMask<Half>(c, k, vai, vbi));
+    const int bits = _mm256_movemask_ps(_mm256_castsi256_ps(keep));
+    const __m256i lanes = _mm256_load_si256(reinterpret_cast<const __m256i*>(table.lanes[bits]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + m), _mm256_permutevar8x32_epi32(j, lanes));
+    m += size_t(__builtin_popcount(unsigned(bits)));
+  }
+  return m + ScanRowScalar<float, Half>(sx, sy, sz, c, k, last, xi, yi, zi, rc2, self, ai, bi, dst + m);
+}
+
+template <bool Half>
+__attribute__((target("avx2"))) size_t ScanRowAvx2(const double* sx, const double* sy, const double* sz,
+                                                   const Candidates& c, int64_t first, int64_t last, double xi,
+                                                   double yi, double zi, double rc2, int32_t self, int32_t ai,
+                                                   int32_t bi, int32_t* dst) {
+  const __m256d vx = _mm256_set1_pd(xi), vy = _mm256_set1_pd(yi), vz = _mm256_set1_pd(zi), vr = _mm256_set1_pd(rc2);
+  const __m256i vself = _mm256_set1_epi32(self), vai = _mm256_set1_epi32(ai), vbi = _mm256_set1_epi32(bi);
+  const PackTable& table = Packing();
+  size_t m = 0;
+  int64_t k = first;
+  for (; k + 4 <= last; k += 4) {
+    const __m256d dx = _mm256_sub_pd(_mm256_loadu_pd(sx + k), vx);
+    const __m256d dy = _mm256_sub_pd(_mm256_loadu_pd(sy + k), vy);
+    const __m256d dz = _mm256_sub_pd(_mm256_loadu_pd(sz + k), vz);
+    const __m256d r2 = _mm256_add_pd(_mm256_add_pd(_mm256_mul_pd(dx, dx), _mm256_mul_pd(dy, dy)), _mm256_mul_pd(dz, dz));
+    int bits = _mm256_movemask_pd(_mm256_cmp_pd(r2, vr, _CMP_LT_OQ));
+    // The four indices in the low half; the high half's lanes are never selected.
+    const __m256i j = _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.order + k)));
+    __m256i ok = _mm256_andnot_si256(_mm256_cmpeq_epi32(j, vself), _mm256_set1_epi32(-1));
+    if constexpr (Half) {
+      const __m256i a = _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.sa + k)));
+      const __m256i b = _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.sb + k)));
+      ok = _mm256_and_si256(ok, _mm256_or_si256(_mm256_cmpgt_epi32(a, vai),
+                                                _mm256_and_si256(_mm256_cmpeq_epi32(a, vai),
+                                                                 _mm256_cmpgt_epi32(b, vbi))));
+    }
+    bits &= _mm256_movemask_ps(_mm256_castsi256_ps(ok)) & 0xF;
+    const __m256i lanes = _mm256_load_si256(reinterpret_cast<const __m256i*>(table.lanes[bits]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + m), _mm256_permutevar8x32_epi32(j, lanes));
+    m += size_t(__builtin_popcount(unsigned(bits)));
+  }
+  return m + ScanRowScalar<double, Half>(sx, sy, sz, c, k, last, xi, yi, zi, rc2, self, ai, bi, dst + m);
+}
+
+inline bool HasAvx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+
+#endif  // JAXDD_SCAN_AVX2
+
+// The pass, by the fastest path this CPU has. dst needs room for last - first + kScanSlack.
+template <typename T, bool Half>
+inline size_t ScanRow(const T* sx, const T* sy, const T* sz, const Candidates& c, int64_t first, int64_t last, T xi,
+                      T yi, T zi, T rc2, int32_t self, int32_t ai, int32_t bi, int32_t* dst) {
+#ifdef JAXDD_SCAN_AVX2
+  if (HasAvx2()) return ScanRowAvx2<Half>(sx, sy, sz, c, first, last, xi, yi, zi, rc2, self, ai, bi, dst);
+#endif
+  return ScanRowScalar<T, Half>(sx, sy, sz, c, first, last, xi, yi, zi, rc2, self, ai, bi, dst);
+}
+
+}  // namespace jaxdd
+
+#endif  // JAXDD_SCAN_ROW_H_
