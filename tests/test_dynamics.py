@@ -325,6 +325,22 @@ def test_neighbour_list_overflow_grows_and_the_trajectory_is_unchanged():
     np.testing.assert_allclose(np.asarray(md.gather(state).positions), reference(200)[19][0], rtol=0, atol=1e-9)
 
 
+@pytest.mark.parametrize("grid", [(2, 2, 1), (1, 1, 1)])
+def test_a_kept_neighbour_list_that_overflowed_when_built_grows_and_the_trajectory_is_unchanged(grid):
+    """With a skin the loop keeps its list between steps; the list built before the first
+    step is checked at that step (a list too small there is never used)."""
+    import dataclasses
+
+    md = fresh_md(grid, skin=0.2)
+    state = md.init(melt())
+    dm = md.dist_model
+    dm.capacities = dataclasses.replace(
+        dm.capacities, neighbors=dataclasses.replace(dm.capacities.neighbors, max_edges=dm.capacities.neighbors.max_edges // 2))
+    state = md.run(state, 20)
+    assert md.last_run.recompiles >= 1
+    np.testing.assert_allclose(np.asarray(md.gather(state).positions), reference(200)[19][0], rtol=0, atol=1e-9)
+
+
 def test_two_different_boltzmann_constants_are_refused():
     dm = DistributedModel(MODEL, DomainConfig(CUTOFF, skin=SKIN, mesh=mesh_of(2)))
     with pytest.raises(ValueError, match="kB"):

@@ -918,9 +918,12 @@ def _loop(model, arrays, energy, extra, virial, fixed, step0, n, static, integra
         valid = a["ids"] >= 0
         n_sys = static.n_systems
 
-        def max_shift2(x, ref):
+        def local_shift2(x, ref):
             moved = jnp.where(valid[:, None], x - ref, 0.0)
-            return jax.lax.pmax(jnp.max(jnp.sum(moved * moved, axis=1), initial=0.0), axes)
+            return jnp.max(jnp.sum(moved * moved, axis=1), initial=0.0)
+
+        def max_shift2(x, ref):
+            return jax.lax.pmax(local_shift2(x, ref), axes)
 
         def moved2(x, cell_now, ref, ref_cell):
             """Largest squared displacement since ``ref``, and how far lengths shrank since then."""
@@ -939,8 +942,12 @@ def _loop(model, arrays, energy, extra, virial, fixed, step0, n, static, integra
         def evaluate(x, nl, cell_now):
             forces, per_system, nl, w = rank_forces(model, dict(f, cell=cell_now), x, a["system"], static, report,
                                                     neighbors=nl, virial=want_virial)
-            overflow, needed = neighbor_needs(nl, axes)
-            return forces, per_system, w, overflow, needed
+            return forces, per_system, w, nl
+
+        def built(x, cell_now):
+            """A list of the rows now, whether it overflowed on any rank and the sizes needed."""
+            nl = neighbors(x, cell_now)
+            return (nl,) + neighbor_needs(nl, axes)
 
         counts = jax.lax.psum(jax.ops.segment_sum(valid.astype(jnp.int32), a["system"], num_segments=n_sys), axes)
 
@@ -955,8 +962,10 @@ def _loop(model, arrays, energy, extra, virial, fixed, step0, n, static, integra
             )
 
         x0 = a["positions"]
-        verlet = (neighbors(x0, cell), x0, cell) if reuse else None
-        _, _, _, _, needed0 = jax.eval_shape(evaluate, x0, None if verlet is None else verlet[0], cell)
+        # A kept list carries whether it overflowed when built and the sizes it needed: its
+        # capacities are checked (one collective) only at the steps that build it.
+        verlet = (*built(x0, cell), x0, cell) if reuse else None
+        _, _, needed0 = jax.eval_shape(built, x0, cell)
         zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), needed0)
         state0 = RankState(x0, a["velocities"], a["forces"], energy, extra, cell, virial)
         done0 = integrator.converged(state0, context(step0))
@@ -976,29 +985,41 @@ def _loop(model, arrays, energy, extra, virial, fixed, step0, n, static, integra
                 box["cell"] = cell_now
                 nl = None
                 if reuse:
-                    nl, ref, ref_cell = verlet
+                    nl, overflow, needed, ref, ref_cell = verlet
                     d2, shrink = moved2(x, cell_now, ref, ref_cell)
                     # A pair beyond cutoff + skin when listed is now at least shrink·(cutoff + skin) - 2d.
                     allowed = 0.5 * (nl_skin - (1.0 - shrink) * (reach[1] if moving else 0.0))
                     stale = (d2 > allowed**2) | (allowed <= 0)
-                    nl = jax.lax.cond(stale, lambda: neighbors(x, cell_now), lambda: nl)
-                    box["verlet"] = (nl, jnp.where(stale, x, ref), jnp.where(stale, cell_now, ref_cell))
-                forces, per_system, w, overflow, needed = evaluate(x, nl, cell_now)
+                    # Every rank takes the same branch (stale is agreed), so the rebuild may
+                    # hold collectives. A kept list keeps its flag: the list built before the
+                    # loop is first checked here, and a later one that overflowed ended the loop.
+                    nl, overflow, needed = jax.lax.cond(
+                        stale, lambda: built(x, cell_now), lambda: (nl, overflow, needed))
+                    box["verlet"] = (nl, overflow, needed, jnp.where(stale, x, ref), jnp.where(stale, cell_now, ref_cell))
+                forces, per_system, w, nl = evaluate(x, nl, cell_now)
+                if not reuse:
+                    overflow, needed = neighbor_needs(nl, axes)
                 box.update(overflow=overflow, needed=needed,
                            finite=jnp.all(jnp.isfinite(per_system)) & jnp.all(jnp.isfinite(forces)))
                 return forces, per_system, w
 
             ctx = context(step0 + k)
             new = integrator.step(state, ctx, forces_fn)
-            d2, shrink = moved2(new.positions, box["cell"], a["reference"], plan_cell)
+            # A model may refuse positions that drifted too far from their plan with NaN (the
+            # distributed PME mesh does); a new plan fixes that.
+            finite = box["finite"] & jnp.all(jnp.isfinite(new.positions)) & jnp.all(jnp.isfinite(new.velocities))
+            if moving:
+                d2, shrink = moved2(new.positions, box["cell"], a["reference"], plan_cell)
+                nonfinite = jax.lax.pmin(finite.astype(jnp.int32), axes) == 0
+            else:  # one collective agrees on both: the largest displacement and any non-finite rank
+                d2, broken = jax.lax.pmax(jnp.stack([local_shift2(new.positions, a["reference"]),
+                                                     jnp.where(finite, 0.0, 1.0).astype(new.positions.dtype)]), axes)
+                shrink, nonfinite = jnp.ones((), d2.dtype), broken > 0
             # The plan's shell of W Å is W·shrink Å now; what it must hold beyond the model's
             # reach is twice the displacement.
             allowed = threshold - (1.0 - shrink) * (reach[0] / 2 if moving else 0.0)
             far = (d2 > allowed**2) | (allowed <= 0)
-            # Agreed by every rank: a model may refuse positions that drifted too far from
-            # their plan with NaN (the distributed PME mesh does); a new plan fixes that.
-            finite = box["finite"] & jnp.all(jnp.isfinite(new.positions)) & jnp.all(jnp.isfinite(new.velocities))
-            blowup = (jax.lax.pmin(finite.astype(jnp.int32), axes) == 0) & ~box["overflow"]
+            blowup = nonfinite & ~box["overflow"]
             bad = far | box["overflow"] | blowup
             # A discarded step ends the loop, and the next call builds its list afresh, so
             # only the state needs selecting (the list is large, selecting it costs a copy).
