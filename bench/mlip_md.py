@@ -32,13 +32,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 A_SI, R_MAX, DT_FS, MASS_SI = 5.43, 5.0, 1.0, 28.0855
+SCALE = 0.01  # eV per unit of the network's output
 
 
 def config(kind: str):
     from jax_md._nn import nequip
 
     cfg = nequip.default_config()
-    cfg.n_elements, cfg.r_max, cfg.shift, cfg.scale = 1, R_MAX, 0.0, 1.0
+    # Random weights give forces of any size; a small scale keeps the crystal together for
+    # the timed steps (it costs nothing: one product at the end).
+    cfg.n_elements, cfg.r_max, cfg.shift, cfg.scale = 1, R_MAX, 0.0, SCALE
     if kind == "small":
         cfg.hidden_irreps, cfg.graph_net_steps, cfg.radial_net_n_hidden = "32x0e + 8x1e + 4x2e", 3, 32
     return cfg
