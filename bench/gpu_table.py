@@ -44,6 +44,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import md_lj  # noqa: E402
+import timing  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12  # H200
 LJ_DENSITY = 0.8442
@@ -94,15 +95,7 @@ def lj_jax_md(n_cells: int, dtype: str, steps: int) -> dict:
     init, apply = simulate.nve(energy_fn, shift, md_lj.DT)
     state = init(jax.random.PRNGKey(0), R, mass=1.0, neighbor=nbrs, kT=md_lj.TEMPERATURE)
 
-    @jax.jit
-    def loop(state, nbrs):
-        def body(i, carry):
-            state, nbrs = carry
-            state = apply(state, neighbor=nbrs)
-            return state, nbrs.update(state.position)
-
-        return jax.lax.fori_loop(0, steps, body, (state, nbrs))
-
+    loop = timing.jax_md_loop(apply, steps)
     t0 = time.perf_counter()
     s, n = jax.block_until_ready(loop(state, nbrs))
     first = time.perf_counter() - t0

@@ -47,6 +47,23 @@ def run_pinned(script: str, spec: dict, cores: int) -> tuple[dict, int]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), len(use) or os.cpu_count()
 
 
+def jax_md_loop(apply, steps: int):
+    """jax-md's NVE stepping as its users write it: ``steps`` calls of ``apply`` inside one
+    ``lax.fori_loop``, the neighbour list updated after each. Returns the jitted
+    ``(state, nbrs) -> (state, nbrs)``; check ``nbrs.did_buffer_overflow`` after a call."""
+
+    @jax.jit
+    def loop(state, nbrs):
+        def body(i, carry):
+            state, nbrs = carry
+            state = apply(state, neighbor=nbrs)
+            return state, nbrs.update(state.position)
+
+        return jax.lax.fori_loop(0, steps, body, (state, nbrs))
+
+    return loop
+
+
 def cost(compiled) -> dict:
     """XLA's cost analysis of a compiled program: flops, bytes accessed, memory (B) or None."""
     compiled = getattr(compiled, "compiled", compiled)  # equinox wraps jax's Compiled

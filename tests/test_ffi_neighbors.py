@@ -178,21 +178,14 @@ def test_cuda_cell_list_is_the_cpu_one_edge_for_edge(dtype, half, n_systems):
     rng = np.random.default_rng(4)
     order = (rng.integers(0, 40, 3000).astype(np.int32), rng.permutation(3000).astype(np.int32))
     args = dict(cutoff=3.0, max_edges=150_000, n_receivers=2500, n_systems=n_systems, half=half, order=order)
-    results = {}
-    for platform in ("cpu", "cuda"):
-        device = jax.devices(platform)[0]
-        put = lambda a: jax.device_put(a, device)  # noqa: E731
-        results[platform] = jax.device_get(cell_list(put(x), put(system), put(mask), **args))
-    for got, want in zip(results["cuda"], results["cpu"]):
-        np.testing.assert_array_equal(got, want)
-    # And with too few slots: the same count, the same first edges.
-    small = dict(args, max_edges=5000)
-    for platform in ("cpu", "cuda"):
-        device = jax.devices(platform)[0]
-        put = lambda a: jax.device_put(a, device)  # noqa: E731
-        results[platform] = jax.device_get(cell_list(put(x), put(system), put(mask), **small))
-    for got, want in zip(results["cuda"], results["cpu"]):
-        np.testing.assert_array_equal(got, want)
+
+    def on(platform, **kw):
+        put = lambda a: jax.device_put(a, jax.devices(platform)[0])  # noqa: E731
+        return jax.device_get(cell_list(put(x), put(system), put(mask), **dict(args, **kw)))
+
+    for kw in ({}, dict(max_edges=5000)):  # and with too few slots: the same count, the same first edges
+        for got, want in zip(on("cuda", **kw), on("cpu", **kw)):
+            np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("backend", ["kernel", "jnp"])
