@@ -76,6 +76,11 @@ DT = 0.005
 TEMPERATURE = 1.44
 DTYPES = ("float32", "float64")
 PATHS = ("jnp", "fused")
+#: XLA's CPU backend (jax 0.10) hands elementwise fusions to YNNPACK by default; on the jnp
+#: path's [edges]-long LJ expressions that is about twice as slow as XLA's own emitter (the
+#: profile: one YNNPACK fusion took 24 ms of a 60 ms step). The benchmark turns it off for
+#: its runs unless XLA_FLAGS already names the option (--xla-defaults keeps XLA's default).
+CPU_XLA_FLAGS = "--xla_cpu_experimental_ynn_fusion_type="
 TARGET = 0.8  # best jaxdd path / LAMMPS on equal cores
 JNP_TARGET = 0.3  # the jnp path / LAMMPS on equal cores
 
@@ -133,6 +138,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lammps", default="lmp", metavar="BIN", help="LAMMPS executable (default lmp, looked up on PATH)")
     p.add_argument("--no-lammps", action="store_true", help="do not run LAMMPS; use the recorded reference figures")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures to PATH as JSON")
+    p.add_argument("--xla-defaults", action="store_true",
+                   help=f"keep XLA's CPU defaults (else {CPU_XLA_FLAGS} is added to XLA_FLAGS)")
     args = p.parse_args(argv)
     check_args(p, args, positive=("n_cells", "steps"), choices={"dtypes": DTYPES, "paths": PATHS})
     if not (args.halo_skin >= SKIN and np.isfinite(args.halo_skin)):
@@ -387,6 +394,9 @@ def main(argv=None) -> int:
     if argv[:1] == ["--worker"]:
         return worker(argv[1])
     args = parse_args(argv)
+    flags = os.environ.get("XLA_FLAGS", "")
+    if not args.xla_defaults and "ynn_fusion_type" not in flags:  # before JAX starts; the children inherit it
+        os.environ["XLA_FLAGS"] = f"{flags} {CPU_XLA_FLAGS}".strip()
     set_device_count(max(args.devices))
     devices = jax.devices()
     if max(args.devices) > len(devices):
@@ -420,12 +430,13 @@ def main(argv=None) -> int:
     n_atoms = rows[0]["n_atoms"]
     header = (f"\nLJ melt NVE: {n_atoms:,} atoms ({c}^3 fcc cells), lj/cut {CUTOFF}, skin {SKIN} "
               f"(ghost shell {CUTOFF} + {args.halo_skin}), dt {DT}, "
-              f"{args.steps} steps, T0 {TEMPERATURE}; {device}")
+              f"{args.steps} steps, T0 {TEMPERATURE}; {device}; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     print(format_table(rows, fused, lammps, notes, verdict, header, args.steps), flush=True)
     if args.json is not None:
         record = dict(
             benchmark="md_lj", n_cells=c, n_atoms=n_atoms, steps=args.steps, cutoff=CUTOFF, skin=SKIN, halo_skin=args.halo_skin, dt=DT,
-            temperature=TEMPERATURE, device=device, lammps_energy_per_atom=LAMMPS_MELT_ENERGY_PER_ATOM,
+            temperature=TEMPERATURE, device=device, xla_flags=os.environ.get("XLA_FLAGS", ""),
+            lammps_energy_per_atom=LAMMPS_MELT_ENERGY_PER_ATOM,
             results=rows, fused=fused, lammps={str(k): v for k, v in lammps.items()}, notes=notes,
             target=dict(verdict, per_cores={str(k): v for k, v in verdict["per_cores"].items()}),
         )
