@@ -63,13 +63,32 @@ inline const PackTable& Packing() {
   return table;
 }
 
-template <bool Half>
-__attribute__((target("avx2"))) inline __m256i KeyMask(const Candidates& c, int64_t k, __m256i vai, __m256i vbi) {
-  if constexpr (!Half) return _mm256_set1_epi32(-1);
-  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.sa + k));
-  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.sb + k));
-  return _mm256_or_si256(_mm256_cmpgt_epi32(a, vai),
-                         _mm256_and_si256(_mm256_cmpeq_epi32(a, vai), _mm256_cmpgt_epi32(b, vbi)));
+// N (8 or 4) int32 values from p; with 4, the high half is zero (its lanes are never kept).
+template <int N>
+__attribute__((target("avx2"))) inline __m256i LoadIndices(const int32_t* p) {
+  if constexpr (N == 8) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// The candidates [k, k + N): their atom indices (*j) and a lane mask of those that are not
+// the receiver and, for a half list, have the higher (key a, key b).
+template <bool Half, int N>
+__attribute__((target("avx2"))) inline __m256i IndexMask(const Candidates& c, int64_t k, __m256i vself, __m256i vai,
+                                                         __m256i vbi, __m256i* j) {
+  *j = LoadIndices<N>(c.order + k);
+  const __m256i other = _mm256_andnot_si256(_mm256_cmpeq_epi32(*j, vself), _mm256_set1_epi32(-1));
+  if constexpr (!Half) return other;
+  const __m256i a = LoadIndices<N>(c.sa + k), b = LoadIndices<N>(c.sb + k);
+  return _mm256_and_si256(other, _mm256_or_si256(_mm256_cmpgt_epi32(a, vai),
+                                                 _mm256_and_si256(_mm256_cmpeq_epi32(a, vai),
+                                                                  _mm256_cmpgt_epi32(b, vbi))));
+}
+
+// Writes the kept lanes of j (bit l of bits: lane l) packed at dst; returns how many.
+__attribute__((target("avx2"))) inline size_t Pack(__m256i j, int bits, int32_t* dst) {
+  const __m256i lanes = _mm256_load_si256(reinterpret_cast<const __m256i*>(Packing().lanes[bits]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_permutevar8x32_epi32(j, lanes));
+  return size_t(__builtin_popcount(unsigned(bits)));
 }
 
 template <bool Half>
@@ -79,7 +98,6 @@ __attribute__((target("avx2"))) size_t ScanRowAvx2(const float* sx, const float*
                                                    int32_t* dst) {
   const __m256 vx = _mm256_set1_ps(xi), vy = _mm256_set1_ps(yi), vz = _mm256_set1_ps(zi), vr = _mm256_set1_ps(rc2);
   const __m256i vself = _mm256_set1_epi32(self), vai = _mm256_set1_epi32(ai), vbi = _mm256_set1_epi32(bi);
-  const PackTable& table = Packing();
   size_t m = 0;
   int64_t k = first;
   for (; k + 8 <= last; k += 8) {
@@ -87,14 +105,10 @@ __attribute__((target("avx2"))) size_t ScanRowAvx2(const float* sx, const float*
     const __m256 dy = _mm256_sub_ps(_mm256_loadu_ps(sy + k), vy);
     const __m256 dz = _mm256_sub_ps(_mm256_loadu_ps(sz + k), vz);
     const __m256 r2 = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(dx, dx), _mm256_mul_ps(dy, dy)), _mm256_mul_ps(dz, dz));
-    const __m256i j = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.order + k));
-    __m256i keep = _mm256_castps_si256(_mm256_cmp_ps(r2, vr, _CMP_LT_OQ));
-    keep = _mm256_andnot_si256(_mm256_cmpeq_epi32(j, vself), keep);
-    keep = _mm256_and_si256(keep, KeyMask<Half>(c, k, vai, vbi));
-    const int bits = _mm256_movemask_ps(_mm256_castsi256_ps(keep));
-    const __m256i lanes = _mm256_load_si256(reinterpret_cast<const __m256i*>(table.lanes[bits]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + m), _mm256_permutevar8x32_epi32(j, lanes));
-    m += size_t(__builtin_popcount(unsigned(bits)));
+    __m256i j;
+    const __m256i ok = IndexMask<Half, 8>(c, k, vself, vai, vbi, &j);
+    const int bits = _mm256_movemask_ps(_mm256_cmp_ps(r2, vr, _CMP_LT_OQ)) & _mm256_movemask_ps(_mm256_castsi256_ps(ok));
+    m += Pack(j, bits, dst + m);
   }
   return m + ScanRowScalar<float, Half>(sx, sy, sz, c, k, last, xi, yi, zi, rc2, self, ai, bi, dst + m);
 }
@@ -106,7 +120,6 @@ __attribute__((target("avx2"))) size_t ScanRowAvx2(const double* sx, const doubl
                                                    int32_t bi, int32_t* dst) {
   const __m256d vx = _mm256_set1_pd(xi), vy = _mm256_set1_pd(yi), vz = _mm256_set1_pd(zi), vr = _mm256_set1_pd(rc2);
   const __m256i vself = _mm256_set1_epi32(self), vai = _mm256_set1_epi32(ai), vbi = _mm256_set1_epi32(bi);
-  const PackTable& table = Packing();
   size_t m = 0;
   int64_t k = first;
   for (; k + 4 <= last; k += 4) {
@@ -114,21 +127,10 @@ __attribute__((target("avx2"))) size_t ScanRowAvx2(const double* sx, const doubl
     const __m256d dy = _mm256_sub_pd(_mm256_loadu_pd(sy + k), vy);
     const __m256d dz = _mm256_sub_pd(_mm256_loadu_pd(sz + k), vz);
     const __m256d r2 = _mm256_add_pd(_mm256_add_pd(_mm256_mul_pd(dx, dx), _mm256_mul_pd(dy, dy)), _mm256_mul_pd(dz, dz));
-    int bits = _mm256_movemask_pd(_mm256_cmp_pd(r2, vr, _CMP_LT_OQ));
-    // The four indices in the low half; the high half's lanes are never selected.
-    const __m256i j = _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.order + k)));
-    __m256i ok = _mm256_andnot_si256(_mm256_cmpeq_epi32(j, vself), _mm256_set1_epi32(-1));
-    if constexpr (Half) {
-      const __m256i a = _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.sa + k)));
-      const __m256i b = _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.sb + k)));
-      ok = _mm256_and_si256(ok, _mm256_or_si256(_mm256_cmpgt_epi32(a, vai),
-                                                _mm256_and_si256(_mm256_cmpeq_epi32(a, vai),
-                                                                 _mm256_cmpgt_epi32(b, vbi))));
-    }
-    bits &= _mm256_movemask_ps(_mm256_castsi256_ps(ok)) & 0xF;
-    const __m256i lanes = _mm256_load_si256(reinterpret_cast<const __m256i*>(table.lanes[bits]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + m), _mm256_permutevar8x32_epi32(j, lanes));
-    m += size_t(__builtin_popcount(unsigned(bits)));
+    __m256i j;
+    const __m256i ok = IndexMask<Half, 4>(c, k, vself, vai, vbi, &j);
+    const int bits = _mm256_movemask_pd(_mm256_cmp_pd(r2, vr, _CMP_LT_OQ)) & _mm256_movemask_ps(_mm256_castsi256_ps(ok));
+    m += Pack(j, bits, dst + m);
   }
   return m + ScanRowScalar<double, Half>(sx, sy, sz, c, k, last, xi, yi, zi, rc2, self, ai, bi, dst + m);
 }
