@@ -60,6 +60,8 @@ def lj_floor_bytes(n_atoms: int, dtype: str) -> float:
 
 
 def _peak_memory_gb() -> float | None:
+    """The device's peak memory in use since the process started (JAX has no reset): a row's
+    figure is the largest of it and every row before."""
     stats = jax.devices()[0].memory_stats() or {}
     peak = stats.get("peak_bytes_in_use")
     return None if peak is None else peak / 1e9
@@ -76,7 +78,8 @@ def _oom(err: BaseException) -> bool:
 def lj_jaxdd(n_cells: int, dtype: str, path: str, steps: int) -> dict:
     r = md_lj.bench_jaxdd(1, dtype, n_cells, steps, path)
     floor = lj_floor_bytes(r["n_atoms"], dtype) / HBM_BYTES_PER_S
-    return dict(atoms=r["n_atoms"], steps=r["steps"], seconds=r["seconds"], compile_s=r["warmup_seconds"] - r["seconds"],
+    return dict(atoms=r["n_atoms"], steps=r["steps"], seconds=r["seconds"],
+                compile_s=r["warmup_seconds"] - r["seconds"],
                 note=f"{r['rebuilds']} rebuilds, PE/N step 0 {r['pe_per_atom_first']:.6f}",
                 floor_ratio=(r["seconds"] / r["steps"]) / floor)
 
@@ -176,8 +179,10 @@ def nequip_pair(n_atoms: int, steps: int, kind: str) -> list[tuple[str, dict]]:
 # ---------------------------------------------------------------------------- plan and report
 
 
-def plan(smoke: bool) -> list[tuple[str, str, object]]:
-    """(section, label, thunk) in the order they run: the most wanted first."""
+def plan(smoke: bool, deadline: float) -> list[tuple[str, str, object]]:
+    """(section, label, thunk) in the order they run, the most wanted first; a thunk returns
+    its figures, or a list of (label, figures) rows. The largest-fit searches stop at
+    ``deadline`` (time.perf_counter)."""
     if smoke:  # each code path once, at tiny sizes
         lj = [(4, 4, "float32", "fused"), (4, 4, "float64", "jnp")]
         jm = [(4, 4, "float32")]
@@ -197,7 +202,8 @@ def plan(smoke: bool) -> list[tuple[str, str, object]]:
         rows.append(("MLIP MD, jaxdd", f"{name} float32", lambda m=name: mlip_jaxdd(m, mlip_n, mlip_steps)))
     rows.append(("NequIP, jax-md vs jaxdd", "", lambda: nequip_pair(*nq)))
     for name in ("schnet", "nequip", "mace"):
-        rows.append(("largest fit", f"{name} float32", ("fit", name, sides, 3 if not smoke else 1)))
+        rows.append(("largest fit", f"{name} float32",
+                     lambda m=name: largest_fit(m, sides, 1 if smoke else 3, deadline)))
     return rows
 
 
@@ -205,7 +211,7 @@ def run(smoke: bool, budget: float) -> list[dict]:
     start = time.perf_counter()
     deadline = start + budget
     out = []
-    for section, label, job in plan(smoke):
+    for section, label, job in plan(smoke, deadline):
         row = dict(section=section, what=label)
         if time.perf_counter() > deadline:
             out.append(dict(row, error=f"skipped: the {budget:.0f} s budget is spent"))
@@ -213,12 +219,8 @@ def run(smoke: bool, budget: float) -> list[dict]:
             continue
         t0 = time.perf_counter()
         try:
-            if isinstance(job, tuple):  # a largest-fit search
-                _, name, sides, steps = job
-                results = [(label, largest_fit(name, sides, steps, deadline))]
-            else:
-                got = job()
-                results = got if isinstance(got, list) else [(label, got)]
+            got = job()
+            results = got if isinstance(got, list) else [(label, got)]
         except Exception as err:  # noqa: BLE001 - one failed row must not hide the others
             traceback.print_exc()
             kind = "out of memory" if _oom(err) else f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
@@ -229,13 +231,14 @@ def run(smoke: bool, budget: float) -> list[dict]:
                 fig["atom_steps_per_second"] = fig["atoms"] * fig["steps"] / fig["seconds"]
                 fig["ms_per_step"] = 1e3 * fig["seconds"] / fig["steps"]
             out.append(fig)
-            print(f"{section}: {what}: " + ", ".join(f"{k}={v}" for k, v in fig.items() if k not in ("section", "what")),
-                  flush=True)
+            shown = ", ".join(f"{k}={v}" for k, v in fig.items() if k not in ("section", "what"))
+            print(f"{section}: {what}: {shown}", flush=True)
     return out
 
 
 def format_table(rows: list[dict], device: str) -> str:
-    cols = ("section", "what", "atoms", "atom-steps/s", "ms/step", "x HBM floor", "compile s", "peak GB", "note")
+    cols = ("section", "what", "atoms", "atom-steps/s", "ms/step", "x HBM floor", "compile s", "peak GB so far",
+            "note")
 
     def cell(r, c):
         if c == "atoms":
@@ -248,7 +251,7 @@ def format_table(rows: list[dict], device: str) -> str:
             return f"{r['floor_ratio']:.1f}" if r.get("floor_ratio") else "-"
         if c == "compile s":
             return f"{r['compile_s']:.1f}" if r.get("compile_s") is not None else "-"
-        if c == "peak GB":
+        if c == "peak GB so far":
             return f"{r['peak_gb']:.1f}" if r.get("peak_gb") is not None else "-"
         if c == "note":
             return r.get("error") or r.get("note", "")
@@ -261,7 +264,8 @@ def format_table(rows: list[dict], device: str) -> str:
         lines.append("  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(b, widths)))
                      + "  " + b[-1])
     lines.append("x HBM floor: a step's time over (positions, velocities, forces read and written once, the half "
-                 f"list read once) / {HBM_BYTES_PER_S / 1e12:.1f} TB/s; compile s: warm-up run minus timed run")
+                 f"list read once) / {HBM_BYTES_PER_S / 1e12:.1f} TB/s; compile s: warm-up run minus timed run; "
+                 "peak GB so far: the device's peak since the start, up to that row")
     return "\n".join(lines)
 
 
