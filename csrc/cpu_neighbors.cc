@@ -21,9 +21,13 @@
 
 #include "parallel.h"
 #include "scan_row.h"
+#include "stencil.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
+using jaxdd::BinOf;
+using jaxdd::kBinsPerCutoff;
+using jaxdd::kStencil;
 using jaxdd::Candidates;
 using jaxdd::kScanSlack;
 using jaxdd::ScanRow;
@@ -32,10 +36,6 @@ namespace {
 
 ffi::Error BadNl(const std::string& what) { return ffi::Error::InvalidArgument("jaxdd cell_list: " + what); }
 
-// Bins per cutoff length: finer bins examine fewer atoms that are too far away (with two,
-// about half as many as bins of the cutoff) at the price of more, shorter runs to scan.
-constexpr int kBinsPerCutoff = 2;
-
 // One system's bins: origin, bin edge, bins per axis and the first bin's global id.
 struct Grid {
   double lo[3] = {0, 0, 0};
@@ -43,13 +43,6 @@ struct Grid {
   int64_t nb[3] = {1, 1, 1};
   int64_t offset = 0;
 };
-
-inline int64_t BinOf(double x, double lo, double width, int64_t nb) {
-  const double f = (x - lo) / width;
-  if (!(f >= 0)) return 0;  // also NaN: such an atom finds no neighbour anyway
-  const double b = std::floor(f);
-  return b < double(nb) ? int64_t(b) : nb - 1;
-}
 
 template <ffi::DataType DT>
 ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buffer<ffi::PRED> mask,
@@ -139,9 +132,12 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
     ++start[bin[i] + 1];
   }
   for (int64_t b = 0; b < n_bins; ++b) start[b + 1] += start[b];
-  std::vector<int32_t> order(start[n_bins]);
-  std::vector<T> sx(start[n_bins]), sy(start[n_bins]), sz(start[n_bins]);
-  std::vector<int32_t> sa(half ? start[n_bins] : 0), sb(half ? start[n_bins] : 0);
+  // kScanSlack zeros past the end: a vector pass may read a whole vector at a run's end
+  // (the lanes past it are masked out).
+  const size_t sorted = size_t(start[n_bins]) + kScanSlack;
+  std::vector<int32_t> order(sorted, 0);
+  std::vector<T> sx(sorted, T(0)), sy(sorted, T(0)), sz(sorted, T(0));
+  std::vector<int32_t> sa(half ? sorted : 0, 0), sb(half ? sorted : 0, 0);
   {
     std::vector<int64_t> fill(start.begin(), start.end() - 1);
     for (int64_t i = 0; i < n; ++i) {
@@ -156,14 +152,19 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
   // Receivers are scanned in chunks, in parallel; each chunk keeps its senders in its own
   // buffer, and the buffers are copied out in receiver order.
   const T rc2 = T(cutoff) * T(cutoff);
+  const double reach2 = jaxdd::SearchReach2(cutoff);
   const int64_t chunks = jaxdd::ChunkCount(pool, n_recv, 2048);
   std::vector<std::vector<int32_t>> found(chunks);
   const Candidates cands{order.data(), sa.data(), sb.data()};
   jaxdd::ParallelFor(pool, chunks, [&](int64_t c) {
     // out[0, m) holds the chunk's senders; out grows geometrically ahead of m.
     std::vector<int32_t>& out = found[c];
+    // Sized for the chunk's share of the capacity (which the caller sets near the need), so
+    // that it rarely grows.
+    const int64_t lo = n_recv * c / chunks, hi = n_recv * (c + 1) / chunks;
+    out.resize(size_t(n_recv > 0 ? cap / n_recv * (hi - lo) : 0) + 1024);
     size_t m = 0;
-    for (int64_t i = n_recv * c / chunks; i < n_recv * (c + 1) / chunks; ++i) {
+    for (int64_t i = lo; i < hi; ++i) {
       if (bin[i] < 0) continue;
       const Grid& g = grid[sys[i]];
       int64_t local = bin[i] - g.offset;
@@ -175,18 +176,18 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
       const int32_t self = int32_t(i);
       const int32_t ai = ka[i], bi = kb[i];
       const size_t before = m;
-      for (int64_t cz = std::max<int64_t>(bz - reach, 0); cz <= std::min(bz + reach, g.nb[2] - 1); ++cz) {
-        // Rows of bins whose y-z extent lies beyond the cutoff from the atom are skipped.
-        const double z0 = g.lo[2] + double(cz) * g.width;
-        const double gz = std::max({z0 - double(zi), double(zi) - (z0 + g.width), 0.0});
-        for (int64_t cy = std::max<int64_t>(by - reach, 0); cy <= std::min(by + reach, g.nb[1] - 1); ++cy) {
-          const double y0 = g.lo[1] + double(cy) * g.width;
-          const double gy = std::max({y0 - double(yi), double(yi) - (y0 + g.width), 0.0});
-          if (gy * gy + gz * gz >= cutoff * cutoff) continue;
-          const int64_t row = g.offset + g.nb[0] * (cy + g.nb[1] * cz);
-          // Bins bx-reach..bx+reach of one row are contiguous in the sorted order.
-          const int64_t first = start[row + std::max<int64_t>(bx - reach, 0)];
-          const int64_t last = start[row + std::min(bx + reach, g.nb[0] - 1) + 1];
+      int64_t x0, y0, z0;
+      double gx2[kStencil], gy2[kStencil], gz2[kStencil];
+      const int64_t nx = jaxdd::AxisStencil(double(xi), g.lo[0], g.width, g.nb[0], bx, reach, &x0, gx2);
+      const int64_t ny = jaxdd::AxisStencil(double(yi), g.lo[1], g.width, g.nb[1], by, reach, &y0, gy2);
+      const int64_t nz = jaxdd::AxisStencil(double(zi), g.lo[2], g.width, g.nb[2], bz, reach, &z0, gz2);
+      for (int64_t kz = 0; kz < nz; ++kz) {
+        for (int64_t ky = 0; ky < ny; ++ky) {
+          int64_t a, b;  // the row's bins within the reach, contiguous in the sorted order
+          if (!jaxdd::RowSpan(gx2, nx, gy2[ky] + gz2[kz], reach2, &a, &b)) continue;
+          const int64_t row = g.offset + x0 + g.nb[0] * (y0 + ky + g.nb[1] * (z0 + kz));
+          const int64_t first = start[row + a];
+          const int64_t last = start[row + b + 1];
           if (out.size() < m + size_t(last - first) + kScanSlack)
             out.resize(2 * (m + size_t(last - first) + kScanSlack));
           m += half ? ScanRow<T, true>(sx.data(), sy.data(), sz.data(), cands, first, last, xi, yi, zi, rc2, self,
@@ -203,14 +204,17 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
   for (int64_t c = 0; c < chunks; ++c) offset[c + 1] = offset[c] + int64_t(found[c].size());
   const int64_t e = offset[chunks];
   jaxdd::ParallelFor(pool, chunks, [&](int64_t c) {
-    int64_t k = offset[c];
+    // The chunk's senders in one copy, its receivers as runs of count[i]; both cut at cap.
+    const int64_t begin = offset[c];
+    if (begin >= cap) return;
     const std::vector<int32_t>& src = found[c];
-    size_t t = 0;
-    for (int64_t i = n_recv * c / chunks; i < n_recv * (c + 1) / chunks && k < cap; ++i) {
-      for (int32_t q = 0; q < count[i] && k < cap; ++q, ++k, ++t) {
-        snd[k] = src[t];
-        rcv[k] = int32_t(i);
-      }
+    const int64_t end = std::min<int64_t>(begin + int64_t(src.size()), cap);
+    std::copy(src.data(), src.data() + (end - begin), snd + begin);
+    int64_t k = begin;
+    for (int64_t i = n_recv * c / chunks; i < n_recv * (c + 1) / chunks && k < end; ++i) {
+      const int64_t stop = std::min<int64_t>(k + count[i], end);
+      std::fill(rcv + k, rcv + stop, int32_t(i));
+      k = stop;
     }
   });
   for (int64_t k = std::min(e, cap); k < cap; ++k) snd[k] = rcv[k] = int32_t(n);

@@ -21,6 +21,7 @@
 
 #include <cuda_runtime.h>
 
+#include "stencil.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -29,7 +30,9 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kScanBlock = 1024;  // elements (and threads) per block of the prefix sum
-constexpr int kBinsPerCutoff = 2;
+using jaxdd::BinOf;
+using jaxdd::kBinsPerCutoff;
+using jaxdd::kStencil;
 
 inline int Blocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
 
@@ -114,13 +117,6 @@ __global__ void Grids(int64_t ns, double cutoff, const long long* lo, const long
     grid[s] = g;
   }
   *n_bins = total_bins;
-}
-
-__device__ __forceinline__ int64_t BinOf(double x, double lo, double width, int64_t nb) {
-  const double f = (x - lo) / width;
-  if (!(f >= 0)) return 0;
-  const double b = floor(f);
-  return b < double(nb) ? int64_t(b) : nb - 1;
 }
 
 // Each real atom's bin (else -1) and the per-bin counts, at start[bin + 1].
@@ -215,18 +211,21 @@ __device__ int64_t Scan(int64_t i, const T* x, const int32_t* sys, const int64_t
   const T xi = x[3 * i], yi = x[3 * i + 1], zi = x[3 * i + 2];
   const T rc2 = T(cutoff) * T(cutoff);
   const int64_t reach = int64_t(ceil(cutoff / g.width));
+  const double reach2 = jaxdd::SearchReach2(cutoff);
   const int32_t self = int32_t(i), ai = ka[i], bi = kb[i];
   int64_t m = 0;
-  for (int64_t cz = max(bz - reach, int64_t(0)); cz <= min(bz + reach, g.nb[2] - 1); ++cz) {
-    const double z0 = g.lo[2] + double(cz) * g.width;
-    const double gz = fmax(fmax(z0 - double(zi), double(zi) - (z0 + g.width)), 0.0);
-    for (int64_t cy = max(by - reach, int64_t(0)); cy <= min(by + reach, g.nb[1] - 1); ++cy) {
-      const double y0 = g.lo[1] + double(cy) * g.width;
-      const double gy = fmax(fmax(y0 - double(yi), double(yi) - (y0 + g.width)), 0.0);
-      if (gy * gy + gz * gz >= cutoff * cutoff) continue;
-      const int64_t row = g.offset + g.nb[0] * (cy + g.nb[1] * cz);
-      const int64_t first = start[row + max(bx - reach, int64_t(0))];
-      const int64_t last = start[row + min(bx + reach, g.nb[0] - 1) + 1];
+  int64_t x0, y0, z0;
+  double gx2[kStencil], gy2[kStencil], gz2[kStencil];
+  const int64_t nx = jaxdd::AxisStencil(double(xi), g.lo[0], g.width, g.nb[0], bx, reach, &x0, gx2);
+  const int64_t ny = jaxdd::AxisStencil(double(yi), g.lo[1], g.width, g.nb[1], by, reach, &y0, gy2);
+  const int64_t nz = jaxdd::AxisStencil(double(zi), g.lo[2], g.width, g.nb[2], bz, reach, &z0, gz2);
+  for (int64_t kz = 0; kz < nz; ++kz) {
+    for (int64_t ky = 0; ky < ny; ++ky) {
+      int64_t a, b;  // the row's bins within the reach, as the CPU kernel picks them
+      if (!jaxdd::RowSpan(gx2, nx, gy2[ky] + gz2[kz], reach2, &a, &b)) continue;
+      const int64_t row = g.offset + x0 + g.nb[0] * (y0 + ky + g.nb[1] * (z0 + kz));
+      const int64_t first = start[row + a];
+      const int64_t last = start[row + b + 1];
       for (int64_t k = first; k < last; ++k) {
         const int32_t j = order[k];
         const T dx = sx[3 * k] - xi, dy = sx[3 * k + 1] - yi, dz = sx[3 * k + 2] - zi;

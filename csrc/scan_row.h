@@ -2,7 +2,9 @@
 // candidates within the cutoff, not the receiver itself and, for a half list, of higher
 // (key a, key b), written packed to dst. A scalar loop and, on x86-64 CPUs with AVX2 (chosen
 // at run time; the library is built for plain x86-64), the same test 8 (float) or 4 (double)
-// candidates at a time, packed with a permutation table. Both compute the squared distance
+// candidates at a time, packed with a permutation table; a run's last, partial vector is
+// read whole with its lanes past the run masked off, so the candidate arrays need
+// kScanSlack readable entries past their end. Both compute the squared distance
 // as (dx*dx + dy*dy) + dz*dz without fused multiply-adds, so they keep exactly the same
 // candidates, in the same order.
 
@@ -19,7 +21,8 @@
 
 namespace jaxdd {
 
-// The slots past the kept ones that a pass may write (the vector pass stores whole vectors).
+// The slots past the kept ones that a pass may write, and past the candidate arrays' end that
+// it may read (the vector pass loads and stores whole vectors).
 constexpr size_t kScanSlack = 8;
 
 struct Candidates {
@@ -110,7 +113,18 @@ __attribute__((target("avx2"))) size_t ScanRowAvx2(const float* sx, const float*
     const int bits = _mm256_movemask_ps(_mm256_cmp_ps(r2, vr, _CMP_LT_OQ)) & _mm256_movemask_ps(_mm256_castsi256_ps(ok));
     m += Pack(j, bits, dst + m);
   }
-  return m + ScanRowScalar<float, Half>(sx, sy, sz, c, k, last, xi, yi, zi, rc2, self, ai, bi, dst + m);
+  if (k < last) {  // the partial vector: lanes at or past `last` are not candidates of this run
+    const __m256 dx = _mm256_sub_ps(_mm256_loadu_ps(sx + k), vx);
+    const __m256 dy = _mm256_sub_ps(_mm256_loadu_ps(sy + k), vy);
+    const __m256 dz = _mm256_sub_ps(_mm256_loadu_ps(sz + k), vz);
+    const __m256 r2 = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(dx, dx), _mm256_mul_ps(dy, dy)), _mm256_mul_ps(dz, dz));
+    __m256i j;
+    const __m256i ok = IndexMask<Half, 8>(c, k, vself, vai, vbi, &j);
+    const int bits = _mm256_movemask_ps(_mm256_cmp_ps(r2, vr, _CMP_LT_OQ)) & _mm256_movemask_ps(_mm256_castsi256_ps(ok)) &
+                     ((1 << int(last - k)) - 1);
+    m += Pack(j, bits, dst + m);
+  }
+  return m;
 }
 
 template <bool Half>
@@ -132,7 +146,18 @@ __attribute__((target("avx2"))) size_t ScanRowAvx2(const double* sx, const doubl
     const int bits = _mm256_movemask_pd(_mm256_cmp_pd(r2, vr, _CMP_LT_OQ)) & _mm256_movemask_ps(_mm256_castsi256_ps(ok));
     m += Pack(j, bits, dst + m);
   }
-  return m + ScanRowScalar<double, Half>(sx, sy, sz, c, k, last, xi, yi, zi, rc2, self, ai, bi, dst + m);
+  if (k < last) {  // the partial vector, as for float
+    const __m256d dx = _mm256_sub_pd(_mm256_loadu_pd(sx + k), vx);
+    const __m256d dy = _mm256_sub_pd(_mm256_loadu_pd(sy + k), vy);
+    const __m256d dz = _mm256_sub_pd(_mm256_loadu_pd(sz + k), vz);
+    const __m256d r2 = _mm256_add_pd(_mm256_add_pd(_mm256_mul_pd(dx, dx), _mm256_mul_pd(dy, dy)), _mm256_mul_pd(dz, dz));
+    __m256i j;
+    const __m256i ok = IndexMask<Half, 4>(c, k, vself, vai, vbi, &j);
+    const int bits = _mm256_movemask_pd(_mm256_cmp_pd(r2, vr, _CMP_LT_OQ)) & _mm256_movemask_ps(_mm256_castsi256_ps(ok)) &
+                     ((1 << int(last - k)) - 1);
+    m += Pack(j, bits, dst + m);
+  }
+  return m;
 }
 
 inline bool HasAvx2() {

@@ -61,6 +61,57 @@ def test_cell_list_finds_the_pairs_of_the_bin_search(dtype, half, n_systems):
     assert not np.any(np.asarray(shifts))
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_pairs_on_the_cutoff_sphere_in_every_direction_are_decided_by_the_distance_alone(dtype):
+    # The kernel scans only the bins whose box lies within the cutoff; a pair the distance
+    # test keeps must never sit in a skipped bin, whichever way it points (the diagonals are
+    # where the stencil is trimmed most). Senders sit just inside and just outside the sphere.
+    rng = np.random.default_rng(5)
+    cutoff = 2.5
+    centres = rng.uniform(4.0, 8.0, (6, 3))
+    directions = rng.normal(size=(400, 3))
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    radii = cutoff * (1 + np.array([-1e-6, 1e-6]))
+    shells = centres[:, None, None] + radii[None, :, None, None] * directions[None, None]
+    x = np.concatenate([centres, shells.reshape(-1, 3)]).astype(dtype)
+    n = len(x)
+    system, mask = np.zeros(n, np.int32), np.ones(n, bool)
+    d = x[None, :, :] - x[:6, None, :]  # as the kernel computes it, in the positions' precision
+    r2 = (d[..., 0] * d[..., 0] + d[..., 1] * d[..., 1]) + d[..., 2] * d[..., 2]
+    want = {(i, j) for i, j in zip(*np.nonzero(r2 < dtype(cutoff) * dtype(cutoff))) if i != j}
+    senders, receivers, _, _, n_edges = cell_list(x, system, mask, cutoff=cutoff, max_edges=len(want) + 64,
+                                                  n_receivers=6)
+    assert _pairs(receivers, senders, n_edges) == want
+    for i in range(6):  # the test really sits on the sphere: each centre's inner shell in, its outer one out
+        inner = {(i, 6 + 800 * i + k) for k in range(400)}
+        outer = {(i, 6 + 800 * i + 400 + k) for k in range(400)}
+        assert inner <= want and not outer & want
+
+
+def test_a_pair_whose_bin_only_touches_the_cutoff_sphere_at_a_corner_is_found():
+    # Bins are cubes of half the cutoff from the atoms' lowest corner (an atom at the origin
+    # puts it there): each receiver sits diagonally off the bin corner (5, 5, 5) at just under
+    # the cutoff, so the bin beyond that corner is within reach by 1e-7 of the cutoff only.
+    cutoff = 2.5
+    corner = np.full(3, 5.0)
+    signs = np.array(np.meshgrid([-1, 1], [-1, 1], [-1, 1])).T.reshape(-1, 3).astype(float)
+    receivers = corner - cutoff * (1 - 1e-7) * signs / np.sqrt(3)
+    senders = corner + 1e-9 * signs  # each just past the corner, in the bin diagonally beyond it
+    x = np.concatenate([receivers, senders, np.zeros((1, 3)), rng_fill(400)])
+    n = len(x)
+    got = cell_list(x, np.zeros(n, np.int32), np.ones(n, bool), cutoff=cutoff, max_edges=4096, n_receivers=8)
+    pairs = _pairs(got[1], got[0], got[4])
+    assert {(i, 8 + i) for i in range(8)} <= pairs
+    d = x[None, :, :] - x[:8, None, :]
+    r2 = (d[..., 0] * d[..., 0] + d[..., 1] * d[..., 1]) + d[..., 2] * d[..., 2]
+    assert pairs == {(i, j) for i, j in zip(*np.nonzero(r2 < cutoff * cutoff)) if i != j}
+
+
+def rng_fill(n):
+    """Atoms far from the corner (so that the grid keeps bins of half the cutoff)."""
+    return np.random.default_rng(6).uniform(9.5, 10.0, (n, 3))
+
+
 def test_a_half_list_ordered_by_keys_lists_each_pair_from_its_lower_key_in_both_searches():
     x, system, mask = _cloud(1200, 10.0, 1, np.float64)
     rng = np.random.default_rng(1)
