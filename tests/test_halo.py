@@ -352,6 +352,35 @@ def test_halo_forward_and_halo_reverse_are_adjoint(name):
     assert lhs == pytest.approx(rhs, rel=1e-12, abs=1e-12)
 
 
+def collectives(plan, fn) -> int:
+    """ppermutes in the program of ``fn`` on every rank."""
+    layout = plan.layout
+
+    def body(x, routing):
+        return fn(x[0], layout, jax.tree_util.tree_map(lambda a: a[0], routing))[None]
+
+    sharded = jax.shard_map(body, mesh=mesh_of(plan.n_ranks), in_specs=(P(AXIS), P(AXIS)), out_specs=P(AXIS))
+    routing = jax.tree_util.tree_map(jnp.asarray, plan.routing)
+    rows = layout.n_owned if fn is forward else layout.n_local
+    return str(jax.make_jaxpr(sharded)(jnp.zeros((plan.n_ranks, rows, 3)), routing)).count("ppermute[")
+
+
+@pytest.mark.parametrize("fn", [forward, reverse], ids=["forward", "reverse"])
+def test_both_directions_of_an_axis_split_in_two_share_one_collective(fn):
+    _, _, plan = case("cube-2x2x2")
+    assert len(plan.layout.exchanges) == 6
+    assert collectives(plan, fn) == 3
+
+
+@pytest.mark.parametrize("fn", [forward, reverse], ids=["forward", "reverse"])
+def test_an_axis_split_in_three_and_a_later_hop_keep_their_own_collectives(fn):
+    _, _, plan = case("triclinic-3x2x1-multihop")
+    layout = plan.layout
+    x_axis = [e for e in layout.exchanges if e.axis == 0]
+    assert len(x_axis) > 2  # several hops each way along x, whose pairs differ by direction
+    assert collectives(plan, fn) == len(x_axis) + 1  # y: one collective for both directions
+
+
 def test_halo_forward_without_a_cell_is_linear():
     _, part, plan = case("triclinic-3x2x1-multihop")
     rng = np.random.default_rng(1)

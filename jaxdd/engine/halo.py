@@ -23,6 +23,7 @@ into their owners. The two are each other's transpose, so ``jax.grad`` through
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -68,6 +69,47 @@ class HaloLayout:
     def n_local(self) -> int:
         """Rows of a per-atom array on a rank: owned + ghost capacity."""
         return self.n_owned + self.n_ghost
+
+    def reads(self, e: int) -> range:
+        """The local rows exchange ``e`` sends from: hop 1 every row held when its axis
+        began (owned rows and the earlier axes' ghosts), a later hop the ghosts of the hop
+        before it in the same direction."""
+        ex = self.exchanges[e]
+        if ex.hop == 1:
+            first = next(x for x in self.exchanges if x.axis == ex.axis)
+            return range(0, self.n_owned + first.offset)
+        prev = next(x for x in self.exchanges if (x.axis, x.direction, x.hop) == (ex.axis, ex.direction, ex.hop - 1))
+        return range(self.n_owned + prev.offset, self.n_owned + prev.offset + prev.capacity)
+
+    @functools.cached_property
+    def stages(self) -> tuple[tuple[int, ...], ...]:
+        """The exchanges grouped into collectives: consecutive exchanges share one
+        ``ppermute`` when none sends from another's ghost rows and their pairs together
+        still pair each rank with one source and one destination (both directions of an
+        axis split in two: every rank's two neighbours are the same rank). Halves the
+        collectives of such grids; a rank that sends in only one of them sends zeros."""
+        stages: list[list[int]] = []
+        for e, ex in enumerate(self.exchanges):
+            if stages and self._joins(stages[-1], e):
+                stages[-1].append(e)
+            else:
+                stages.append([e])
+        return tuple(tuple(s) for s in stages)
+
+    def _joins(self, stage: list[int], e: int) -> bool:
+        ghosts = [range(self.n_owned + self.exchanges[k].offset,
+                        self.n_owned + self.exchanges[k].offset + self.exchanges[k].capacity) for k in stage + [e]]
+        for i, k in enumerate(stage + [e]):
+            reads = self.reads(k)
+            if any(j != i and g.start < reads.stop and reads.start < g.stop and len(g) for j, g in enumerate(ghosts)):
+                return False
+        pairs = set().union(*(self.exchanges[k].pairs for k in stage + [e]))
+        srcs, dsts = [a for a, _ in pairs], [b for _, b in pairs]
+        return len(set(srcs)) == len(srcs) and len(set(dsts)) == len(dsts)
+
+    def stage_pairs(self, stage: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+        """The (source, destination) pairs of a stage's one collective."""
+        return tuple(sorted(set().union(*(self.exchanges[k].pairs for k in stage))))
 
 
 @jax.tree_util.register_dataclass
@@ -376,17 +418,31 @@ def halo_forward(x, layout: HaloLayout, routing: HaloRouting, axis_name, cell=No
     """
     # Rows are concatenated, not written into a buffer: a caller that reads only the owned
     # rows (a slice of the concatenation) then leaves every exchange unused, and XLA drops it.
+    # A stage's exchanges read only rows received before it, so they are sent together.
     parts = [x]
-    for e, ex in enumerate(layout.exchanges):
-        sl = slice(ex.offset, ex.offset + ex.capacity)
-        vals = jnp.concatenate(parts)[routing.send_idx[sl]]  # sends read owned rows and earlier ghosts
-        if cell is not None:
-            lattice = cell[routing.send_system[sl], ex.axis]  # [cap, 3]
-            vals = vals + routing.wrap[e].astype(x.dtype) * lattice
-        valid = routing.send_valid[sl].reshape((-1,) + (1,) * (x.ndim - 1))
-        vals = jnp.where(valid, vals, 0)
-        parts.append(_exchange(vals, axis_name, ex.pairs))
+    for stage in layout.stages:
+        held = jnp.concatenate(parts)
+        sends = []
+        for e in stage:
+            ex = layout.exchanges[e]
+            sl = slice(ex.offset, ex.offset + ex.capacity)
+            vals = held[routing.send_idx[sl]]  # sends read owned rows and earlier ghosts
+            if cell is not None:
+                lattice = cell[routing.send_system[sl], ex.axis]  # [cap, 3]
+                vals = vals + routing.wrap[e].astype(x.dtype) * lattice
+            valid = routing.send_valid[sl].reshape((-1,) + (1,) * (x.ndim - 1))
+            sends.append(jnp.where(valid, vals, 0))
+        parts.extend(_stage_exchange(sends, axis_name, layout.stage_pairs(stage)))
     return jnp.concatenate(parts)
+
+
+def _stage_exchange(sends: list, axis_name, pairs) -> list:
+    """One collective for a stage's sends (a list of [cap_e, ...]); the received blocks."""
+    if len(sends) == 1:
+        return [_exchange(sends[0], axis_name, pairs)]
+    got = _exchange(jnp.concatenate(sends), axis_name, pairs)
+    cuts = np.cumsum([v.shape[0] for v in sends])[:-1]
+    return jnp.split(got, cuts)
 
 
 def _exchange(x, axis_name, pairs):
@@ -402,11 +458,14 @@ def halo_reverse(y, layout: HaloLayout, routing: HaloRouting, axis_name):
     """Ghost rows → owners: each ghost row is added to its owner's row (the transpose of
     :func:`halo_forward` without lattice shifts). y: [n_local, *F]; returns [n_owned, *F]."""
     buf = y
-    for ex in reversed(layout.exchanges):
-        sl = slice(ex.offset, ex.offset + ex.capacity)
-        start = layout.n_owned + ex.offset
-        back = _exchange(jax.lax.dynamic_slice_in_dim(buf, start, ex.capacity, axis=0), axis_name,
-                         tuple((dst, src) for src, dst in ex.pairs))
-        valid = routing.send_valid[sl].reshape((-1,) + (1,) * (y.ndim - 1))
-        buf = buf.at[routing.send_idx[sl]].add(jnp.where(valid, back, 0))
+    for stage in reversed(layout.stages):
+        # The stage's ghost blocks go back together; none of its adds lands in another's block.
+        blocks = [jax.lax.dynamic_slice_in_dim(buf, layout.n_owned + layout.exchanges[e].offset,
+                                               layout.exchanges[e].capacity, axis=0) for e in stage]
+        backs = _stage_exchange(blocks, axis_name, tuple((dst, src) for src, dst in layout.stage_pairs(stage)))
+        for e, back in zip(stage, backs):
+            ex = layout.exchanges[e]
+            sl = slice(ex.offset, ex.offset + ex.capacity)
+            valid = routing.send_valid[sl].reshape((-1,) + (1,) * (y.ndim - 1))
+            buf = buf.at[routing.send_idx[sl]].add(jnp.where(valid, back, 0))
     return buf[: layout.n_owned]
