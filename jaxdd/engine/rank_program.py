@@ -299,8 +299,11 @@ def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, sys
         # collectives transpose exactly (psum to psum, ppermute to its inverse), so the
         # gradient of the sum of the ranks' terms is the gradient of the energy.
         if program.use_node_energy:
-            atomic = jnp.where(owned_rows, out[program.energy_key], 0.0)
-            own_systems = per_system_sum(atomic, local.batch_idx, n_sys)
+            # Owned rows only (the first n_owned): an energy completed on its owners by a
+            # ScatterOutputs op then needs no copy back onto the ghosts, and XLA drops it.
+            n_own = layout.n_owned
+            atomic = jnp.where(owned_rows[:n_own], out[program.energy_key][:n_own], 0.0)
+            own_systems = per_system_sum(atomic, local.batch_idx[:n_own], n_sys)
             per_system = jax.lax.psum(own_systems, axes)
             term = jnp.sum(jnp.where(system_mask, own_systems, 0.0))
         else:
