@@ -277,6 +277,9 @@ def edge_vectors(positions, cell, batch_idx, nl: NeighborList):
     def rows(x, idx):
         return x.at[idx].get(mode="fill", fill_value=0)
 
+    if nl.zero_shifts:  # a rank's list: no images, so neither the shifts nor the cell enter
+        vectors = rows(positions, nl.senders) - rows(positions, nl.receivers)
+        return vectors if nl.displacement is None else vectors + nl.displacement
     shifts = nl.shifts.astype(positions.dtype)
     if cell.shape[0] == 1:
         # One system: a [E, 3] x [3, 3] product; no per-edge copy of the cell (whose
