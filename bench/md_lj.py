@@ -22,8 +22,8 @@ Two force paths: ``jnp`` (``jaxdd.models.lj.LennardJones``, plain jax.numpy, for
 autodiff) and ``fused`` (``jaxdd.models.lj_kernel.LennardJonesKernel``: the fused C++ FFI
 kernel, whose direct forces the dynamics take), the latter when the build has the compiled
 library (``--paths``). Both search neighbours with the compiled cell list on CPU devices and
-list each pair once, as LAMMPS's ``newton on`` half list does (under decomposition on the
-rank that owns the pair's lower atom id; the ghost end's share goes home each step). Plan
+list each pair once, as LAMMPS's ``newton on`` half list does (under decomposition on one
+of the two ranks holding it, evenly across a cut; the ghost end's share goes home each step). Plan
 rebuilds run on the devices.
 
 LAMMPS runs in the same benchmark run when ``lmp`` is on the PATH (``lmp -in in.lj`` on one core,
@@ -166,7 +166,7 @@ def bench_jaxdd(n_devices: int, dtype: str, n_cells: int, steps: int, path: str 
     n_atoms = int(data.positions.shape[0])
     # The model's parameters follow the positions' dtype; its skin keeps the neighbour list
     # between steps (a Verlet list rebuilt on device when an atom has moved skin / 2). Each
-    # pair is listed once (a half list, LAMMPS's "newton on"), on the rank owning its lower id.
+    # pair is listed once (a half list, LAMMPS's "newton on"), on one of the ranks holding it.
     if path == "fused":
         from jaxdd.models.lj_kernel import LennardJonesKernel
 

@@ -230,7 +230,7 @@ __device__ int64_t Scan(int64_t i, const T* x, const int32_t* sys, const int64_t
         const int32_t j = order[k];
         const T dx = sx[3 * k] - xi, dy = sx[3 * k + 1] - yi, dz = sx[3 * k + 2] - zi;
         bool keep = (dx * dx + dy * dy + dz * dz < rc2) && j != self;
-        if (half) keep = keep && (sa[k] > ai || (sa[k] == ai && sb[k] > bi));
+        if (half) keep = keep && jaxdd::HalfKeeps(ai, bi, sa[k], sb[k]);
         if (keep) {
           if (out != nullptr && m < room) out[m] = j;
           ++m;

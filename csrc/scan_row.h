@@ -1,6 +1,6 @@
 // One receiver's pass over one contiguous run of binned candidates (cpu_neighbors.cc): the
-// candidates within the cutoff, not the receiver itself and, for a half list, of higher
-// (key a, key b), written packed to dst. A scalar loop and, on x86-64 CPUs with AVX2 (chosen
+// candidates within the cutoff, not the receiver itself and, for a half list, those whose pair
+// this row lists (HalfKeeps), written packed to dst. A scalar loop and, on x86-64 CPUs with AVX2 (chosen
 // at run time; the library is built for plain x86-64), the same test 8 (float) or 4 (double)
 // candidates at a time, packed with a permutation table; a run's last, partial vector is
 // read whole with its lanes past the run masked off, so the candidate arrays need
@@ -13,6 +13,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "stencil.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -40,7 +42,7 @@ inline size_t ScanRowScalar(const T* sx, const T* sy, const T* sz, const Candida
     const T dx = sx[k] - xi, dy = sy[k] - yi, dz = sz[k] - zi;
     dst[m] = j;
     bool keep = (dx * dx + dy * dy + dz * dz < rc2) & (j != self);
-    if constexpr (Half) keep &= (c.sa[k] > ai) | ((c.sa[k] == ai) & (c.sb[k] > bi));
+    if constexpr (Half) keep &= HalfKeeps(ai, bi, c.sa[k], c.sb[k]);
     m += keep;
   }
   return m;
@@ -82,9 +84,11 @@ __attribute__((target("avx2"))) inline __m256i IndexMask(const Candidates& c, in
   const __m256i other = _mm256_andnot_si256(_mm256_cmpeq_epi32(*j, vself), _mm256_set1_epi32(-1));
   if constexpr (!Half) return other;
   const __m256i a = LoadIndices<N>(c.sa + k), b = LoadIndices<N>(c.sb + k);
-  return _mm256_and_si256(other, _mm256_or_si256(_mm256_cmpgt_epi32(a, vai),
-                                                 _mm256_and_si256(_mm256_cmpeq_epi32(a, vai),
-                                                                  _mm256_cmpgt_epi32(b, vbi))));
+  const __m256i higher = _mm256_or_si256(_mm256_cmpgt_epi32(a, vai),
+                                         _mm256_and_si256(_mm256_cmpeq_epi32(a, vai), _mm256_cmpgt_epi32(b, vbi)));
+  // All ones where the keys a differ in parity (bit 0 of a ^ ai, spread over the lane).
+  const __m256i odd = _mm256_srai_epi32(_mm256_slli_epi32(_mm256_xor_si256(a, vai), 31), 31);
+  return _mm256_and_si256(other, _mm256_xor_si256(higher, odd));
 }
 
 // Writes the kept lanes of j (bit l of bits: lane l) packed at dst; returns how many.

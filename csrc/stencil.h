@@ -1,5 +1,6 @@
-// The bins a cell-list receiver scans, shared by the CPU and CUDA kernels
-// (cpu_neighbors.cc, cuda_neighbors.cu) so that both visit the same candidates.
+// The bins a cell-list receiver scans and the half-list rule it keeps pairs by, shared by the
+// CPU and CUDA kernels (cpu_neighbors.cc, cuda_neighbors.cu) so that both visit the same
+// candidates and keep the same pairs.
 //
 // Bins are cubes of edge `width` (at least the cutoff over kBinsPerCutoff) from a system's
 // origin `lo`. A receiver scans the bins around its own whose box lies within the search
@@ -73,6 +74,16 @@ JAXDD_HD bool RowSpan(const double* gx2, int64_t n, double g2, double reach2, in
   while (b >= a && gx2[b] + g2 >= reach2) --b;
   *first = a, *last = b;
   return a <= b;
+}
+
+// Half lists: whether the row with keys (ai, bi) lists its pair with the row (aj, bj): the
+// row of lower (key a, key b) when the two keys a have the same parity, else the row of
+// higher. Exactly one row of a pair lists it (keys differ), and the pairs between two sets
+// of rows split about evenly (with the lower keys alone, the set holding the lower global
+// ids, i.e. one rank, would list every pair it shares with another).
+JAXDD_HD bool HalfKeeps(int32_t ai, int32_t bi, int32_t aj, int32_t bj) {
+  const bool higher = (aj > ai) | ((aj == ai) & (bj > bi));
+  return higher != bool((ai ^ aj) & 1);
 }
 
 }  // namespace jaxdd

@@ -157,7 +157,7 @@ def melt_dynamics(devices):
 
     # A model skin lets the loop keep its neighbour list between steps (a Verlet list, as
     # LAMMPS's `neighbor 0.3 bin`); the domain skin lets the halo plan last several steps.
-    # Each pair is listed once (LAMMPS's `newton on`), on the rank owning its lower atom id.
+    # Each pair is listed once (LAMMPS's `newton on`), on one of the two ranks holding it.
     model = LennardJones(1.0, 1.0, _CUTOFF, shift=False, skin=_SKIN, half_list=True)
     dm = DistributedModel(model, DomainConfig(_CUTOFF, skin=_HALO_SKIN, mesh=default_mesh(devices)))
     return DomainParallel(dm, VelocityVerlet(_DT), kB=1.0)

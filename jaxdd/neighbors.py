@@ -469,7 +469,8 @@ def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, cap
         j = g["order"][sorted_pos]
         ka, kb = (jnp.asarray(k, jnp.int32) for k in order)
         ai, bi = ka[:n, None], kb[:n, None]
-        mask = mask & ((ka[j] > ai) | ((ka[j] == ai) & (kb[j] > bi)))
+        higher = (ka[j] > ai) | ((ka[j] == ai) & (kb[j] > bi))
+        mask = mask & (higher != (((ka[j] ^ ai) & 1) == 1))  # the rule of :func:`build_neighbor_list`
     elif half:
         i = jnp.arange(n, dtype=jnp.int32)[:, None]
         j = g["order"][sorted_pos]
@@ -526,9 +527,12 @@ def build_neighbor_list(
     False for padding rows (default all True); n_receivers: only rows [0, n_receivers) are
     receivers (default all; under decomposition, the owned rows), and the work scales with
     them. Pairs with distance < cutoff are listed. order: for a half list without periodic
-    axes, two [n_atoms] int32 keys (compared lexicographically) that decide which row of a
-    pair lists it, e.g. global atom id and image under decomposition (default: the lower
-    row index, and the positive image shift).
+    axes, two [n_atoms] int32 keys that decide which row of a pair lists it, e.g. global
+    atom id and image under decomposition: the row of lower (key a, key b), compared
+    lexicographically, when the two keys a have the same parity, else the row of higher.
+    The parity spreads the pairs between two sets of rows (two ranks) about evenly; the
+    lower key alone would give them all to the set holding the lower ids. Default: the
+    lower row index, and the positive image shift.
     Check ``overflow`` (or use :func:`neighbor_list`, which grows and rebuilds). Called
     outside a trace it runs as one compiled program per shape and configuration.
     """

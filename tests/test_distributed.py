@@ -385,7 +385,7 @@ def test_a_cutoff_that_is_not_positive_and_finite_is_refused(cutoff):
         DomainConfig(cutoff=cutoff, mesh=mesh_of(1))
 
 
-# A half list keeps each pair on one rank (the lower global id; images by their shift).
+# A half list keeps each pair on one rank (picked by global id order and parity; images by their shift).
 HALF_CASES = [("triclinic", (3, 2, 1), "auto"),
               pytest.param("batch", (2, 2, 1), "jnp", marks=pytest.mark.slow, id="batch-jnp"),
               pytest.param("wide-shell", (8, 1, 1), "auto", marks=pytest.mark.slow, id="wide-shell-auto")]

@@ -112,7 +112,7 @@ def rng_fill(n):
     return np.random.default_rng(6).uniform(9.5, 10.0, (n, 3))
 
 
-def test_a_half_list_ordered_by_keys_lists_each_pair_from_its_lower_key_in_both_searches():
+def test_a_half_list_ordered_by_keys_lists_each_pair_from_the_row_the_parity_rule_picks_in_both_searches():
     x, system, mask = _cloud(1200, 10.0, 1, np.float64)
     rng = np.random.default_rng(1)
     order = (rng.integers(0, 50, 1200).astype(np.int32), rng.permutation(1200).astype(np.int32))  # ties in key a
@@ -126,7 +126,25 @@ def test_a_half_list_ordered_by_keys_lists_each_pair_from_its_lower_key_in_both_
     f_senders, f_receivers, _, _, f_edges = cell_list(x, system, mask, cutoff=2.5, max_edges=cap.max_edges)
     full = _pairs(f_receivers, f_senders, f_edges)
     key = list(zip(*order))
-    assert got == {(i, j) for i, j in full if key[j] > key[i]}
+    # The lower (key a, key b) lists the pair when the keys a have the same parity, else the higher.
+    assert got == {(i, j) for i, j in full if (key[j] > key[i]) != bool((order[0][i] ^ order[0][j]) & 1)}
+    assert full == got | {(j, i) for i, j in got} and not got & {(j, i) for i, j in got}
+
+
+def test_the_half_list_rule_splits_the_pairs_between_two_ranks_about_evenly():
+    # Ids that grow along x (as a lattice's do) and a cut at mid-x: with the lower id alone
+    # every pair across a cut would be listed on the low-x side.
+    x, system, mask = _cloud(3000, 12.0, 1, np.float64)
+    mask[:] = True
+    ids = np.argsort(np.argsort(x[:, 0])).astype(np.int32)
+    order = (ids, np.zeros(3000, np.int32))
+    senders, receivers, _, _, n_edges = cell_list(x, system, mask, cutoff=2.0, max_edges=200_000, half=True,
+                                                  order=order)
+    left = x[:, 0] < 6.0
+    s, r = np.asarray(senders)[:int(n_edges)], np.asarray(receivers)[:int(n_edges)]
+    across = left[s] != left[r]
+    from_left = np.sum(across & left[r])
+    assert abs(from_left / np.sum(across) - 0.5) < 0.05
 
 
 def test_cell_list_edges_are_grouped_by_receiver_and_padded_past_the_last_atom():

@@ -289,8 +289,8 @@ class DistributedModel:
         if nc is None:
             raise ValueError(f"{name} declares no neighbor_config; DistributedModel needs one")
         deep = isinstance(policy, HaloStoragePolicy) and policy.deep
-        # A half list lists each pair on one rank only (the one owning the lower global id,
-        # images ordered by their shift), its other end possibly a ghost whose share goes
+        # A half list lists each pair on one rank only (picked by the global ids' order and
+        # parity, images by their shift), its other end possibly a ghost whose share goes
         # home with the ghost partial sums. Deep halos and node blocks compute on ghost rows
         # or on every rank's rows, where that rule does not hold.
         if nc.half_list and (deep or layout != "halo"):

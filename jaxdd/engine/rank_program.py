@@ -225,8 +225,9 @@ def rank_neighbors(positions, local, program: RankProgram, cell=None, routing=No
     model's search cutoff; only owned rows are receivers unless the halo is deep. Under the
     graph-parallel strategy the search runs over every rank's rows (gathered here) in the
     real ``cell`` ([S, 3, 3]) with the batch's pbc, and senders index the stacked rows.
-    A half list keeps each pair on one rank: the edge from the row of lower (global id,
-    image shift), which needs this rank's ``routing`` (its rows' ids and shifts)."""
+    A half list keeps each pair on one rank: the edge from the row that the parity rule of
+    :func:`jaxdd.neighbors.build_neighbor_list` picks by (global id, image shift), which needs
+    this rank's ``routing`` (its rows' ids and shifts)."""
     layout, n_sys = program.layout, program.n_systems
     if program.strategy == "graph_partition":
         all_pos, all_sys, all_mask = gathered_inputs(local, positions, program.axes)

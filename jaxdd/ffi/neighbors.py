@@ -29,9 +29,10 @@ def cell_list(positions, system, atom_mask, *, cutoff: float, max_edges: int, n_
     positions: [n, 3] Å (float32 or float64); system: [n] int32; atom_mask: [n] bool
     (False rows, and rows whose system is outside [0, n_systems), take no part);
     n_receivers: only rows [0, n_receivers) receive edges (default all); half: list each
-    pair once, from the row that comes first in ``order`` (two [n] int32 keys compared
-    lexicographically, e.g. global atom id and image; default the row index: a receiver's
-    sender index is then above its own).
+    pair once, from the row ``order`` picks (two [n] int32 keys, e.g. global atom id and
+    image: the row of lower (key a, key b) when the keys a have the same parity, else the
+    row of higher, as :func:`jaxdd.neighbors.build_neighbor_list`; default the row index: a
+    receiver's sender index is then above its own).
 
     Returns (senders [max_edges] int32, receivers [max_edges] int32 (padding: n), shifts
     [max_edges, 3] int32 (all zero), num_neighbors [n] int32, n_edges [] int32). n_edges counts every pair found, also
@@ -51,8 +52,8 @@ def cell_list(positions, system, atom_mask, *, cutoff: float, max_edges: int, n_
         raise ValueError(f"{_NAME}: cutoff must be a positive finite number, got {cutoff!r}")
     n_recv = n if n_receivers is None else int(n_receivers)
     e = int(max_edges)
-    if order is None:
-        order = (jnp.arange(n, dtype=jnp.int32), jnp.zeros(n, jnp.int32))
+    if order is None:  # keys a all equal (so no parity flips), keys b the row index
+        order = (jnp.zeros(n, jnp.int32), jnp.arange(n, dtype=jnp.int32))
     order = tuple(jnp.asarray(k) for k in order)
     for name, key in zip(("order[0]", "order[1]"), order):
         _call.check_array(_NAME, name, key, (n,), np.int32)
