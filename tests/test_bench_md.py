@@ -86,6 +86,14 @@ def test_writes_its_figures_as_json(tiny_run):
     assert record["target"]["met"] in (True, False) and record["target"]["jnp_met"] in (True, False)
 
 
+def test_each_row_is_the_fastest_of_its_timed_runs(tiny_run):
+    _, path = tiny_run
+    record = json.loads(path.read_text())
+    assert record["repeats"] == 3
+    for r in record["results"]:
+        assert len(r["seconds_of_each_run"]) == 3 and r["seconds"] == min(r["seconds_of_each_run"])
+
+
 @pytest.mark.slow
 def test_fused_path_runs_beside_the_jnp_path_on_the_same_trajectory(tmp_path):
     out, path = run_script(tmp_path, "--paths", "jnp,fused")
