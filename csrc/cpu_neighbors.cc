@@ -27,7 +27,6 @@
 namespace ffi = xla::ffi;
 using jaxdd::BinOf;
 using jaxdd::kBinsPerCutoff;
-using jaxdd::kStencil;
 using jaxdd::Candidates;
 using jaxdd::kScanSlack;
 using jaxdd::ScanRow;
@@ -152,7 +151,6 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
   // Receivers are scanned in chunks, in parallel; each chunk keeps its senders in its own
   // buffer, and the buffers are copied out in receiver order.
   const T rc2 = T(cutoff) * T(cutoff);
-  const double reach2 = jaxdd::SearchReach2(cutoff);
   const int64_t chunks = jaxdd::ChunkCount(pool, n_recv, 2048);
   std::vector<std::vector<int32_t>> found(chunks);
   const Candidates cands{order.data(), sa.data(), sb.data()};
@@ -167,35 +165,18 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
     for (int64_t i = lo; i < hi; ++i) {
       if (bin[i] < 0) continue;
       const Grid& g = grid[sys[i]];
-      int64_t local = bin[i] - g.offset;
-      const int64_t bx = local % g.nb[0];
-      local /= g.nb[0];
-      const int64_t by = local % g.nb[1], bz = local / g.nb[1];
       const T xi = x[3 * i], yi = x[3 * i + 1], zi = x[3 * i + 2];
-      const int64_t reach = int64_t(std::ceil(cutoff / g.width));
       const int32_t self = int32_t(i);
       const int32_t ai = ka[i], bi = kb[i];
       const size_t before = m;
-      int64_t x0, y0, z0;
-      double gx2[kStencil], gy2[kStencil], gz2[kStencil];
-      const int64_t nx = jaxdd::AxisStencil(double(xi), g.lo[0], g.width, g.nb[0], bx, reach, &x0, gx2);
-      const int64_t ny = jaxdd::AxisStencil(double(yi), g.lo[1], g.width, g.nb[1], by, reach, &y0, gy2);
-      const int64_t nz = jaxdd::AxisStencil(double(zi), g.lo[2], g.width, g.nb[2], bz, reach, &z0, gz2);
-      for (int64_t kz = 0; kz < nz; ++kz) {
-        for (int64_t ky = 0; ky < ny; ++ky) {
-          int64_t a, b;  // the row's bins within the reach, contiguous in the sorted order
-          if (!jaxdd::RowSpan(gx2, nx, gy2[ky] + gz2[kz], reach2, &a, &b)) continue;
-          const int64_t row = g.offset + x0 + g.nb[0] * (y0 + ky + g.nb[1] * (z0 + kz));
-          const int64_t first = start[row + a];
-          const int64_t last = start[row + b + 1];
-          if (out.size() < m + size_t(last - first) + kScanSlack)
-            out.resize(2 * (m + size_t(last - first) + kScanSlack));
-          m += half ? ScanRow<T, true>(sx.data(), sy.data(), sz.data(), cands, first, last, xi, yi, zi, rc2, self,
-                                       ai, bi, out.data() + m)
-                    : ScanRow<T, false>(sx.data(), sy.data(), sz.data(), cands, first, last, xi, yi, zi, rc2, self,
-                                        ai, bi, out.data() + m);
-        }
-      }
+      jaxdd::ForEachRun(g, bin[i] - g.offset, double(xi), double(yi), double(zi), cutoff, [&](int64_t b0, int64_t b1) {
+        const int64_t first = start[b0], last = start[b1 + 1];
+        if (out.size() < m + size_t(last - first) + kScanSlack) out.resize(2 * (m + size_t(last - first) + kScanSlack));
+        m += half ? ScanRow<T, true>(sx.data(), sy.data(), sz.data(), cands, first, last, xi, yi, zi, rc2, self, ai,
+                                     bi, out.data() + m)
+                  : ScanRow<T, false>(sx.data(), sy.data(), sz.data(), cands, first, last, xi, yi, zi, rc2, self, ai,
+                                      bi, out.data() + m);
+      });
       count[i] = int32_t(m - before);
     }
     out.resize(m);

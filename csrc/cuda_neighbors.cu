@@ -32,7 +32,6 @@ constexpr int kThreads = 256;
 constexpr int kScanBlock = 1024;  // elements (and threads) per block of the prefix sum
 using jaxdd::BinOf;
 using jaxdd::kBinsPerCutoff;
-using jaxdd::kStencil;
 
 inline int Blocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
 
@@ -204,40 +203,22 @@ __device__ int64_t Scan(int64_t i, const T* x, const int32_t* sys, const int64_t
                         const int64_t* start, const int32_t* order, const T* sx, const int32_t* sa, const int32_t* sb,
                         const int32_t* ka, const int32_t* kb, double cutoff, bool half, int32_t* out, int64_t room) {
   const Grid g = grid[sys[i]];
-  int64_t local = bin[i] - g.offset;
-  const int64_t bx = local % g.nb[0];
-  local /= g.nb[0];
-  const int64_t by = local % g.nb[1], bz = local / g.nb[1];
   const T xi = x[3 * i], yi = x[3 * i + 1], zi = x[3 * i + 2];
   const T rc2 = T(cutoff) * T(cutoff);
-  const int64_t reach = int64_t(ceil(cutoff / g.width));
-  const double reach2 = jaxdd::SearchReach2(cutoff);
   const int32_t self = int32_t(i), ai = ka[i], bi = kb[i];
   int64_t m = 0;
-  int64_t x0, y0, z0;
-  double gx2[kStencil], gy2[kStencil], gz2[kStencil];
-  const int64_t nx = jaxdd::AxisStencil(double(xi), g.lo[0], g.width, g.nb[0], bx, reach, &x0, gx2);
-  const int64_t ny = jaxdd::AxisStencil(double(yi), g.lo[1], g.width, g.nb[1], by, reach, &y0, gy2);
-  const int64_t nz = jaxdd::AxisStencil(double(zi), g.lo[2], g.width, g.nb[2], bz, reach, &z0, gz2);
-  for (int64_t kz = 0; kz < nz; ++kz) {
-    for (int64_t ky = 0; ky < ny; ++ky) {
-      int64_t a, b;  // the row's bins within the reach, as the CPU kernel picks them
-      if (!jaxdd::RowSpan(gx2, nx, gy2[ky] + gz2[kz], reach2, &a, &b)) continue;
-      const int64_t row = g.offset + x0 + g.nb[0] * (y0 + ky + g.nb[1] * (z0 + kz));
-      const int64_t first = start[row + a];
-      const int64_t last = start[row + b + 1];
-      for (int64_t k = first; k < last; ++k) {
-        const int32_t j = order[k];
-        const T dx = sx[3 * k] - xi, dy = sx[3 * k + 1] - yi, dz = sx[3 * k + 2] - zi;
-        bool keep = (dx * dx + dy * dy + dz * dz < rc2) && j != self;
-        if (half) keep = keep && jaxdd::HalfKeeps(ai, bi, sa[k], sb[k]);
-        if (keep) {
-          if (out != nullptr && m < room) out[m] = j;
-          ++m;
-        }
+  jaxdd::ForEachRun(g, bin[i] - g.offset, double(xi), double(yi), double(zi), cutoff, [&](int64_t b0, int64_t b1) {
+    for (int64_t k = start[b0]; k < start[b1 + 1]; ++k) {
+      const int32_t j = order[k];
+      const T dx = sx[3 * k] - xi, dy = sx[3 * k + 1] - yi, dz = sx[3 * k + 2] - zi;
+      bool keep = (dx * dx + dy * dy + dz * dz < rc2) && j != self;
+      if (half) keep = keep && jaxdd::HalfKeeps(ai, bi, sa[k], sb[k]);
+      if (keep) {
+        if (out != nullptr && m < room) out[m] = j;
+        ++m;
       }
     }
-  }
+  });
   return m;
 }
 

@@ -107,7 +107,8 @@ __attribute__((target("avx2"))) size_t ScanRowAvx2(const float* sx, const float*
   const __m256i vself = _mm256_set1_epi32(self), vai = _mm256_set1_epi32(ai), vbi = _mm256_set1_epi32(bi);
   size_t m = 0;
   int64_t k = first;
-  for (; k + 8 <= last; k += 8) {
+  for (; k < last; k += 8) {  // the last vector may be partial: lanes at or past `last` are masked off
+    const int live = last - k >= 8 ? 0xFF : (1 << int(last - k)) - 1;
     const __m256 dx = _mm256_sub_ps(_mm256_loadu_ps(sx + k), vx);
     const __m256 dy = _mm256_sub_ps(_mm256_loadu_ps(sy + k), vy);
     const __m256 dz = _mm256_sub_ps(_mm256_loadu_ps(sz + k), vz);
@@ -115,18 +116,7 @@ __attribute__((target("avx2"))) size_t ScanRowAvx2(const float* sx, const float*
     __m256i j;
     const __m256i ok = IndexMask<Half, 8>(c, k, vself, vai, vbi, &j);
     const int bits = _mm256_movemask_ps(_mm256_cmp_ps(r2, vr, _CMP_LT_OQ)) & _mm256_movemask_ps(_mm256_castsi256_ps(ok));
-    m += Pack(j, bits, dst + m);
-  }
-  if (k < last) {  // the partial vector: lanes at or past `last` are not candidates of this run
-    const __m256 dx = _mm256_sub_ps(_mm256_loadu_ps(sx + k), vx);
-    const __m256 dy = _mm256_sub_ps(_mm256_loadu_ps(sy + k), vy);
-    const __m256 dz = _mm256_sub_ps(_mm256_loadu_ps(sz + k), vz);
-    const __m256 r2 = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(dx, dx), _mm256_mul_ps(dy, dy)), _mm256_mul_ps(dz, dz));
-    __m256i j;
-    const __m256i ok = IndexMask<Half, 8>(c, k, vself, vai, vbi, &j);
-    const int bits = _mm256_movemask_ps(_mm256_cmp_ps(r2, vr, _CMP_LT_OQ)) & _mm256_movemask_ps(_mm256_castsi256_ps(ok)) &
-                     ((1 << int(last - k)) - 1);
-    m += Pack(j, bits, dst + m);
+    m += Pack(j, bits & live, dst + m);
   }
   return m;
 }
@@ -140,7 +130,8 @@ __attribute__((target("avx2"))) size_t ScanRowAvx2(const double* sx, const doubl
   const __m256i vself = _mm256_set1_epi32(self), vai = _mm256_set1_epi32(ai), vbi = _mm256_set1_epi32(bi);
   size_t m = 0;
   int64_t k = first;
-  for (; k + 4 <= last; k += 4) {
+  for (; k < last; k += 4) {  // the last vector may be partial, as for float
+    const int live = last - k >= 4 ? 0xF : (1 << int(last - k)) - 1;
     const __m256d dx = _mm256_sub_pd(_mm256_loadu_pd(sx + k), vx);
     const __m256d dy = _mm256_sub_pd(_mm256_loadu_pd(sy + k), vy);
     const __m256d dz = _mm256_sub_pd(_mm256_loadu_pd(sz + k), vz);
@@ -148,18 +139,7 @@ __attribute__((target("avx2"))) size_t ScanRowAvx2(const double* sx, const doubl
     __m256i j;
     const __m256i ok = IndexMask<Half, 4>(c, k, vself, vai, vbi, &j);
     const int bits = _mm256_movemask_pd(_mm256_cmp_pd(r2, vr, _CMP_LT_OQ)) & _mm256_movemask_ps(_mm256_castsi256_ps(ok));
-    m += Pack(j, bits, dst + m);
-  }
-  if (k < last) {  // the partial vector, as for float
-    const __m256d dx = _mm256_sub_pd(_mm256_loadu_pd(sx + k), vx);
-    const __m256d dy = _mm256_sub_pd(_mm256_loadu_pd(sy + k), vy);
-    const __m256d dz = _mm256_sub_pd(_mm256_loadu_pd(sz + k), vz);
-    const __m256d r2 = _mm256_add_pd(_mm256_add_pd(_mm256_mul_pd(dx, dx), _mm256_mul_pd(dy, dy)), _mm256_mul_pd(dz, dz));
-    __m256i j;
-    const __m256i ok = IndexMask<Half, 4>(c, k, vself, vai, vbi, &j);
-    const int bits = _mm256_movemask_pd(_mm256_cmp_pd(r2, vr, _CMP_LT_OQ)) & _mm256_movemask_ps(_mm256_castsi256_ps(ok)) &
-                     ((1 << int(last - k)) - 1);
-    m += Pack(j, bits, dst + m);
+    m += Pack(j, bits & live, dst + m);
   }
   return m;
 }

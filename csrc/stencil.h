@@ -76,6 +76,32 @@ JAXDD_HD bool RowSpan(const double* gx2, int64_t n, double g2, double reach2, in
   return a <= b;
 }
 
+// Calls run(b0, b1) for each row of bins around a receiver at (x, y, z), in local bin
+// `local` of grid g (a Grid of either kernel: lo[3], width, nb[3], offset), with the global
+// ids [b0, b1] of the row's bins within the reach, contiguous in the sorted order; rows in
+// z-major, y-minor order, as both kernels list a receiver's senders.
+template <typename G, typename Run>
+JAXDD_HD void ForEachRun(const G& g, int64_t local, double x, double y, double z, double cutoff, Run&& run) {
+  const int64_t bx = local % g.nb[0];
+  local /= g.nb[0];
+  const int64_t by = local % g.nb[1], bz = local / g.nb[1];
+  const int64_t reach = int64_t(ceil(cutoff / g.width));
+  const double reach2 = SearchReach2(cutoff);
+  int64_t x0, y0, z0;
+  double gx2[kStencil], gy2[kStencil], gz2[kStencil];
+  const int64_t nx = AxisStencil(x, g.lo[0], g.width, g.nb[0], bx, reach, &x0, gx2);
+  const int64_t ny = AxisStencil(y, g.lo[1], g.width, g.nb[1], by, reach, &y0, gy2);
+  const int64_t nz = AxisStencil(z, g.lo[2], g.width, g.nb[2], bz, reach, &z0, gz2);
+  for (int64_t kz = 0; kz < nz; ++kz) {
+    for (int64_t ky = 0; ky < ny; ++ky) {
+      int64_t a, b;
+      if (!RowSpan(gx2, nx, gy2[ky] + gz2[kz], reach2, &a, &b)) continue;
+      const int64_t row = g.offset + x0 + g.nb[0] * (y0 + ky + g.nb[1] * (z0 + kz));
+      run(row + a, row + b);
+    }
+  }
+}
+
 // Half lists: whether the row with keys (ai, bi) lists its pair with the row (aj, bj): the
 // row of lower (key a, key b) when the two keys a have the same parity, else the row of
 // higher. Exactly one row of a pair lists it (keys differ), and the pairs between two sets
