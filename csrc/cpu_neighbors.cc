@@ -114,6 +114,8 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
       if (total <= budget) break;
       g.width *= 1.25;
     }
+    if (!(g.width * kBinsPerCutoff >= cutoff))  // what the fixed-size stencil relies on
+      return ffi::Error::Internal("jaxdd cell_list: bins narrower than cutoff / kBinsPerCutoff");
     g.offset = n_bins;
     n_bins += g.nb[0] * g.nb[1] * g.nb[2];
   }

@@ -48,13 +48,22 @@ JAXDD_HD double SearchReach2(double cutoff) {
   return r * r;
 }
 
-// The stencil along one axis: bins [*b0, *b0 + n) around bin b (clamped to the grid's nb),
-// returned as n, and each one's squared distance from coordinate v in gap2[0, n).
+// Bins a receiver's stencil reaches out along each axis to cover the cutoff. Bins are at
+// least cutoff / kBinsPerCutoff wide (the kernels check it when they size their grids), so
+// kBinsPerCutoff always covers it and the stencil never has more than kStencil bins an axis.
+JAXDD_HD int64_t StencilReach(double cutoff, double width) {
+  const int64_t r = int64_t(ceil(cutoff / width));
+  return r < kBinsPerCutoff ? r : kBinsPerCutoff;
+}
+
+// The stencil along one axis: bins [*b0, *b0 + n) around bin b, reach <= kBinsPerCutoff each
+// side (clamped to the grid's nb), returned as n, and each one's squared distance from
+// coordinate v in gap2[0, n).
 JAXDD_HD int64_t AxisStencil(double v, double lo, double width, int64_t nb, int64_t b, int64_t reach, int64_t* b0,
                              double* gap2) {
   const int64_t first = b - reach > 0 ? b - reach : 0;
   const int64_t last = b + reach < nb - 1 ? b + reach : nb - 1;
-  const int64_t n = last - first + 1 < kStencil ? last - first + 1 : kStencil;
+  const int64_t n = last - first + 1;
   for (int64_t k = 0; k < n; ++k) {
     const double edge = lo + double(first + k) * width;
     const double below = edge - v, above = v - (edge + width);  // at most one is positive
@@ -85,7 +94,7 @@ JAXDD_HD void ForEachRun(const G& g, int64_t local, double x, double y, double z
   const int64_t bx = local % g.nb[0];
   local /= g.nb[0];
   const int64_t by = local % g.nb[1], bz = local / g.nb[1];
-  const int64_t reach = int64_t(ceil(cutoff / g.width));
+  const int64_t reach = StencilReach(cutoff, g.width);
   const double reach2 = SearchReach2(cutoff);
   int64_t x0, y0, z0;
   double gx2[kStencil], gy2[kStencil], gz2[kStencil];

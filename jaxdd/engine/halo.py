@@ -70,16 +70,21 @@ class HaloLayout:
         """Rows of a per-atom array on a rank: owned + ghost capacity."""
         return self.n_owned + self.n_ghost
 
+    def ghost_rows(self, e: int) -> range:
+        """The local rows that receive exchange ``e``'s ghosts."""
+        start = self.n_owned + self.exchanges[e].offset
+        return range(start, start + self.exchanges[e].capacity)
+
     def reads(self, e: int) -> range:
         """The local rows exchange ``e`` sends from: hop 1 every row held when its axis
         began (owned rows and the earlier axes' ghosts), a later hop the ghosts of the hop
         before it in the same direction."""
         ex = self.exchanges[e]
         if ex.hop == 1:
-            first = next(x for x in self.exchanges if x.axis == ex.axis)
-            return range(0, self.n_owned + first.offset)
-        prev = next(x for x in self.exchanges if (x.axis, x.direction, x.hop) == (ex.axis, ex.direction, ex.hop - 1))
-        return range(self.n_owned + prev.offset, self.n_owned + prev.offset + prev.capacity)
+            first = next(k for k, x in enumerate(self.exchanges) if x.axis == ex.axis)
+            return range(0, self.ghost_rows(first).start)
+        return self.ghost_rows(next(k for k, x in enumerate(self.exchanges)
+                                    if (x.axis, x.direction, x.hop) == (ex.axis, ex.direction, ex.hop - 1)))
 
     @functools.cached_property
     def stages(self) -> tuple[tuple[int, ...], ...]:
@@ -89,21 +94,22 @@ class HaloLayout:
         axis split in two: every rank's two neighbours are the same rank). Halves the
         collectives of such grids; a rank that sends in only one of them sends zeros."""
         stages: list[list[int]] = []
-        for e, ex in enumerate(self.exchanges):
-            if stages and self._joins(stages[-1], e):
+        for e in range(len(self.exchanges)):
+            if stages and self._joins(stages[-1] + [e]):
                 stages[-1].append(e)
             else:
                 stages.append([e])
         return tuple(tuple(s) for s in stages)
 
-    def _joins(self, stage: list[int], e: int) -> bool:
-        ghosts = [range(self.n_owned + self.exchanges[k].offset,
-                        self.n_owned + self.exchanges[k].offset + self.exchanges[k].capacity) for k in stage + [e]]
-        for i, k in enumerate(stage + [e]):
+    def _joins(self, stage: list[int]) -> bool:
+        """Whether the exchanges of ``stage`` can travel in one collective."""
+        for k in stage:
             reads = self.reads(k)
-            if any(j != i and g.start < reads.stop and reads.start < g.stop and len(g) for j, g in enumerate(ghosts)):
-                return False
-        pairs = set().union(*(self.exchanges[k].pairs for k in stage + [e]))
+            for other in stage:
+                got = self.ghost_rows(other)
+                if other != k and len(got) and got.start < reads.stop and reads.start < got.stop:
+                    return False
+        pairs = self.stage_pairs(tuple(stage))
         srcs, dsts = [a for a, _ in pairs], [b for _, b in pairs]
         return len(set(srcs)) == len(srcs) and len(set(dsts)) == len(dsts)
 
@@ -460,8 +466,7 @@ def halo_reverse(y, layout: HaloLayout, routing: HaloRouting, axis_name):
     buf = y
     for stage in reversed(layout.stages):
         # The stage's ghost blocks go back together; none of its adds lands in another's block.
-        blocks = [jax.lax.dynamic_slice_in_dim(buf, layout.n_owned + layout.exchanges[e].offset,
-                                               layout.exchanges[e].capacity, axis=0) for e in stage]
+        blocks = [buf[layout.ghost_rows(e).start:layout.ghost_rows(e).stop] for e in stage]
         backs = _stage_exchange(blocks, axis_name, tuple((dst, src) for src, dst in layout.stage_pairs(stage)))
         for e, back in zip(stage, backs):
             ex = layout.exchanges[e]
