@@ -212,3 +212,64 @@ def test_atoms_of_an_unlisted_species_are_named():
 def test_bad_parameters_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LennardJones(**kwargs)
+
+
+def pair_energy_function(atoms, model_kw, half):
+    """E(positions, sigma, epsilon) of the LennardJones model on ``atoms``' pairs, and the same
+    energy written out from its textbook formula on the same pairs, both plain JAX functions."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    from jaxdd.neighbors import edge_vectors, neighbor_list
+
+    jax.config.update("jax_enable_x64", True)
+    pos0 = jnp.asarray(atoms.positions)
+    cell = jnp.asarray(atoms.cell[:][None])
+    pbc = np.asarray(atoms.pbc)[None]
+    batch = jnp.zeros(len(atoms), jnp.int32)
+    z = jnp.asarray(atoms.numbers)
+    nl, _ = neighbor_list(pos0, cell, pbc, cutoff=model_kw["cutoff"], half=half)
+
+    base = LennardJones(1.0, 1.0, half_list=half, **model_kw)
+
+    def ours(pos, sigma, epsilon):  # a model whose parameters are traced, as in training
+        model = eqx.tree_at(lambda m: (m.sigma, m.epsilon), base, (jnp.asarray(sigma), jnp.asarray(epsilon)))
+        return model.forward(pos, cell, batch, z, nl, 1)["energy"][0]
+
+    def textbook(pos, sigma, epsilon):
+        d2 = jnp.sum(edge_vectors(pos, cell, batch, nl) ** 2, axis=-1)
+        keep = nl.mask & (d2 < model_kw["cutoff"] ** 2)
+        d = jnp.sqrt(jnp.where(keep, d2, 1.0))
+        pair = jnp.where(keep, 4 * epsilon * ((sigma / d) ** 12 - (sigma / d) ** 6), 0.0)
+        return pair.sum() * (1.0 if half else 0.5)
+
+    return ours, textbook, pos0
+
+
+@pytest.mark.parametrize("half", [False, True])
+def test_gradients_in_sigma_and_epsilon_equal_the_textbook_formulas(half):
+    import jax
+
+    atoms = fcc_lattice(3, 1.6796)
+    atoms.rattle(0.08, seed=3)
+    ours, textbook, pos = pair_energy_function(atoms, dict(cutoff=2.5), half)
+    got = jax.grad(ours, argnums=(0, 1, 2))(pos, 1.05, 0.9)
+    want = jax.grad(textbook, argnums=(0, 1, 2))(pos, 1.05, 0.9)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-12, atol=1e-12)
+
+
+def test_second_derivatives_equal_the_textbook_formulas():
+    import jax
+
+    atoms = fcc_lattice(3, 1.6796)
+    atoms.rattle(0.08, seed=4)
+    ours, textbook, pos = pair_energy_function(atoms, dict(cutoff=2.5), True)
+    v = np.random.default_rng(0).normal(size=pos.shape)
+
+    def hvp(f):
+        return jax.jvp(jax.grad(f), (pos, 1.05, 0.9), (v, 0.3, -0.2))[1]
+
+    np.testing.assert_allclose(np.asarray(hvp(lambda p, s, e: ours(p, s, e))),
+                               np.asarray(hvp(lambda p, s, e: textbook(p, s, e))), rtol=1e-10, atol=1e-10)
