@@ -265,6 +265,29 @@ def effective_cell(cell, pbc):
     return jax.vmap(lambda i, c: jax.lax.switch(i, branches, c))(index, cell)
 
 
+def _rows(x, idx):
+    # Padding edges index one past the last atom: "fill" reads zeros there, so their
+    # vectors are exactly zero without a mask (a select here would cost a full pass).
+    return x.at[idx].get(mode="fill", fill_value=0)
+
+
+@jax.custom_jvp
+def _differences(positions, senders, receivers):
+    """positions[senders] - positions[receivers], [E, 3] (zero where an index is past the end)."""
+    return _rows(positions, senders) - _rows(positions, receivers)
+
+
+@_differences.defjvp
+def _differences_jvp(primals, tangents):
+    # The same difference of the tangent, read as rows of four (a zero column added, then
+    # dropped): its transpose, the gradient, then scatters rows of four into the forces.
+    # XLA's CPU scatter adds rows of three an element at a time, about three times slower
+    # on receiver-sorted edges; the forward pass keeps rows of three, which XLA fuses better.
+    positions, senders, receivers = primals
+    padded = jnp.pad(tangents[0], ((0, 0), (0, 1)))
+    return _differences(*primals), (_rows(padded, senders) - _rows(padded, receivers))[:, :3]
+
+
 def edge_vectors(positions, cell, batch_idx, nl: NeighborList):
     """Receiver → sender vectors of the COO edges, [max_edges, 3] (padding rows are zero).
 
@@ -272,13 +295,8 @@ def edge_vectors(positions, cell, batch_idx, nl: NeighborList):
     Differentiable in positions and cell (the strain used for stress acts through both), and
     in ``nl.displacement`` when the list has one (added to every vector).
     """
-    # Padding edges index one past the last atom: "fill" reads zeros there, so their
-    # vectors are exactly zero without a mask (a select here would cost a full pass).
-    def rows(x, idx):
-        return x.at[idx].get(mode="fill", fill_value=0)
-
     if nl.zero_shifts:  # a rank's list: no images, so neither the shifts nor the cell enter
-        vectors = rows(positions, nl.senders) - rows(positions, nl.receivers)
+        vectors = _differences(positions, nl.senders, nl.receivers)
         return vectors if nl.displacement is None else vectors + nl.displacement
     shifts = nl.shifts.astype(positions.dtype)
     if cell.shape[0] == 1:
@@ -286,8 +304,8 @@ def edge_vectors(positions, cell, batch_idx, nl: NeighborList):
         # gradient would otherwise be a scatter over all edges).
         shift = shifts @ cell[0]
     else:
-        shift = jnp.einsum("ei,eij->ej", shifts, cell[rows(batch_idx, nl.receivers)])
-    vectors = rows(positions, nl.senders) - rows(positions, nl.receivers) + shift
+        shift = jnp.einsum("ei,eij->ej", shifts, cell[_rows(batch_idx, nl.receivers)])
+    vectors = _differences(positions, nl.senders, nl.receivers) + shift
     return vectors if nl.displacement is None else vectors + nl.displacement
 
 

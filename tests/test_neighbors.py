@@ -281,3 +281,44 @@ def test_open_axes_need_no_cell():
 def test_non_positive_or_non_finite_cutoff_is_refused(cutoff):
     with pytest.raises(ValueError, match="cutoff"):
         neighbor_capacity(np.zeros((2, 3)), np.eye(3) * 5, [True] * 3, cutoff=cutoff)
+
+
+def _edge_energy(vectors):
+    """A smooth function of the edge vectors with every derivative order non-trivial."""
+    r2 = jnp.sum(vectors * vectors, axis=-1)
+    return jnp.sum(jnp.exp(-r2) * vectors[:, 0] + 0.1 * r2 * r2)
+
+
+@pytest.mark.parametrize("rank_list", [False, True], ids=["with-shifts", "zero-shifts"])
+def test_edge_vector_derivatives_equal_those_of_the_plain_difference(rank_list):
+    # edge_vectors carries its own derivative rule (rows of four in the gradient): every
+    # order, forward and reverse, in positions and cell, must equal plain autodiff of
+    # positions[s] - positions[r] + shifts @ cell.
+    from jaxdd import edge_vectors
+
+    atoms = fcc(2)
+    atoms.rattle(0.07, seed=8)
+    pos = jnp.asarray(atoms.positions)
+    cell = jnp.asarray(atoms.cell.array)[None]
+    batch = jnp.zeros(len(atoms), jnp.int32)
+    nl, _ = neighbor_list(pos, cell, atoms.pbc[None], cutoff=2.5, half=True)
+    if rank_list:
+        nl = dataclasses.replace(nl, shifts=jnp.zeros_like(nl.shifts), zero_shifts=True)
+
+    def plain(p, c):
+        s, r = nl.senders, nl.receivers
+        v = p.at[s].get(mode="fill", fill_value=0) - p.at[r].get(mode="fill", fill_value=0)
+        return v if rank_list else v + nl.shifts.astype(p.dtype) @ c[0]
+
+    def ours(p, c):
+        return edge_vectors(p, c, batch, nl)
+
+    rng = np.random.default_rng(1)
+    dp, dc = rng.normal(size=pos.shape), rng.normal(size=cell.shape)
+    for name, f in (("value", lambda g: g(pos, cell)),
+                    ("grad", lambda g: jax.grad(lambda p, c: _edge_energy(g(p, c)), (0, 1))(pos, cell)),
+                    ("jvp", lambda g: jax.jvp(g, (pos, cell), (dp, dc))[1]),
+                    ("hvp", lambda g: jax.jvp(jax.grad(lambda p, c: _edge_energy(g(p, c)), (0, 1)),
+                                              (pos, cell), (dp, dc))[1])):
+        for got, want in zip(jax.tree_util.tree_leaves(f(ours)), jax.tree_util.tree_leaves(f(plain))):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-12, err_msg=name)
