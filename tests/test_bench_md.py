@@ -35,13 +35,42 @@ Performance: 31079.137 tau/day, 71.942 timesteps/s, 2.302 Matom-step/s
 """
 
 
-def run_script(directory, *extra):
+#: A stand-in for ``lmp`` (and ``mpirun -np N``): LAMMPS's log for the melt, whose loop time
+#: grows by 10% at each call, so that each run's figure is told apart.
+FAKE_LAMMPS = """\
+import os, sys
+from pathlib import Path
+if sys.argv[1] == "-np":  # mpirun -np N lmp -in in.lj
+    os.environ["FAKE_PROCS"] = sys.argv[2]
+    os.execv(sys.executable, [sys.executable, sys.argv[3], *sys.argv[4:]])
+count = Path(os.environ["FAKE_COUNT"])
+k = int(count.read_text()) if count.exists() else 0
+count.write_text(str(k + 1))
+print("   Step          Temp          E_pair")
+print("         0   1.44          -6.7733681")
+print(f"Loop time of {1.0 + 0.1 * k} on {os.environ.get('FAKE_PROCS', '1')} procs for 5 steps with 256 atoms")
+"""
+
+
+def fake_lammps(directory) -> dict:
+    """Environment entries that put the stand-in ``lmp`` and ``mpirun`` first on the PATH."""
+    bin_dir = directory / "bin"
+    bin_dir.mkdir()
+    for name in ("lmp", "mpirun"):
+        exe = bin_dir / name
+        exe.write_text(f"#!{sys.executable}\n{FAKE_LAMMPS}")
+        exe.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "FAKE_COUNT": str(directory / "count")}
+
+
+def run_script(directory, *extra, env_extra=None):
     path = directory / "md_lj.json"
     env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}  # the script sets it
     env["JAX_PLATFORMS"] = "cpu"
+    env.update(env_extra or {})
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--n-cells", "4", "--steps", "5", "--devices", "1,2", "--dtypes", "float64",
-         "--no-lammps", "--json", str(path), *extra],
+         "--json", str(path), *extra],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, f"md_lj.py exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
@@ -50,7 +79,8 @@ def run_script(directory, *extra):
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    return run_script(tmp_path_factory.mktemp("bench"), "--paths", "jnp")
+    directory = tmp_path_factory.mktemp("bench")
+    return run_script(directory, "--paths", "jnp", env_extra=fake_lammps(directory))
 
 
 def test_prints_a_row_per_device_count_and_lammps(tiny_run):
@@ -60,7 +90,7 @@ def test_prints_a_row_per_device_count_and_lammps(tiny_run):
         assert row, out
         assert float(row.group(1).replace(",", "")) > 0
     for cores in (1, 2):
-        assert re.search(rf"^LAMMPS lj/cut\s+{cores}\s.*reference \(oracles\.md\), not measured in this run", out,
+        assert re.search(rf"^LAMMPS lj/cut\s+{cores}\s.*measured in this run; the fastest of the runs beside", out,
                          flags=re.MULTILINE), out
     assert re.search(r"^target \(best jaxdd path >= 0\.8x LAMMPS on equal cores\): (met|NOT met)", out,
                      flags=re.MULTILINE), out
@@ -79,10 +109,11 @@ def test_writes_its_figures_as_json(tiny_run):
         # Step 0 is the perfect lattice: LAMMPS's energy per atom.
         assert abs(r["pe_per_atom_first"] - LAMMPS_MELT_ENERGY_PER_ATOM) < 1e-9
         assert r["ratio_to_lammps"] > 0
+        assert r["pe_per_atom_first"] == pytest.approx(r["lammps_beside"]["pe_per_atom_first"], abs=1e-7)
     # The decomposition does not change the trajectory: same energy after 5 steps on 1 and 2 devices.
     assert abs(rows[1, "float64"]["pe_per_atom_last"] - rows[2, "float64"]["pe_per_atom_last"]) < 1e-10
     assert record["fused"]["available"] is ffi.available()
-    assert {v["source"] for v in record["lammps"].values()} == {"reference (oracles.md), not measured in this run"}
+    assert {v["source"] for v in record["lammps"].values()} == {"measured in this run"}
     assert record["target"]["met"] in (True, False) and record["target"]["jnp_met"] in (True, False)
 
 
@@ -94,9 +125,38 @@ def test_each_row_is_the_fastest_of_its_timed_runs(tiny_run):
         assert len(r["seconds_of_each_run"]) == 3 and r["seconds"] == min(r["seconds_of_each_run"])
 
 
+def test_each_ratio_is_to_the_lammps_runs_beside_its_row(tiny_run):
+    # The stand-in LAMMPS slows down at every call: rows measured later see a slower LAMMPS,
+    # and each row's ratio is to the fastest of the runs made right before it.
+    _, path = tiny_run
+    record = json.loads(path.read_text())
+    rows = record["results"]
+    beside = [r["lammps_beside"] for r in rows]
+    assert [b["procs"] for b in beside] == [r["devices"] for r in rows]
+    assert all(len(b["seconds_of_each_run"]) == 3 and b["seconds"] == min(b["seconds_of_each_run"]) for b in beside)
+    assert beside[0]["atom_steps_per_second"] > beside[1]["atom_steps_per_second"]
+    for r, b in zip(rows, beside):
+        assert r["ratio_to_lammps"] == pytest.approx(r["atom_steps_per_second"] / b["atom_steps_per_second"])
+    # The LAMMPS rows of the table show the fastest run on each core count.
+    assert record["lammps"]["1"]["atom_steps_per_second"] == beside[0]["atom_steps_per_second"]
+
+
+def test_without_lammps_the_recorded_reference_is_used_and_labelled(tmp_path):
+    spec = importlib.util.spec_from_file_location("md_lj", SCRIPT)
+    md_lj = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(md_lj)
+    args = md_lj.parse_args(["--no-lammps"])
+    lmp, notes = md_lj.find_lammps(args)
+    assert lmp is None and notes == ["LAMMPS not run (--no-lammps)"]
+    rows = [dict(devices=n, lammps_beside=None) for n in (1, 2)]
+    figures = md_lj.lammps_figures(rows, args, notes)
+    assert {n: f["atom_steps_per_second"] for n, f in figures.items()} == md_lj.LAMMPS_REFERENCE
+    assert {f["source"] for f in figures.values()} == {md_lj.REFERENCE_LABEL}
+
+
 @pytest.mark.slow
 def test_fused_path_runs_beside_the_jnp_path_on_the_same_trajectory(tmp_path):
-    out, path = run_script(tmp_path, "--paths", "jnp,fused")
+    out, path = run_script(tmp_path, "--paths", "jnp,fused", "--no-lammps")
     if not ffi.available():
         assert re.search(r"^fused kernels\s.*not available in this build", out, flags=re.MULTILINE), out
         return
