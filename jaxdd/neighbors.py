@@ -283,9 +283,11 @@ def _differences_jvp(primals, tangents):
     # dropped): its transpose, the gradient, then scatters rows of four into the forces.
     # XLA's CPU scatter adds rows of three an element at a time, about three times slower
     # on receiver-sorted edges; the forward pass keeps rows of three, which XLA fuses better.
+    # The receivers' rows are negated before they are read (a sum, not a difference), so the
+    # gradient negates the receivers' [n_atoms, 4] sums instead of a second edge-long array.
     positions, senders, receivers = primals
     padded = jnp.pad(tangents[0], ((0, 0), (0, 1)))
-    return _differences(*primals), (_rows(padded, senders) - _rows(padded, receivers))[:, :3]
+    return _differences(*primals), (_rows(padded, senders) + _rows(-padded, receivers))[:, :3]
 
 
 def edge_vectors(positions, cell, batch_idx, nl: NeighborList):
