@@ -11,10 +11,11 @@ one element, random weights from its own ``init_fn``) on diamond silicon (a = 5.
 - jaxdd: the same network and weights wrapped by ``jaxdd.interop.jax_md.JaxMDModel`` under
   ``DomainParallel(VelocityVerlet)`` on 1 device and on 2 devices.
 
-Each run is a child process pinned to its cores (1 for jax-md and jaxdd's 1 device, 2 for
-jaxdd's 2 devices), compiled and warmed before timing, then timed ``--repeats`` times (each
-continuing the trajectory); the fastest is reported on each side, so that a slow phase of a
-shared machine does not decide a ratio. Printed: atom-steps per second, the
+Each side is a child process pinned to its cores (1 for jax-md and jaxdd's 1 device, 2 for
+jaxdd's 2 devices), compiled and warmed once; then ``--repeats`` rounds, in each of which the
+three sides time one run in turn (each continuing its trajectory), so that every side is
+measured in every phase of a machine whose speed drifts; the fastest run of each side is
+reported. Printed: atom-steps per second, the
 ratios (targets: jaxdd 1 device ≥ 1.0× jax-md; 2 devices ≥ 1.7× 1 device) and the peak
 resident memory of each child. ``--config small`` (default here: this 2-core machine)
 shrinks jax-md's default network (32x0e + 8x1e + 4x2e, 3 interaction steps);
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import time
 from pathlib import Path
@@ -83,7 +83,8 @@ def network(cfg, atoms):
                 params=params, species=species, R=R, nbrs=nbrs)
 
 
-def run_jax_md(n_atoms: int, steps: int, kind: str, repeats: int = 1) -> dict:
+def prepare_jax_md(n_atoms: int, steps: int, kind: str):
+    """jax-md's loop, compiled and warmed; returns a function timing one run of ``steps``."""
     import jax
     import jax.numpy as jnp
     from ase import units
@@ -102,20 +103,25 @@ def run_jax_md(n_atoms: int, steps: int, kind: str, repeats: int = 1) -> dict:
     from timing import jax_md_loop
 
     loop = jax_md_loop(apply, steps)
-    s, n = loop(state, net["nbrs"])  # compile and warm
-    jax.block_until_ready(s.position)
-    runs = []
-    for _ in range(repeats):
+    carry = loop(state, net["nbrs"])  # compile and warm
+    jax.block_until_ready(carry[0].position)
+
+    def run() -> dict:
+        nonlocal carry
         t0 = time.perf_counter()
-        s, n = loop(s, n)
-        jax.block_until_ready(s.position)
-        runs.append(time.perf_counter() - t0)
-        if bool(n.did_buffer_overflow):
+        carry = loop(*carry)  # each run continues the trajectory
+        jax.block_until_ready(carry[0].position)
+        seconds = time.perf_counter() - t0
+        if bool(carry[1].did_buffer_overflow):
             raise RuntimeError("jax-md's neighbour list overflowed; the figure would be wrong")
-    return dict(seconds=min(runs), seconds_of_each_run=runs)
+        return dict(seconds=seconds)
+
+    return run
 
 
-def run_jaxdd(n_atoms: int, steps: int, kind: str, devices: int, repeats: int = 1) -> dict:
+def prepare_jaxdd(n_atoms: int, steps: int, kind: str, devices: int):
+    """jaxdd's DomainParallel on ``devices`` devices, compiled and warmed; returns a function
+    timing one run of ``steps``."""
     import jax
     import numpy as np
     from jax.sharding import AxisType, Mesh
@@ -137,37 +143,55 @@ def run_jaxdd(n_atoms: int, steps: int, kind: str, devices: int, repeats: int = 
     md = jaxdd.DomainParallel(dm, jaxdd.VelocityVerlet(DT_FS * units.fs))
     data = jaxdd.AtomicData.from_ase(atoms, dtype=np.float32)
     state = md.run(md.init(data), steps)  # compile, grow capacities, warm
-    runs = []
-    for _ in range(repeats):
+
+    def run() -> dict:
+        nonlocal state
         t0 = time.perf_counter()
-        state = md.run(state, steps)
-        runs.append((time.perf_counter() - t0, md.last_run))
-    seconds, stats = min(runs, key=lambda r: r[0])
-    return dict(seconds=seconds, seconds_of_each_run=[r[0] for r in runs], rebuilds=stats.rebuilds,
-                recompiles=stats.recompiles)
+        state = md.run(state, steps)  # each run continues the trajectory
+        seconds = time.perf_counter() - t0
+        return dict(seconds=seconds, rebuilds=md.last_run.rebuilds, recompiles=md.last_run.recompiles)
+
+    return run
 
 
 def worker(spec: str) -> int:
+    from timing import serve
+
     kw = json.loads(spec)
     os.environ["JAX_NUM_CPU_DEVICES"] = str(kw["devices"])
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if kw["side"] == "jax-md":
-        out = run_jax_md(kw["atoms"], kw["steps"], kw["config"], kw["repeats"])
-    else:
-        out = run_jaxdd(kw["atoms"], kw["steps"], kw["config"], kw["devices"], kw["repeats"])
-    out["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps(out), flush=True)
-    return 0
+        return serve(lambda: prepare_jax_md(kw["atoms"], kw["steps"], kw["config"]))
+    return serve(lambda: prepare_jaxdd(kw["atoms"], kw["steps"], kw["config"], kw["devices"]))
 
 
-def pinned(side: str, atoms: int, steps: int, kind: str, devices: int, repeats: int = 1) -> dict:
-    from timing import run_pinned
+def interleaved(atoms: int, steps: int, kind: str, repeats: int) -> list[dict]:
+    """jax-md (1 core), jaxdd on 1 device (1 core) and on 2 (2 cores), each a pinned child
+    prepared once; then ``repeats`` rounds in which each times one run in turn, so every side
+    is measured in every phase of the machine. Rows with the fastest run of each side."""
+    from timing import PinnedWorker
 
-    row, cores = run_pinned(__file__, dict(side=side, atoms=atoms, steps=steps, config=kind, devices=devices,
-                                           repeats=repeats), devices)
-    row.update(side=side, atoms=atoms, cores=cores, devices=devices,
-               atom_steps_per_second=atoms * steps / row["seconds"])
-    return row
+    sides = (("jax-md", 1), ("jaxdd", 1), ("jaxdd", 2))
+    workers = []
+    try:
+        for side, devices in sides:  # prepared one at a time: compilation is not timed
+            workers.append(PinnedWorker(__file__, dict(side=side, atoms=atoms, steps=steps, config=kind,
+                                                       devices=devices), devices))
+        runs = [[] for _ in sides]
+        for _ in range(repeats):
+            for w, timed in zip(workers, runs):
+                timed.append(w.run())
+        rows = []
+        for (side, devices), w, timed in zip(sides, workers, runs):
+            best = min(timed, key=lambda r: r["seconds"])
+            rows.append(dict(best, seconds_of_each_run=[r["seconds"] for r in timed], **w.close(), side=side,
+                             atoms=atoms, cores=w.cores, devices=devices,
+                             atom_steps_per_second=atoms * steps / best["seconds"]))
+        return rows
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.kill()
 
 
 def main(argv=None) -> int:
@@ -178,7 +202,7 @@ def main(argv=None) -> int:
     p.add_argument("--atoms", default="1000,8000", help="comma-separated atom counts, each 8·k³ (default 1000,8000)")
     p.add_argument("--steps", type=int, default=100, help="NVE steps per timed run (default 100)")
     p.add_argument("--repeats", type=int, default=3,
-                   help="timed runs of each row; the fastest is reported (default 3)")
+                   help="rounds of timed runs, each side once per round; the fastest is reported (default 3)")
     p.add_argument("--config", choices=("small", "default"), default="small", help="jax-md NequIP size")
     p.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
     args = p.parse_args(argv)
@@ -188,12 +212,10 @@ def main(argv=None) -> int:
     sizes = [int(a) for a in args.atoms.split(",") if a.strip()]
     rows = []
     print(f"NequIP (jax-md, {args.config} config) NVE on diamond Si, {args.steps} steps, dt {DT_FS} fs, float32; "
-          f"each row a child pinned to its cores, fastest of {args.repeats} timed run(s)")
+          f"each side a child pinned to its cores, timed in turn, fastest of {args.repeats} round(s)")
     print(f"{'side':>14} {'atoms':>6} {'cores':>5} {'atom-steps/s':>13} {'seconds':>8} {'max RSS MB':>10} {'ratio':>22}")
     for n in sizes:
-        ref = pinned("jax-md", n, args.steps, args.config, 1, args.repeats)
-        one = pinned("jaxdd", n, args.steps, args.config, 1, args.repeats)
-        two = pinned("jaxdd", n, args.steps, args.config, 2, args.repeats)
+        ref, one, two = interleaved(n, args.steps, args.config, args.repeats)
         one["ratio"] = one["atom_steps_per_second"] / ref["atom_steps_per_second"]
         two["ratio"] = two["atom_steps_per_second"] / one["atom_steps_per_second"]
         for r, label, what in ((ref, "jax-md", ""), (one, "jaxdd 1 dev", f"{one['ratio']:.2f}x jax-md"),

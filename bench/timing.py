@@ -47,6 +47,71 @@ def run_pinned(script: str, spec: dict, cores: int) -> tuple[dict, int]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), len(use) or os.cpu_count()
 
 
+class PinnedWorker:
+    """A child process bound to ``cores`` cores that prepares once and then times one run
+    per :meth:`run` call: ``python script --worker <spec as JSON>`` talking one JSON line
+    per request (see :func:`serve`). Several workers kept alive side by side, each timed in
+    turn, measure every side in the same phases of a machine whose speed drifts."""
+
+    def __init__(self, script: str, spec: dict, cores: int):
+        import json
+        import os
+        import subprocess
+        import sys
+
+        available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        use = set(available[:cores])
+        self.cores = len(use) or os.cpu_count()
+        self.spec, self.name, self._json = spec, Path(script).name, json
+        env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+        self.proc = subprocess.Popen([sys.executable, script, "--worker", json.dumps(spec)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, use)) if use else None)
+        self.ready = self._reply()  # the child prepared (compiled, warmed) before answering
+
+    def _reply(self) -> dict:
+        for line in self.proc.stdout:
+            line = line.strip()
+            if line.startswith("{"):
+                return self._json.loads(line)
+        self.proc.wait()
+        raise RuntimeError(f"{self.name} worker {self.spec} failed:\n{self.proc.stderr.read()[-3000:]}")
+
+    def request(self, what: str) -> dict:
+        self.proc.stdin.write(what + "\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def run(self) -> dict:
+        """One timed run in the child: its JSON answer (``seconds`` and what else it reports)."""
+        return self.request("run")
+
+    def close(self) -> dict:
+        """End the child; its last JSON answer (e.g. its peak memory)."""
+        out = self.request("stop")
+        self.proc.wait()
+        return out
+
+
+def serve(prepare) -> int:
+    """The child's side of :class:`PinnedWorker`: ``prepare()`` returns a function timing one
+    run (returning a dict with ``seconds``); answers "ready", then each "run" with that dict
+    and "stop" with the peak resident memory, one JSON line each."""
+    import json
+    import resource
+    import sys
+
+    run = prepare()
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if line.strip() == "run":
+            print(json.dumps(run()), flush=True)
+        elif line.strip() == "stop":
+            break
+    print(json.dumps({"max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), flush=True)
+    return 0
+
+
 def jax_md_loop(apply, steps: int):
     """jax-md's NVE stepping as its users write it: ``steps`` calls of ``apply`` inside one
     ``lax.fori_loop``, the neighbour list updated after each. Returns the jitted
