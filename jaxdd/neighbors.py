@@ -285,9 +285,19 @@ def _differences_jvp(primals, tangents):
     # on receiver-sorted edges; the forward pass keeps rows of three, which XLA fuses better.
     # The receivers' rows are negated before they are read (a sum, not a difference), so the
     # gradient negates the receivers' [n_atoms, 4] sums instead of a second edge-long array.
+    # A zero row past the last atom stands for the padding edges (index n_atoms), and XLA's
+    # gather clamps larger indices onto it, so the reads need neither a mask nor jnp's
+    # wrapping of negative indices (indices are never negative): either would make the
+    # gradient's scatters rewrite both index arrays first, a pass over the edges each.
     positions, senders, receivers = primals
-    padded = jnp.pad(tangents[0], ((0, 0), (0, 1)))
-    return _differences(*primals), (_rows(padded, senders) + _rows(-padded, receivers))[:, :3]
+    padded = jnp.pad(tangents[0], ((0, 1), (0, 1)))
+    dims = jax.lax.GatherDimensionNumbers(offset_dims=(1,), collapsed_slice_dims=(0,), start_index_map=(0,))
+
+    def rows(x, idx):
+        return jax.lax.gather(x, idx[:, None], dims, (1, x.shape[1]),
+                              mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+
+    return _differences(*primals), (rows(padded, senders) + rows(-padded, receivers))[:, :3]
 
 
 def edge_vectors(positions, cell, batch_idx, nl: NeighborList):
