@@ -305,7 +305,8 @@ def edge_vectors(positions, cell, batch_idx, nl: NeighborList):
 
     positions: [n_atoms, 3]; cell: [S, 3, 3]; batch_idx: [n_atoms] system of each atom.
     Differentiable in positions and cell (the strain used for stress acts through both), and
-    in ``nl.displacement`` when the list has one (added to every vector).
+    in ``nl.displacement`` when the list has one (added to every vector), to any order; the
+    edge indices are those jaxdd's lists hold, in [0, n_atoms] (n_atoms: padding).
     """
     if nl.zero_shifts:  # a rank's list: no images, so neither the shifts nor the cell enter
         vectors = _differences(positions, nl.senders, nl.receivers)
