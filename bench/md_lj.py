@@ -66,7 +66,7 @@ from jaxdd.models.lj import LennardJones  # noqa: E402
 from jaxdd.systems import LAMMPS_MELT_ENERGY_PER_ATOM, lj_melt_data  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared bench/timing.py
-from timing import check_args, write_record  # noqa: E402
+from timing import check_args, run_pinned, write_record  # noqa: E402
 
 CUTOFF = 2.5
 SKIN = 0.3
@@ -402,17 +402,9 @@ def pinned_run(n_devices: int, dtype: str, n_cells: int, steps: int, path: str, 
     """:func:`bench_jaxdd` in a child process bound to ``n_devices`` cores (all of them when the
     machine has fewer): one XLA CPU device would otherwise use every core of the machine, and
     the comparison with LAMMPS's N ranks would not be on equal cores."""
-    cores = sorted(os.sched_getaffinity(0))
-    use = set(cores[:n_devices])
-    spec = json.dumps(dict(n_devices=n_devices, dtype=dtype, n_cells=n_cells, steps=steps, path=path,
-                           halo_skin=halo_skin, repeats=repeats))
-    proc = subprocess.run([sys.executable, __file__, "--worker", spec], capture_output=True, text=True,
-                          preexec_fn=lambda: os.sched_setaffinity(0, use))
-    if proc.returncode != 0:
-        raise RuntimeError(f"the {path} run on {n_devices} device(s), {dtype}, failed:\n{proc.stderr[-4000:]}")
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
-    row["cores"] = len(use)
-    return row
+    row, cores = run_pinned(__file__, dict(n_devices=n_devices, dtype=dtype, n_cells=n_cells, steps=steps, path=path,
+                                           halo_skin=halo_skin, repeats=repeats), n_devices)
+    return dict(row, cores=cores)
 
 
 def worker(spec: str) -> int:

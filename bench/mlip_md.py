@@ -190,8 +190,8 @@ def interleaved(atoms: int, steps: int, kind: str, repeats: int) -> list[dict]:
         return rows
     finally:
         for w in workers:
-            if w.proc.poll() is None:
-                w.proc.kill()
+            if w.proc.poll() is None:  # not closed: a side failed or the run was interrupted
+                w.kill()
 
 
 def main(argv=None) -> int:

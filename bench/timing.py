@@ -27,6 +27,17 @@ def median_time(fn, repeat: int = 3) -> float:
     return statistics.median(call_times(fn, repeat))
 
 
+def _pinned(cores: int) -> tuple[set, dict, object]:
+    """(the first ``cores`` cores, the environment without this process's device count,
+    the ``preexec_fn`` that binds a child to those cores) for a worker child."""
+    import os
+
+    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    use = set(available[:cores])
+    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+    return use, env, (lambda: os.sched_setaffinity(0, use)) if use else None
+
+
 def run_pinned(script: str, spec: dict, cores: int) -> tuple[dict, int]:
     """Run ``python script --worker <spec as JSON>`` in a child process bound to the first
     ``cores`` cores (one XLA CPU device would otherwise use them all), without this
@@ -37,11 +48,9 @@ def run_pinned(script: str, spec: dict, cores: int) -> tuple[dict, int]:
     import subprocess
     import sys
 
-    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    use = set(available[:cores])
-    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+    use, env, pin = _pinned(cores)
     proc = subprocess.run([sys.executable, script, "--worker", json.dumps(spec)], capture_output=True, text=True,
-                          env=env, preexec_fn=(lambda: os.sched_setaffinity(0, use)) if use else None)
+                          env=env, preexec_fn=pin)
     if proc.returncode != 0:
         raise RuntimeError(f"{Path(script).name} worker {spec} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1]), len(use) or os.cpu_count()
@@ -58,16 +67,17 @@ class PinnedWorker:
         import os
         import subprocess
         import sys
+        import tempfile
 
-        available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        use = set(available[:cores])
+        use, env, pin = _pinned(cores)
         self.cores = len(use) or os.cpu_count()
         self.spec, self.name, self._json = spec, Path(script).name, json
-        env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+        # stderr to a file: a pipe nobody reads while the child runs would fill with its
+        # warnings and stop it.
+        self._stderr = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([sys.executable, script, "--worker", json.dumps(spec)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                     preexec_fn=(lambda: os.sched_setaffinity(0, use)) if use else None)
-        self.ready = self._reply()  # the child prepared (compiled, warmed) before answering
+                                     stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env, preexec_fn=pin)
+        self._reply()  # the child answers once prepared (compiled, warmed)
 
     def _reply(self) -> dict:
         for line in self.proc.stdout:
@@ -75,7 +85,8 @@ class PinnedWorker:
             if line.startswith("{"):
                 return self._json.loads(line)
         self.proc.wait()
-        raise RuntimeError(f"{self.name} worker {self.spec} failed:\n{self.proc.stderr.read()[-3000:]}")
+        self._stderr.seek(0)
+        raise RuntimeError(f"{self.name} worker {self.spec} failed:\n{self._stderr.read()[-3000:]}")
 
     def request(self, what: str) -> dict:
         self.proc.stdin.write(what + "\n")
@@ -90,7 +101,15 @@ class PinnedWorker:
         """End the child; its last JSON answer (e.g. its peak memory)."""
         out = self.request("stop")
         self.proc.wait()
+        self._stderr.close()
         return out
+
+    def kill(self) -> None:
+        """End the child now, whatever it is doing (a failed or interrupted run)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._stderr.close()
 
 
 def serve(prepare) -> int:
