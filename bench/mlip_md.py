@@ -149,7 +149,8 @@ def prepare_jaxdd(n_atoms: int, steps: int, kind: str, devices: int):
         t0 = time.perf_counter()
         state = md.run(state, steps)  # each run continues the trajectory
         seconds = time.perf_counter() - t0
-        return dict(seconds=seconds, rebuilds=md.last_run.rebuilds, recompiles=md.last_run.recompiles)
+        return dict(seconds=seconds, rebuilds=md.last_run.rebuilds, discarded=md.last_run.discarded,
+                    recompiles=md.last_run.recompiles)
 
     return run
 

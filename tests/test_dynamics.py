@@ -96,6 +96,14 @@ def test_nve_trajectory_equals_single_device_through_migrations(grid):
     np.testing.assert_allclose(np.asarray(got.velocities), vel, rtol=0, atol=1e-9)
 
 
+def test_a_rebuild_foreseen_from_the_last_step_discards_no_step():
+    # Each step is checked against where the next one will take the atoms (this step's move
+    # extrapolated): the plan is rebuilt before a step outruns it, not after evaluating one.
+    md, _ = nve_run((2, 2, 1), 200)
+    assert md.last_run.rebuilds >= 1
+    assert md.last_run.discarded == 0
+
+
 def test_one_rank_trajectory_equals_single_device_through_rebuilds():
     # One rank searches its periodic cell itself: a rebuild on the device must keep the
     # cell's periodic axes (it has no ghost images to stand in for them).

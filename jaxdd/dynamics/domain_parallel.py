@@ -52,7 +52,9 @@ from .io import ExtXYZWriter, Progress, host_array, read_md_arrays, read_md_json
 
 __all__ = ["DomainParallel", "MDState", "RunStats"]
 
-_RUNNING, _REBUILD, _OVERFLOW, _CONVERGED, _NONFINITE = 0, 1, 2, 3, 4
+# Why the device loop stopped. _REBUILD: the step just taken outran the plan and was
+# discarded; _AHEAD: the step was kept, and the next one, extrapolated, would outrun it.
+_RUNNING, _REBUILD, _OVERFLOW, _CONVERGED, _NONFINITE, _AHEAD = 0, 1, 2, 3, 4, 5
 _REPLICATED = ("cell", "system_mask", "plan_cell")  # the plan's entries every rank holds whole
 
 
@@ -90,8 +92,10 @@ class RunStats:
     """The last :meth:`DomainParallel.run`: steps, wall seconds, atom-steps per second,
     plan rebuilds, atoms that migrated to another rank at those rebuilds, recompilations
     for capacity growth, the rebuilds that were planned on the host (the others ran on
-    the devices), and the times the blocks were cut again to balance the ranks
-    (``DomainConfig(balance="dynamic")``; each is a host rebuild too)."""
+    the devices), the times the blocks were cut again to balance the ranks
+    (``DomainConfig(balance="dynamic")``; each is a host rebuild too), and the steps
+    evaluated, discarded and taken again on a new plan (an atom outran the plan, or the
+    model refused the positions on it; a rebuild the last step's move foresaw discards none)."""
 
     steps: int
     seconds: float
@@ -101,6 +105,7 @@ class RunStats:
     recompiles: int
     host_rebuilds: int = 0
     rebalances: int = 0
+    discarded: int = 0
 
 
 class DomainParallel:
@@ -153,6 +158,7 @@ class DomainParallel:
         self._migrations = 0
         self._recompiles = 0
         self._rebalances = 0
+        self._discarded = 0
         self._frame = None
         self._cuts = None  # a balanced partition's block boundaries, kept between rebalancing
         self._weights = None  # measured cost per atom [V] the next balanced partition shares out
@@ -329,8 +335,9 @@ class DomainParallel:
         marks = [m for m in (thermo_every, trajectory_every, rebalance_every, *(o.every for o in observers)) if m]
         show = progress and jax.process_index() == 0
         bar = Progress(n_steps, int(np.asarray(state.template.atom_mask).sum())) if show else None
-        rebuilds0, recompiles0, migrations0, host0, rebalances0 = (
-            self._rebuilds, self._recompiles, self._migrations, self._host_rebuilds, self._rebalances)
+        rebuilds0, recompiles0, migrations0, host0, rebalances0, discarded0 = (
+            self._rebuilds, self._recompiles, self._migrations, self._host_rebuilds, self._rebalances,
+            self._discarded)
         start, done = time.perf_counter(), 0
         state = self._fitting(dataclasses.replace(state))
         if writer is not None and writer.frames == 0:
@@ -359,7 +366,7 @@ class DomainParallel:
         self.last_run = RunStats(done, seconds, done * n_atoms / seconds if seconds > 0 else 0.0,
                                  self._rebuilds - rebuilds0, self._migrations - migrations0,
                                  self._recompiles - recompiles0, self._host_rebuilds - host0,
-                                 self._rebalances - rebalances0)
+                                 self._rebalances - rebalances0, self._discarded - discarded0)
         if bar is not None:
             bar.close(self.last_run)
         return state
@@ -387,6 +394,10 @@ class DomainParallel:
                 if regrowths > self._max_regrowths():
                     raise RuntimeError("neighbour lists still overflowed after repeated capacity increases")
                 self._grow(needed)
+            elif reason == _AHEAD:  # the next step would outrun the plan: a new one first
+                state = self._rebuild(state)
+                fresh = True
+                continue
             elif reason in (_REBUILD, _NONFINITE):
                 # A stale halo, or a step a model refused on this plan (the distributed PME mesh
                 # answers NaN for atoms that drifted past it): both ask for a new plan.
@@ -398,6 +409,7 @@ class DomainParallel:
                         f"the step is not finite at step {state.step + 1} (energy, forces, positions or "
                         "velocities), on a plan built from the step before: the model failed on these positions "
                         "(atoms too close? a time step too large?); the state passed to run() is unchanged")
+                self._discarded += 1
                 state = self._rebuild(state)
                 fresh = True
                 continue
@@ -925,15 +937,20 @@ def _loop(model, arrays, energy, extra, virial, fixed, step0, n, static, integra
         def max_shift2(x, ref):
             return jax.lax.pmax(local_shift2(x, ref), axes)
 
-        def moved2(x, cell_now, ref, ref_cell):
-            """Largest squared displacement since ``ref``, and how far lengths shrank since then."""
+        def carried(ref, ref_cell, cell_now):
+            """Reference positions ``ref`` taken along with the cell since ``ref_cell``, and the
+            least factor by which any length shrank since then (1 when the cell is fixed)."""
             if not moving:
-                return max_shift2(x, ref), jnp.ones((), x.dtype)
+                return ref, jnp.ones((), ref.dtype)
             m = cell_map(ref_cell, cell_now, system_mask)  # identity for padding systems
-            carried = jnp.einsum("ni,nij->nj", ref, m[a["system"]])
             # The least factor by which any length shrank: the smallest singular value of m.
             shrink = jnp.min(jnp.linalg.svd(m, compute_uv=False))
-            return max_shift2(x, carried), jnp.minimum(shrink, 1.0)
+            return jnp.einsum("ni,nij->nj", ref, m[a["system"]]), jnp.minimum(shrink, 1.0)
+
+        def moved2(x, cell_now, ref, ref_cell):
+            """Largest squared displacement since ``ref``, and how far lengths shrank since then."""
+            ref, shrink = carried(ref, ref_cell, cell_now)
+            return max_shift2(x, ref), shrink
 
         def neighbors(x, cell_now):
             return rank_neighbors(halo_forward(x, static.layout, f["routing"], axes, cell=cell_now), f["local"],
@@ -1008,27 +1025,32 @@ def _loop(model, arrays, energy, extra, virial, fixed, step0, n, static, integra
             # A model may refuse positions that drifted too far from their plan with NaN (the
             # distributed PME mesh does); a new plan fixes that.
             finite = box["finite"] & jnp.all(jnp.isfinite(new.positions)) & jnp.all(jnp.isfinite(new.velocities))
-            if moving:
-                d2, shrink = moved2(new.positions, box["cell"], a["reference"], plan_cell)
-                nonfinite = jax.lax.pmin(finite.astype(jnp.int32), axes) == 0
-            else:  # one collective agrees on both: the largest displacement and any non-finite rank
-                d2, broken = jax.lax.pmax(jnp.stack([local_shift2(new.positions, a["reference"]),
-                                                     jnp.where(finite, 0.0, 1.0).astype(new.positions.dtype)]), axes)
-                shrink, nonfinite = jnp.ones((), d2.dtype), broken > 0
+            ref, shrink = carried(a["reference"], plan_cell, box["cell"])
+            # Where the next step would take the atoms, this step's move extrapolated: a plan it
+            # would outrun is rebuilt now, rather than after a step evaluated in vain (a wrong
+            # guess costs a rebuild one step early, or the discarded step as before).
+            ahead = 2 * new.positions - state.positions
+            # One collective agrees on all three: the largest displacement, the largest one
+            # ahead, and whether any rank is not finite.
+            d2, ahead2, broken = jax.lax.pmax(jnp.stack([
+                local_shift2(new.positions, ref), local_shift2(ahead, ref),
+                jnp.where(finite, 0.0, 1.0).astype(new.positions.dtype)]), axes)
+            nonfinite = broken > 0
             # The plan's shell of W Å is W·shrink Å now; what it must hold beyond the model's
             # reach is twice the displacement.
             allowed = threshold - (1.0 - shrink) * (reach[0] / 2 if moving else 0.0)
             far = (d2 > allowed**2) | (allowed <= 0)
             blowup = nonfinite & ~box["overflow"]
             bad = far | box["overflow"] | blowup
+            soon = ~bad & (ahead2 > allowed**2)
             # A discarded step ends the loop, and the next call builds its list afresh, so
             # only the state needs selecting (the list is large, selecting it costs a copy).
             kept = (jax.tree_util.tree_map(lambda old, nw: jnp.where(bad, old, nw), state, new), box.get("verlet"))
             converged = ~bad & integrator.converged(kept[0], ctx)
             reason = jnp.where(box["overflow"], _OVERFLOW, jnp.where(far, _REBUILD, jnp.where(
-                blowup, _NONFINITE, jnp.where(converged, _CONVERGED, _RUNNING))))
-            return (k + jnp.where(bad, 0, 1).astype(jnp.int32), bad | converged, reason.astype(jnp.int32), kept,
-                    box["needed"])
+                blowup, _NONFINITE, jnp.where(converged, _CONVERGED, jnp.where(soon, _AHEAD, _RUNNING)))))
+            return (k + jnp.where(bad, 0, 1).astype(jnp.int32), bad | converged | soon, reason.astype(jnp.int32),
+                    kept, box["needed"])
 
         k, _, reason, (state, _), needed = jax.lax.while_loop(cond, body, init)
         out = dict(a, positions=state.positions, velocities=state.velocities, forces=state.forces)
