@@ -83,8 +83,9 @@ def network(cfg, atoms):
                 params=params, species=species, R=R, nbrs=nbrs)
 
 
-def prepare_jax_md(n_atoms: int, steps: int, kind: str):
-    """jax-md's loop, compiled and warmed; returns a function timing one run of ``steps``."""
+def prepare_jax_md(n_atoms: int, steps: int, kind: str, cost: bool = False):
+    """jax-md's loop, compiled and warmed; returns a function timing one run of ``steps``.
+    cost: each run's figures also give XLA's cost analysis of one step (``step_cost``)."""
     import jax
     import jax.numpy as jnp
     from ase import units
@@ -105,6 +106,7 @@ def prepare_jax_md(n_atoms: int, steps: int, kind: str):
     loop = jax_md_loop(apply, steps)
     carry = loop(state, net["nbrs"])  # compile and warm
     jax.block_until_ready(carry[0].position)
+    step_cost = step_costs(jax_md_loop(apply, 1).lower(*carry).compile()) if cost else {}
 
     def run() -> dict:
         nonlocal carry
@@ -114,14 +116,14 @@ def prepare_jax_md(n_atoms: int, steps: int, kind: str):
         seconds = time.perf_counter() - t0
         if bool(carry[1].did_buffer_overflow):
             raise RuntimeError("jax-md's neighbour list overflowed; the figure would be wrong")
-        return dict(seconds=seconds)
+        return dict(seconds=seconds, **step_cost)
 
     return run
 
 
-def prepare_jaxdd(n_atoms: int, steps: int, kind: str, devices: int):
+def prepare_jaxdd(n_atoms: int, steps: int, kind: str, devices: int, cost: bool = False):
     """jaxdd's DomainParallel on ``devices`` devices, compiled and warmed; returns a function
-    timing one run of ``steps``."""
+    timing one run of ``steps``. cost: as :func:`prepare_jax_md` (one rank's step)."""
     import jax
     import numpy as np
     from jax.sharding import AxisType, Mesh
@@ -143,6 +145,7 @@ def prepare_jaxdd(n_atoms: int, steps: int, kind: str, devices: int):
     md = jaxdd.DomainParallel(dm, jaxdd.VelocityVerlet(DT_FS * units.fs))
     data = jaxdd.AtomicData.from_ase(atoms, dtype=np.float32)
     state = md.run(md.init(data), steps)  # compile, grow capacities, warm
+    step_cost = step_costs(md.lower(state).compile()) if cost else {}
 
     def run() -> dict:
         nonlocal state
@@ -150,9 +153,18 @@ def prepare_jaxdd(n_atoms: int, steps: int, kind: str, devices: int):
         state = md.run(state, steps)  # each run continues the trajectory
         seconds = time.perf_counter() - t0
         return dict(seconds=seconds, rebuilds=md.last_run.rebuilds, discarded=md.last_run.discarded,
-                    recompiles=md.last_run.recompiles)
+                    recompiles=md.last_run.recompiles, **step_cost)
 
     return run
+
+
+def step_costs(compiled) -> dict:
+    """XLA's cost analysis of a compiled loop whose body is one step (counted once): one
+    rank's flops and bytes accessed per step. Deterministic, unlike the timings."""
+    from timing import cost
+
+    c = cost(compiled)
+    return dict(step_gflops=c["flops"] / 1e9, step_gbytes=c["bytes"] / 1e9)
 
 
 def worker(spec: str) -> int:
@@ -162,11 +174,11 @@ def worker(spec: str) -> int:
     os.environ["JAX_NUM_CPU_DEVICES"] = str(kw["devices"])
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if kw["side"] == "jax-md":
-        return serve(lambda: prepare_jax_md(kw["atoms"], kw["steps"], kw["config"]))
-    return serve(lambda: prepare_jaxdd(kw["atoms"], kw["steps"], kw["config"], kw["devices"]))
+        return serve(lambda: prepare_jax_md(kw["atoms"], kw["steps"], kw["config"], kw["cost"]))
+    return serve(lambda: prepare_jaxdd(kw["atoms"], kw["steps"], kw["config"], kw["devices"], kw["cost"]))
 
 
-def interleaved(atoms: int, steps: int, kind: str, repeats: int) -> list[dict]:
+def interleaved(atoms: int, steps: int, kind: str, repeats: int, cost: bool = False) -> list[dict]:
     """jax-md (1 core), jaxdd on 1 device (1 core) and on 2 (2 cores), each a pinned child
     prepared once; then ``repeats`` rounds in which each times one run in turn, so every side
     is measured in every phase of the machine. Rows with the fastest run of each side."""
@@ -177,7 +189,7 @@ def interleaved(atoms: int, steps: int, kind: str, repeats: int) -> list[dict]:
     try:
         for side, devices in sides:  # prepared one at a time: compilation is not timed
             workers.append(PinnedWorker(__file__, dict(side=side, atoms=atoms, steps=steps, config=kind,
-                                                       devices=devices), devices))
+                                                       devices=devices, cost=cost), devices))
         runs = [[] for _ in sides]
         for _ in range(repeats):
             for w, timed in zip(workers, runs):
@@ -205,6 +217,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3,
                    help="rounds of timed runs, each side once per round; the fastest is reported (default 3)")
     p.add_argument("--config", choices=("small", "default"), default="small", help="jax-md NequIP size")
+    p.add_argument("--cost", action="store_true",
+                   help="also print XLA's cost analysis of one step per side (one rank's GFLOP and GB accessed)")
     p.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
     args = p.parse_args(argv)
     from timing import check_args
@@ -216,13 +230,17 @@ def main(argv=None) -> int:
           f"each side a child pinned to its cores, timed in turn, fastest of {args.repeats} round(s)")
     print(f"{'side':>14} {'atoms':>6} {'cores':>5} {'atom-steps/s':>13} {'seconds':>8} {'max RSS MB':>10} {'ratio':>22}")
     for n in sizes:
-        ref, one, two = interleaved(n, args.steps, args.config, args.repeats)
+        ref, one, two = interleaved(n, args.steps, args.config, args.repeats, args.cost)
         one["ratio"] = one["atom_steps_per_second"] / ref["atom_steps_per_second"]
         two["ratio"] = two["atom_steps_per_second"] / one["atom_steps_per_second"]
         for r, label, what in ((ref, "jax-md", ""), (one, "jaxdd 1 dev", f"{one['ratio']:.2f}x jax-md"),
                                (two, "jaxdd 2 dev", f"{two['ratio']:.2f}x 1 device")):
             print(f"{label:>14} {n:>6} {r['cores']:>5} {r['atom_steps_per_second']:>13,.0f} {r['seconds']:>8.2f} "
                   f"{r['max_rss_mb']:>10.0f} {what:>22}", flush=True)
+        if args.cost:
+            for r, label in ((ref, "jax-md"), (one, "jaxdd 1 dev"), (two, "jaxdd 2 dev")):
+                print(f"{label:>14} {n:>6}  one step, one rank (XLA cost analysis): {r['step_gflops']:.2f} GFLOP, "
+                      f"{r['step_gbytes']:.2f} GB accessed", flush=True)
         rows += [ref, one, two]
     ones = [r["ratio"] for r in rows if r["side"] == "jaxdd" and r["devices"] == 1]
     twos = [r["ratio"] for r in rows if r["side"] == "jaxdd" and r["devices"] == 2]

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_mlip_md_times_jax_md_and_jaxdd_on_one_and_two_devices(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "mlip_md.py"), "--atoms", "64", "--steps", "5",
-                           "--repeats", "2", "--json", str(tmp_path / "m.json")],
+                           "--repeats", "2", "--cost", "--json", str(tmp_path / "m.json")],
                           capture_output=True, text=True, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads((tmp_path / "m.json").read_text())["rows"]
@@ -26,3 +26,6 @@ def test_mlip_md_times_jax_md_and_jaxdd_on_one_and_two_devices(tmp_path):
     # The fastest of the timed runs is the figure, each side alike.
     assert all(len(r["seconds_of_each_run"]) == 2 and r["seconds"] == min(r["seconds_of_each_run"]) for r in rows)
     assert "target (jaxdd 1 device >= 1.0x jax-md)" in proc.stdout
+    # --cost: XLA's count of one step of each side (one rank's), printed and recorded.
+    assert all(r["step_gflops"] > 0 and r["step_gbytes"] > 0 for r in rows)
+    assert proc.stdout.count("one step, one rank (XLA cost analysis)") == 3

@@ -104,6 +104,21 @@ def test_a_rebuild_foreseen_from_the_last_step_discards_no_step():
     assert md.last_run.discarded == 0
 
 
+def _flops(lowered) -> float:
+    compiled = lowered.compile()
+    compiled = getattr(compiled, "compiled", compiled)  # DistributedModel.lower's is equinox's wrapper
+    analysis = compiled.cost_analysis()
+    return float((analysis[0] if isinstance(analysis, (list, tuple)) else analysis)["flops"])
+
+
+def test_lower_gives_the_device_loop_whose_body_is_one_step():
+    # XLA counts a loop body once: the step's flops are about one force evaluation's.
+    md, state = nve_run((2, 2, 1), 200)
+    step = _flops(md.lower(state))
+    force = _flops(md.dist_model.lower(melt(), ("energy", "forces")))
+    assert 0.5 * force < step < 2 * force
+
+
 def test_one_rank_trajectory_equals_single_device_through_rebuilds():
     # One rank searches its periodic cell itself: a rebuild on the device must keep the
     # cell's periodic axes (it has no ghost images to stand in for them).

@@ -371,6 +371,17 @@ class DomainParallel:
             bar.close(self.last_run)
         return state
 
+    def lower(self, state: MDState, n_steps: int = 1):
+        """The lowered XLA program (a ``jax.stages.Lowered``) that advances ``state`` on the
+        devices, the one :meth:`run` calls between plan rebuilds: for analysis
+        (``.compile().cost_analysis()``, ``.memory_analysis()``, ``.as_text()``), not to call.
+        Its loop body is one step, which XLA's cost analysis counts once: the flops and bytes
+        of a step on one rank. n_steps: the loop's bound (a traced value)."""
+        return _loop.lower(
+            self.dist_model.model, state.arrays, state.energy, state.extra, state.virial, state.fixed,
+            jnp.asarray(state.step, jnp.int32), jnp.asarray(_count("n_steps", n_steps), jnp.int32),
+            self._static(state), self.integrator, self.threshold, self.nl_skin, self._reach()).lowered
+
     def _advance(self, state: MDState, n: int) -> MDState:
         """Take ``n`` steps, leaving the device only to rebuild plans and grow capacities."""
         regrowths, fresh = 0, False
