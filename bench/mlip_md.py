@@ -138,6 +138,9 @@ def prepare_jaxdd(n_atoms: int, steps: int, kind: str, devices: int, cost: bool 
     model = JaxMDModel(lambda d, b: energy.nequip_neighbor_list(d, b, cfg), cutoff=R_MAX, format="Sparse",
                        periodic=True, fractional_coordinates=False, species=(14,), species_as="atoms",
                        params=net["params"])
+    if len(jax.devices()) < devices:  # a mesh of fewer devices would be timed under this one's name
+        raise RuntimeError(f"{devices} devices asked for, JAX has {len(jax.devices())}: set JAX_NUM_CPU_DEVICES "
+                           "before JAX is imported")
     mesh = Mesh(np.asarray(jax.devices()[:devices]), ("dd",), axis_types=(AxisType.Auto,))
     dm = jaxdd.DistributedModel(model, jaxdd.DomainConfig(R_MAX, skin=0.5, mesh=mesh))
     from ase import units
@@ -153,7 +156,7 @@ def prepare_jaxdd(n_atoms: int, steps: int, kind: str, devices: int, cost: bool 
         state = md.run(state, steps)  # each run continues the trajectory
         seconds = time.perf_counter() - t0
         return dict(seconds=seconds, rebuilds=md.last_run.rebuilds, discarded=md.last_run.discarded,
-                    recompiles=md.last_run.recompiles, **step_cost)
+                    recompiles=md.last_run.recompiles, mesh_devices=int(mesh.size), **step_cost)
 
     return run
 
@@ -168,11 +171,12 @@ def step_costs(compiled) -> dict:
 
 
 def worker(spec: str) -> int:
-    from timing import serve
-
     kw = json.loads(spec)
+    # Before JAX is imported (timing imports it): JAX reads the device count once, at import.
     os.environ["JAX_NUM_CPU_DEVICES"] = str(kw["devices"])
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from timing import serve
+
     if kw["side"] == "jax-md":
         return serve(lambda: prepare_jax_md(kw["atoms"], kw["steps"], kw["config"], kw["cost"]))
     return serve(lambda: prepare_jaxdd(kw["atoms"], kw["steps"], kw["config"], kw["devices"], kw["cost"]))

@@ -23,6 +23,8 @@ def test_mlip_md_times_jax_md_and_jaxdd_on_one_and_two_devices(tmp_path):
     rows = json.loads((tmp_path / "m.json").read_text())["rows"]
     assert [(r["side"], r["devices"]) for r in rows] == [("jax-md", 1), ("jaxdd", 1), ("jaxdd", 2)]
     assert all(r["atom_steps_per_second"] > 0 and r["max_rss_mb"] > 0 for r in rows)
+    # Each jaxdd side ran on the devices it is named for (its child set the count before JAX started).
+    assert [r["mesh_devices"] for r in rows[1:]] == [1, 2]
     # The fastest of the timed runs is the figure, each side alike.
     assert all(len(r["seconds_of_each_run"]) == 2 and r["seconds"] == min(r["seconds_of_each_run"]) for r in rows)
     assert "target (jaxdd 1 device >= 1.0x jax-md)" in proc.stdout
