@@ -405,14 +405,11 @@ class DomainParallel:
                 if regrowths > self._max_regrowths():
                     raise RuntimeError("neighbour lists still overflowed after repeated capacity increases")
                 self._grow(needed)
-            elif reason == _AHEAD:  # the next step would outrun the plan: a new one first
-                state = self._rebuild(state)
-                fresh = True
-                continue
-            elif reason in (_REBUILD, _NONFINITE):
+            elif reason in (_REBUILD, _NONFINITE, _AHEAD):
                 # A stale halo, or a step a model refused on this plan (the distributed PME mesh
-                # answers NaN for atoms that drifted past it): both ask for a new plan.
-                if taken == 0 and fresh:
+                # answers NaN for atoms that drifted past it): both ask for a new plan, as does a
+                # next step that would outrun it (_AHEAD: this step was kept, none discarded).
+                if reason != _AHEAD and taken == 0 and fresh:
                     raise RuntimeError(
                         f"an atom moved more than {self.threshold:.4g} Å (half the skin) in one step from a fresh "
                         "plan; the time step is too large for the skin: reduce dt or raise DomainConfig.skin"
@@ -420,7 +417,7 @@ class DomainParallel:
                         f"the step is not finite at step {state.step + 1} (energy, forces, positions or "
                         "velocities), on a plan built from the step before: the model failed on these positions "
                         "(atoms too close? a time step too large?); the state passed to run() is unchanged")
-                self._discarded += 1
+                self._discarded += int(reason != _AHEAD)
                 state = self._rebuild(state)
                 fresh = True
                 continue
