@@ -150,7 +150,7 @@ def jax_md_loop(apply, steps: int):
 
 def cost(compiled) -> dict:
     """XLA's cost analysis of a compiled program: flops, bytes accessed, memory (B) or None."""
-    compiled = getattr(compiled, "compiled", compiled)  # equinox wraps jax's Compiled
+    compiled = getattr(compiled, "compiled", compiled)  # equinox wraps jax's Compiled (driver's program)
     analysis = compiled.cost_analysis()
     if isinstance(analysis, (list, tuple)):
         analysis = analysis[0]

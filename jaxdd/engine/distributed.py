@@ -751,9 +751,10 @@ class DistributedModel:
         return ModelOutputs({k: (v[:n] if k in per_node else v) for k, v in out.items()})
 
     def lower(self, data: AtomicData | Batch, outputs: Iterable[str] | str | None = None):
-        """The lowered XLA program of one call (``.compile().cost_analysis()``, ``.memory_analysis()``)."""
+        """The lowered XLA program of one call (a ``jax.stages.Lowered``): for analysis
+        (``.compile().cost_analysis()``, ``.memory_analysis()``, ``.as_text()``), not to call."""
         _, _, inputs = self._prepare(data, outputs, size=False)
-        return _run.lower(self.model, dataclasses.replace(inputs, n_atoms=0))
+        return _run.lower(self.model, dataclasses.replace(inputs, n_atoms=0)).lowered
 
     def __call__(self, data: AtomicData | Batch, outputs: Iterable[str] | str | None = None) -> ModelOutputs:
         """Evaluate the model distributed; same keys, shapes and atom order as ``jaxdd.compute``.
