@@ -21,6 +21,7 @@ import pytest
 from jax.sharding import AxisType, Mesh
 
 import jaxdd
+from jaxdd import ffi
 from jaxdd import AtomicData, Batch, NeighborCapacity
 from jaxdd.capacity import Capacities
 from jaxdd.data import as_batch
@@ -383,6 +384,24 @@ def test_a_grid_of_whole_floats_and_numpy_integers_is_stored_as_ints():
 def test_a_cutoff_that_is_not_positive_and_finite_is_refused(cutoff):
     with pytest.raises(ValueError, match="cutoff"):
         DomainConfig(cutoff=cutoff, mesh=mesh_of(1))
+
+
+@pytest.mark.parametrize("half, backend, axes", [(False, "auto", {0, 1}), (False, "kernel", {0, 1, 2}),
+                                                 (True, "auto", {0, 1, 2})], ids=["full", "full-kernel", "half"])
+def test_ranks_search_the_images_along_an_axis_the_grid_leaves_whole_unless_the_list_needs_them(half, backend, axes):
+    """A full list finds the periodic images along z itself on a grid (3, 2, 1): no exchange
+    along z; a half list (whose order keys tell images apart by their rows) and the kernel
+    search (open boundaries only) hold them as ghost rows. test_distributed_outputs_equal_
+    single_device_compute checks the outputs of the first."""
+    if backend == "kernel" and not ffi.available():
+        pytest.skip("compiled kernels not built (pip install -e .)")
+    config = DomainConfig(cutoff=CUTOFF, mesh=mesh_of(6), grid=(3, 2, 1), neighbor_backend=backend)
+    model = DistributedModel(LennardJones(1.0, 1.0, CUTOFF, half_list=half), config)
+    batch = as_batch(data("triclinic", "small"))
+    _, plan = model.plan(batch)
+    assert {e.axis for e in plan.layout.exchanges} == axes
+    inputs, _ = model.rank_inputs(batch, *model.plan(batch))
+    assert np.all(inputs.local.pbc[..., 2] == (axes == {0, 1})) and not np.any(inputs.local.pbc[..., :2])
 
 
 # A half list keeps each pair on one rank (picked by global id order and parity; images by their shift).

@@ -252,6 +252,55 @@ def test_open_axes_exchange_nothing_across_the_boundary():
     assert np.all(plan.local_shifts == 0)
 
 
+# Grids that leave a periodic axis whole: the ranks search its images themselves.
+SEARCHED = ["triclinic-3x2x1-multihop", "small-cell-2x1x1-self-images", "cube-8x1x1-wide-shell", "batch-3x2x1"]
+
+
+@functools.lru_cache(maxsize=None)
+def searched_plan(name):
+    _, part, _ = case(name)
+    return build_halo_plan(part, CASES[name][2], periodic_search=True)
+
+
+@pytest.mark.parametrize("name", SEARCHED)
+def test_a_periodic_search_plan_exchanges_nothing_along_the_axes_the_grid_leaves_whole(name):
+    _, part, plan = case(name)
+    whole = np.asarray(part.grid) == 1
+    searched = searched_plan(name)
+    assert {e.axis for e in searched.layout.exchanges} == {e.axis for e in plan.layout.exchanges} - set(np.flatnonzero(whole))
+    assert np.all(searched.local_shifts[..., whole] == 0)
+    assert np.all(searched.ghost_counts() < plan.ghost_counts())
+
+
+@pytest.mark.parametrize("name", SEARCHED)
+def test_a_periodic_search_plan_holds_every_image_its_search_cannot_reach(name):
+    """The search adds lattice shifts along the whole axes to the rows held; every image
+    within the ghost width of a block must be a held row plus such a shift."""
+    batch, part, _ = case(name)
+    width = CASES[name][2]
+    plan = searched_plan(name)
+    whole = np.asarray(part.grid) == 1
+    for rank in range(part.n_ranks):
+        held = set(held_images(plan, rank))
+        for (atom, shift), (point, frame, lo, hi) in candidate_images(batch, part, rank, width).items():
+            if (atom, tuple(0 if w else k for w, k in zip(whole, shift))) in held:
+                continue
+            distance = euclidean_distance_to_block(point, frame, lo, hi)
+            assert distance > width - 1e-9, f"rank {rank} misses image {(atom, shift)} at {distance:.6f} Å"
+
+
+@pytest.mark.parametrize("name", SEARCHED)
+def test_a_rank_planned_alone_with_periodic_search_holds_what_the_whole_plan_gives_it(name):
+    _, part, _ = case(name)
+    whole = searched_plan(name)
+    capacity = (whole.layout.n_owned, tuple(e.capacity for e in whole.layout.exchanges))
+    for rank in range(part.n_ranks):
+        alone = build_rank_plans(part, CASES[name][2], [rank], capacity=capacity, periodic_search=True)
+        assert alone.layout == whole.layout
+        np.testing.assert_array_equal(alone.local_ids[0], whole.local_ids[rank])
+        np.testing.assert_array_equal(alone.routing.send_idx[0], whole.routing.send_idx[rank])
+
+
 def test_too_small_capacities_are_flagged_with_the_sizes_that_fit():
     _, part, fresh = case("triclinic-3x2x1-multihop")
     n_exchanges = len(fresh.layout.exchanges)

@@ -42,9 +42,9 @@ def rows_of(plan, part, positions):
                 image=np.zeros(ids.shape + (3,), np.int32), tag=np.where(valid, 10 * ids + 7, 0))
 
 
-def host(batch, positions, grid, width, capacity=None):
+def host(batch, positions, grid, width, capacity=None, periodic_search=False):
     part = partition(positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask, int(np.prod(grid)), grid=grid)
-    return part, build_halo_plan(part, width, capacity=capacity)
+    return part, build_halo_plan(part, width, capacity=capacity, periodic_search=periodic_search)
 
 
 def rebuild(batch, rows, layout, width, n_migrate=64):
@@ -59,10 +59,10 @@ def roomy(plan, factor=2):
     return (factor * plan.layout.n_owned, tuple(factor * e.capacity for e in plan.layout.exchanges))
 
 
-def assert_rebuild_equals_host_plan(batch, part, before, positions, grid, width):
+def assert_rebuild_equals_host_plan(batch, part, before, positions, grid, width, periodic_search=False):
     """Rebuild ``before`` on the devices with the atoms at ``positions`` and check it against
     the host plan of those positions: rows, routing, needs, each atom's data and wrap."""
-    after_part, after = host(batch, positions, grid, width, capacity=roomy(before))
+    after_part, after = host(batch, positions, grid, width, capacity=roomy(before), periodic_search=periodic_search)
     rows = {k: np.concatenate([v, np.zeros((v.shape[0], after.layout.n_owned - v.shape[1]) + v.shape[2:], v.dtype)
                                - (k == "ids")], axis=1)
             for k, v in rows_of(before, part, positions).items()}
@@ -92,6 +92,17 @@ def test_a_device_rebuild_equals_the_host_plan_of_the_moved_atoms(name):
     batch, part, before = case(name)
     _, grid, width = CASES[name]
     assert_rebuild_equals_host_plan(batch, part, before, moved(batch), grid, width)
+
+
+@pytest.mark.parametrize("name", ["triclinic-3x2x1-multihop", "batch-3x2x1"])
+def test_a_device_rebuild_of_a_periodic_search_plan_equals_the_host_plan(name):
+    """A plan with no exchange along the axes the grid leaves whole (the ranks search their
+    images) is rebuilt on the devices from its own layout, as the host plans it."""
+    batch, _, _ = case(name)
+    _, grid, width = CASES[name]
+    part, before = host(batch, np.asarray(batch.positions), grid, width, periodic_search=True)
+    assert all(grid[e.axis] > 1 for e in before.layout.exchanges)
+    assert_rebuild_equals_host_plan(batch, part, before, moved(batch), grid, width, periodic_search=True)
 
 
 def test_exchanges_that_no_longer_fit_are_reported_with_the_sizes_that_do():

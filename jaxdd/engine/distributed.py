@@ -112,6 +112,9 @@ class DomainConfig:
     compiled cell list of :mod:`jaxdd.ffi.neighbors`; CPU devices, or CUDA GPUs when the
     CUDA kernels were built), ``"jnp"`` (the jit-compiled bin search, any device) or
     ``"auto"`` (default: the kernel where it can run, else jnp). Both give the same pairs.
+    A full list (not deep) under ``"auto"`` or ``"jnp"`` has the ranks search the periodic
+    images along the axes the grid leaves whole with the jnp search and no ghost images there
+    (:meth:`DistributedModel.search_pbc`); ``"kernel"`` keeps explicit images on every axis.
     memory_limit: bytes one rank may use (None, the default: what its device reports, none
     on CPU); a halo whose rows and neighbour list alone need more is refused before
     compiling (:mod:`jaxdd.engine.guardrail`).
@@ -334,9 +337,12 @@ class DistributedModel:
         self.use_node_energy = use_node
         self.ghost_width = ghost_width
         self.deep_halo = deep
-        # One rank needs no ghost images: it searches its periodic cell itself, as one device does
-        # (the kernel search has open boundaries only, so asking for it keeps the images).
-        self.periodic_search = (domain_config.n_ranks == 1 and layout == "halo" and not deep and not nc.half_list
+        # Along an axis the grid leaves whole (one rank along it) the ranks need no ghost images:
+        # they search its periodic images themselves, as one device searches its cell; one rank
+        # then holds no ghost rows, a grid (1, 1, 2) only the shells along z. A half list keeps
+        # the images (its order keys tell a pair's images apart by their rows), and so does the
+        # kernel search, which has open boundaries only.
+        self.periodic_search = (layout == "halo" and not deep and not nc.half_list
                                 and domain_config.neighbor_backend != "kernel")
         self.capacity_factor, self.growth_factor = factors(domain_config.capacity_factor, spec.compile)
         self._model = model
@@ -424,7 +430,8 @@ class DistributedModel:
         ranks = own_ranks(cfg.mesh)
         capacity = None if self.capacities is None else self.capacities.halo
         if ranks is not None and capacity is None:
-            needs = build_rank_plans(part, self.ghost_width, ranks, capacity_factor=self.capacity_factor)
+            needs = build_rank_plans(part, self.ghost_width, ranks, capacity_factor=self.capacity_factor,
+                                     periodic_search=self.periodic_search)
             needs = agree_max([needs.needed_owned, *needs.needed_exchange])
             capacity = (headroom(needs[0], self.capacity_factor),
                         tuple(headroom(n, self.capacity_factor) for n in needs[1:]))
@@ -455,15 +462,28 @@ class DistributedModel:
         self._bucketed_capacity[shape] = want
         return plan if want == have else self._plan_ranks(part, ranks, want)
 
+    def search_pbc(self, pbc, grid) -> np.ndarray:
+        """The periodic axes of the ranks' neighbour search, [S, 3] bool, for a batch's ``pbc``
+        ([S, 3]) split by ``grid``: none where ghost rows are the periodic images; the batch's
+        own along the axes the grid leaves whole when the ranks search those images themselves
+        (:attr:`periodic_search`); all of them for node blocks, which search the whole cell."""
+        pbc = np.asarray(pbc, bool)
+        if self.strategy == "graph_partition":
+            return pbc
+        if not self.periodic_search:
+            return np.zeros_like(pbc)
+        return pbc & (np.asarray(grid) == 1)
+
     def _plan_ranks(self, part: Partition, ranks, capacity) -> HaloPlan:
         """The plan of ``ranks`` (None: all) with ``capacity``; with several processes its
         needs are agreed over all of them."""
         if ranks is None:
             # A single rank owns every atom whatever they do: no headroom for imbalance.
-            factor = 1.0 if self.periodic_search else self.capacity_factor
+            factor = 1.0 if self.periodic_search and part.n_ranks == 1 else self.capacity_factor
             return build_halo_plan(part, self.ghost_width, capacity_factor=factor, capacity=capacity,
                                    periodic_search=self.periodic_search)
-        plan = build_rank_plans(part, self.ghost_width, ranks, capacity_factor=self.capacity_factor, capacity=capacity)
+        plan = build_rank_plans(part, self.ghost_width, ranks, capacity_factor=self.capacity_factor, capacity=capacity,
+                                periodic_search=self.periodic_search)
         needs = agree_max([plan.needed_owned, *plan.needed_exchange])
         layout = plan.layout
         overflow = needs[0] > layout.n_owned or any(n > e.capacity for n, e in zip(needs[1:], layout.exchanges))
@@ -524,9 +544,7 @@ class DistributedModel:
             positions=np.zeros(ids.shape + (3,), dtype),  # filled by halo_forward on device
             atomic_numbers=rows("atomic_numbers", 0).astype(np.int32),
             cell=np.broadcast_to(cell, (len(ids),) + cell.shape),
-            # Ghosts are explicit images; node blocks and a single rank search their images themselves.
-            pbc=np.broadcast_to(np.asarray(batch.pbc, bool), (len(ids), n_sys, 3))
-            if self.strategy == "graph_partition" or self.periodic_search else np.zeros((len(ids), n_sys, 3), bool),
+            pbc=np.broadcast_to(self.search_pbc(batch.pbc, part.grid), (len(ids), n_sys, 3)),
             batch_idx=bidx.astype(np.int32),
             ptr=ptr.astype(np.int32),
             atom_mask=valid,
@@ -577,20 +595,24 @@ class DistributedModel:
                 pos.reshape(-1, 3), np.asarray(inputs.cell), np.asarray(local.pbc[0]),
                 np.asarray(local.batch_idx).reshape(-1), np.asarray(local.atom_mask).reshape(-1), n_ranks, n_owned,
                 cutoff=nc.search_cutoff, headroom=headroom, max_neighbors=nc.max_neighbors or 1)
-        if self.periodic_search:  # one rank, its periodic cell: sized as on one device
-            return neighbor_capacity(pos[0], np.asarray(inputs.cell), np.asarray(local.pbc[0]),
-                                     np.asarray(local.batch_idx[0]), np.asarray(local.atom_mask[0]),
-                                     cutoff=nc.search_cutoff, headroom=headroom, n_receivers=n_owned)
-        # Systems sized apart, as the ranks search them: a batch of molecules that overlap in
-        # space (each in its own box) would otherwise count each other as neighbours.
-        n_sys = int(local.cell.shape[1])
-        caps = [
-            neighbor_capacity(pos[r], np.broadcast_to(np.eye(3), (n_sys, 3, 3)), np.zeros((n_sys, 3), bool),
-                              np.asarray(local.batch_idx[r]), np.asarray(local.atom_mask[r]), cutoff=nc.search_cutoff,
-                              headroom=headroom, half=nc.half_list,
-                              n_receivers=pos.shape[1] if self.deep_halo else n_owned)
-            for r in range(pos.shape[0])
-        ]
+        if self.periodic_search:  # sized as the ranks search: periodic along their local pbc, in the cell
+            caps = [neighbor_capacity(pos[r], np.asarray(inputs.cell), np.asarray(local.pbc[r]),
+                                      np.asarray(local.batch_idx[r]), np.asarray(local.atom_mask[r]),
+                                      cutoff=nc.search_cutoff, headroom=headroom, n_receivers=n_owned)
+                    for r in range(pos.shape[0])]
+            if len(caps) == 1 and jax.process_count() == 1:
+                return caps[0]  # one rank: sized exactly as on one device
+        else:
+            # Systems sized apart, as the ranks search them: a batch of molecules that overlap in
+            # space (each in its own box) would otherwise count each other as neighbours.
+            n_sys = int(local.cell.shape[1])
+            caps = [
+                neighbor_capacity(pos[r], np.broadcast_to(np.eye(3), (n_sys, 3, 3)), np.zeros((n_sys, 3), bool),
+                                  np.asarray(local.batch_idx[r]), np.asarray(local.atom_mask[r]),
+                                  cutoff=nc.search_cutoff, headroom=headroom, half=nc.half_list,
+                                  n_receivers=pos.shape[1] if self.deep_halo else n_owned)
+                for r in range(pos.shape[0])
+            ]
         cover = NeighborCapacity.covering(caps, nc.max_neighbors or 1)
         if jax.process_count() == 1:
             return cover

@@ -5,7 +5,9 @@ each rank holds every periodic image within ``ghost_width`` of its block. Plans 
 LAMMPS-style on the host: axis by axis (x, then y, then z), in both directions, each stage
 forwarding the ghosts received in the stages before it (6 exchanges rather than 26), with
 several hops along an axis when the ghost shell is wider than a block, and with periodic
-images of a rank's own atoms when the cell is thinner than the shell. Bounds are inclusive
+images of a rank's own atoms when the cell is thinner than the shell (or, with
+``periodic_search``, with no exchange along an axis the grid leaves whole: the ranks search
+its periodic images themselves, as one device does). Bounds are inclusive
 and include the receiver's own block, so an atom that sits inside a neighbour's block while
 still owned elsewhere reaches that neighbour too. :func:`build_rank_plans` plans chosen ranks
 only (one process's); :mod:`jaxdd.replan` computes the same plan on the devices.
@@ -193,12 +195,12 @@ def build_halo_plan(
     program); when any is too small the plan is returned with ``overflow`` set. Without
     it, capacities are the exact needs times ``capacity_factor``. present: [S] bool, the
     systems that have atoms (default: those of ``part``), which set the exchanges' hops.
-    periodic_search: one rank that finds its periodic neighbours itself (a neighbour search
-    in the periodic cell, as on one device): no ghost rows at all. Needs a 1-rank grid.
+    periodic_search: the ranks find the periodic images along the axes the grid leaves
+    whole (one rank along them) themselves, with a neighbour search periodic along those
+    axes, as one device searches its cell: no exchange (and no ghost image) along them. One
+    rank then holds no ghost rows at all; a grid (1, 1, 2) only the shells along z.
     """
     grid = part.grid
-    if periodic_search and part.n_ranks != 1:
-        raise ValueError(f"periodic_search plans one rank, but the partition has {part.n_ranks}")
     n_ranks = part.n_ranks
     coords = rank_coords(np.arange(n_ranks), grid)  # [P, 3]
     bounds = [part.bounds(r) for r in range(n_ranks)]  # (lo, hi), each [S, 3]
@@ -218,7 +220,9 @@ def build_halo_plan(
     ]
 
     steps = []  # per exchange: (axis, direction, hop, pairs, wraps [P], sends {rank: held-like dict})
-    for axis in range(0 if periodic_search else 3):  # one rank searching its cell: nothing to exchange
+    for axis in range(3):
+        if periodic_search and grid[axis] == 1:  # the ranks search this axis's images themselves
+            continue
         periodic_any = bool(np.any(part.pbc[present, axis]))
         n_axis = grid[axis]
         hops = 1
@@ -350,7 +354,7 @@ def near_block(part: Partition, ghost_width: float, rank: int) -> np.ndarray:
 
 
 def build_rank_plans(part: Partition, ghost_width: float, ranks, *, capacity_factor: float = 1.2,
-                     capacity: tuple[int, tuple[int, ...]] | None = None) -> HaloPlan:
+                     capacity: tuple[int, tuple[int, ...]] | None = None, periodic_search: bool = False) -> HaloPlan:
     """The plan of ``ranks`` only: ``local_ids``, ``local_shifts`` and ``routing`` hold their
     rows, in the order of ``ranks`` (``HaloPlan.ranks``).
 
@@ -360,6 +364,7 @@ def build_rank_plans(part: Partition, ghost_width: float, ranks, *, capacity_fac
     holds or sends. ``needed_exchange`` is then the most any rank sends that the planned
     ranks see, which equals the whole plan's once maximised over every rank (what several
     processes do, each planning its own ranks, before they agree on capacities).
+    periodic_search: as for :func:`build_halo_plan`.
     """
     ranks = tuple(int(r) for r in ranks)
     if not ranks or any(not 0 <= r < part.n_ranks for r in ranks) or len(set(ranks)) != len(ranks):
@@ -371,12 +376,13 @@ def build_rank_plans(part: Partition, ghost_width: float, ranks, *, capacity_fac
     for r in ranks:
         near = dataclasses.replace(part, owner=np.where(near_block(part, ghost_width, r), part.owner, -1))
         plans.append((r, build_halo_plan(near, ghost_width, capacity_factor=capacity_factor, capacity=capacity,
-                                         present=present)))
+                                         present=present, periodic_search=periodic_search)))
     layouts = {p.layout for _, p in plans}
     if len(layouts) > 1:  # no capacity given: each sized its own; size them alike
         n_owned = max(p.layout.n_owned for _, p in plans)
         caps = tuple(max(c) for c in zip(*(tuple(e.capacity for e in p.layout.exchanges) for _, p in plans)))
-        return build_rank_plans(part, ghost_width, ranks, capacity_factor=capacity_factor, capacity=(n_owned, caps))
+        return build_rank_plans(part, ghost_width, ranks, capacity_factor=capacity_factor, capacity=(n_owned, caps),
+                                periodic_search=periodic_search)
     needed_owned = int(np.bincount(part.owner[real], minlength=part.n_ranks).max(initial=0))
     needed_exchange = tuple(max(n) for n in zip(*(p.needed_exchange for _, p in plans)))
     layout = plans[0][1].layout

@@ -55,7 +55,8 @@ class RankProgram:
 
     layout: the halo layout (owned rows, exchange slots). nl_capacity: the neighbour-list
     capacity. search_cutoff (Å), nl_format, nl_backend, nl_half: the neighbour search.
-    periodic_search: one rank that searches its periodic cell itself (no ghost images).
+    periodic_search: the rank searches the periodic images along its local batch's pbc
+    (the axes the grid leaves whole) itself, in the cell, with no ghost images along them.
     strategy: ``"halo"`` or ``"graph_partition"``. policy: the dispatch's storage policy.
     autograd: outputs the engine derives from the energy. outputs: keys computed, in order.
     energy_key, use_node_energy: what is differentiated. deep: a deep halo (ghost rows
@@ -234,7 +235,7 @@ def rank_neighbors(positions, local, program: RankProgram, cell=None, routing=No
         return block_neighbor_list(
             all_pos, jax.lax.stop_gradient(cell), local.pbc, all_sys, all_mask, jax.lax.axis_index(program.axes),
             layout.n_owned, cutoff=program.search_cutoff, capacity=program.nl_capacity, format=program.nl_format)
-    if program.periodic_search:  # one rank, no ghost rows: the periodic search of one device
+    if program.periodic_search:  # periodic along the axes the grid leaves whole, open along the others
         return build_neighbor_list(
             jax.lax.stop_gradient(positions), jax.lax.stop_gradient(cell), local.pbc, local.batch_idx, local.atom_mask,
             cutoff=program.search_cutoff, capacity=program.nl_capacity, format=program.nl_format,
