@@ -34,6 +34,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 A_SI, R_MAX, DT_FS, MASS_SI = 5.43, 5.0, 1.0, 28.0855
+#: XLA's CPU backend splits an operation over an Eigen thread pool sized for the whole machine,
+#: whatever cores the process is bound to: on a pinned core (or two, one per device) those
+#: threads take turns on it, and every side ran about half as fast as with the operations
+#: kept on the thread that runs them (jax-md 533 against 1,136 atom-steps/s, jaxdd on one
+#: device 547 against 1,299). Every side runs with it unless XLA_FLAGS already names the
+#: option (--xla-defaults keeps XLA's default).
+CPU_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false"
 SCALE = 0.01  # eV per unit of the network's output
 
 
@@ -224,14 +231,20 @@ def main(argv=None) -> int:
     p.add_argument("--cost", action="store_true",
                    help="also print XLA's cost analysis of one step per side (one rank's GFLOP and GB accessed)")
     p.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
+    p.add_argument("--xla-defaults", action="store_true",
+                   help=f"keep XLA's CPU defaults (else {CPU_XLA_FLAGS} is added to XLA_FLAGS, for every side)")
     args = p.parse_args(argv)
     from timing import check_args
 
     check_args(p, args, positive=("steps", "repeats"))
     sizes = [int(a) for a in args.atoms.split(",") if a.strip()]
+    flags = os.environ.get("XLA_FLAGS", "")
+    if not args.xla_defaults and "multi_thread_eigen" not in flags:  # the children inherit it
+        os.environ["XLA_FLAGS"] = f"{flags} {CPU_XLA_FLAGS}".strip()
     rows = []
     print(f"NequIP (jax-md, {args.config} config) NVE on diamond Si, {args.steps} steps, dt {DT_FS} fs, float32; "
-          f"each side a child pinned to its cores, timed in turn, fastest of {args.repeats} round(s)")
+          f"each side a child pinned to its cores, timed in turn, fastest of {args.repeats} round(s); "
+          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     print(f"{'side':>14} {'atoms':>6} {'cores':>5} {'atom-steps/s':>13} {'seconds':>8} {'max RSS MB':>10} {'ratio':>22}")
     for n in sizes:
         ref, one, two = interleaved(n, args.steps, args.config, args.repeats, args.cost)
@@ -255,7 +268,7 @@ def main(argv=None) -> int:
         from timing import write_record
 
         write_record(args.json, dict(benchmark="mlip_md", config=args.config, steps=args.steps, repeats=args.repeats,
-                                     rows=rows))
+                                     xla_flags=os.environ.get("XLA_FLAGS", ""), rows=rows))
     return 0
 
 

@@ -91,7 +91,8 @@ def _rank_edges(dist, batch: Batch, cutoff: float):
             yield ids[np.asarray(lnl.receivers)[lm]], plan.local_ids.reshape(-1)[np.asarray(lnl.senders)[lm]], \
                 np.asarray(lnl.shifts)[lm]
             continue
-        # A rank with ghost images searches open boundaries; a single rank searches its periodic cell.
+        # A rank searches the periodic axes of its local pbc (those the grid leaves whole) in the
+        # cell, and open boundaries when its ghost rows are the images on every axis.
         periodic = bool(np.asarray(local.pbc[r]).any())
         lnl = build_neighbor_list(
             jnp.asarray(local_pos[r]),
