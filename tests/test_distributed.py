@@ -398,9 +398,9 @@ def test_ranks_search_the_images_along_an_axis_the_grid_leaves_whole_unless_the_
     config = DomainConfig(cutoff=CUTOFF, mesh=mesh_of(6), grid=(3, 2, 1), neighbor_backend=backend)
     model = DistributedModel(LennardJones(1.0, 1.0, CUTOFF, half_list=half), config)
     batch = as_batch(data("triclinic", "small"))
-    _, plan = model.plan(batch)
+    part, plan = model.plan(batch)
     assert {e.axis for e in plan.layout.exchanges} == axes
-    inputs, _ = model.rank_inputs(batch, *model.plan(batch))
+    inputs, _ = model.rank_inputs(batch, part, plan)
     assert np.all(inputs.local.pbc[..., 2] == (axes == {0, 1})) and not np.any(inputs.local.pbc[..., :2])
 
 

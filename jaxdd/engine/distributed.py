@@ -600,7 +600,7 @@ class DistributedModel:
                                       np.asarray(local.batch_idx[r]), np.asarray(local.atom_mask[r]),
                                       cutoff=nc.search_cutoff, headroom=headroom, n_receivers=n_owned)
                     for r in range(pos.shape[0])]
-            if len(caps) == 1 and jax.process_count() == 1:
+            if len(caps) == 1:
                 return caps[0]  # one rank: sized exactly as on one device
         else:
             # Systems sized apart, as the ranks search them: a batch of molecules that overlap in

@@ -1,10 +1,10 @@
 """The compiled open-boundary cell list (CPU and CUDA): each rank's neighbour search over its rows.
 
 Under domain decomposition a rank whose rows are its owned atoms and explicit ghost images
-on every axis (a half list, or this search asked for) searches with no periodic axis. :func:`cell_list` is that search as one C++
-pass (csrc/cpu_neighbors.cc; on CUDA GPUs csrc/cuda_neighbors.cu, which gives the same
-list edge for edge): per-system bins of half the cutoff, a counting sort, a stencil scan
-per receiver. It computes what :func:`jaxdd.neighbors.build_neighbor_list`
+on every axis (a half list, or this search asked for) searches with no periodic axis.
+:func:`cell_list` is that search as one C++ pass (csrc/cpu_neighbors.cc; on CUDA GPUs
+csrc/cuda_neighbors.cu, which gives the same list edge for edge): per-system bins of half
+the cutoff, a counting sort, a stencil scan per receiver. It computes what :func:`jaxdd.neighbors.build_neighbor_list`
 computes with an identity cell and no periodic axis (the same pairs, grouped by receiver
 in receiver order; the order within a receiver may differ), in a small fraction of the
 time on a CPU, and needs no candidate or bin capacity: only the edge slots can run out.
