@@ -229,10 +229,10 @@ def test_nothing_is_guessed_or_left_rank_local(name, grid):
 def test_e3x_normalisation_over_every_edge_is_a_max_across_ranks(name, grid):
     _, report, _ = distributed("e3x", grid)
     assert report.counts["reduce.max"] >= 1  # e3x.ops.norm's largest |x| over all edges: a pmax
-    assert report.counts["scatter_add.halo_correction"] == E3xEnergy.num_layers  # one per message pass
+    assert report.counts["scatter_add.owned_rows"] == E3xEnergy.num_layers  # one per message pass
 
 
 @pytest.mark.parametrize("name, grid", cases(["stacked_index_flax"]))
 def test_stacked_index_rows_scatter_onto_atoms_with_a_halo_exchange(name, grid):
     _, report, _ = distributed("stacked_index_flax", grid)
-    assert report.counts["scatter_add.halo_correction"] == StackedIndexMPNN.n_layers
+    assert report.counts["scatter_add.owned_rows"] == StackedIndexMPNN.n_layers

@@ -235,10 +235,10 @@ def test_distributed_equals_single_device_on_an_uneven_grid():
 
 def test_ghosts_read_their_owners_coordination_numbers_through_the_scatter_exchange():
     dm, _ = distributed("pair", (3, 2, 1))
-    # Two scatter-adds onto receivers: the coordination numbers and the pair energies.
-    # Halo-corrected, each leaves ghost rows equal to their owners', so a pair's sender
-    # (a ghost) contributes its complete CN while the shell is one neighbour range deep.
-    assert dm.dispatch_report.counts["scatter_add.halo_correction"] == 2
+    # Two scatter-adds onto receivers (owned atoms): the coordination numbers and the pair
+    # energies. Each copies its owners' sums to their ghosts, so a pair's sender (a ghost)
+    # contributes its complete CN while the shell is one neighbour range deep.
+    assert dm.dispatch_report.counts["scatter_add.owned_rows"] == 2
     assert dm.ghost_width == pytest.approx(max(CUTOFF, CN_CUTOFF))
 
 
@@ -258,8 +258,8 @@ def test_distributed_three_body_term_equals_single_device():
     dm, got = distributed("atm", (4, 2, 1))
     assert_distributed_equals_single(got, batch_outputs("atm"))
     assert dm.dispatch_report.fallbacks == []
-    # Triangles read the CN of ghost corners too: still only the two halo-corrected scatters.
-    assert dm.dispatch_report.counts["scatter_add.halo_correction"] == 2
+    # Triangles read the CN of ghost corners too: still only the two exchanged scatters.
+    assert dm.dispatch_report.counts["scatter_add.owned_rows"] == 2
 
 
 # ----------------------------------------------------------------------------- halo depth

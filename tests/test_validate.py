@@ -76,8 +76,8 @@ def test_correct_model_passes_without_fixes():
     assert report.ok and report.fix_applied is None and len(report.attempts) == 1
     assert report.next_action.startswith("OK —")
     assert report.attempts[0].halo_completeness.matches
-    assert report.attempts[0].handler_counts["scatter_add.halo_correction"] == 3
-    assert report.reference_counts["scatter_add.halo_correction"] == 3
+    assert report.attempts[0].handler_counts["scatter_add.owned_rows"] == 3
+    assert report.reference_counts["scatter_add.owned_rows"] == 3
 
 
 @pytest.mark.slow

@@ -73,17 +73,22 @@ class Dispatcher:
 
     # ---------------------------------------------------------------- analysis
 
-    def analyse(self, jaxpr, in_layouts: tuple[Layout, ...], consts: Sequence | None = None) -> Plan:
+    def analyse(self, jaxpr, in_layouts: tuple[Layout, ...], consts: Sequence | None = None,
+                known: dict[int, object] | None = None) -> Plan:
         """The :class:`Plan` of an open ``jaxpr`` for inputs tagged ``in_layouts`` (cached).
-        ``consts``: the values of its constvars, when known (for :meth:`constant`)."""
-        key = (id(jaxpr), in_layouts)
+        ``consts``: the values of its constvars, when known (for :meth:`constant`); ``known``:
+        input position → the integer scalar every call passes there (a literal of the caller)."""
+        known = {i: np.asarray(x) for i, x in (known or {}).items() if np.ndim(x) == 0}
+        key = (id(jaxpr), in_layouts, tuple(sorted((i, x.dtype.str, x.item()) for i, x in known.items())))
         hit = self._plans.get(key)
         if hit is not None:
             return hit[1]
         inputs = {}
         if jaxpr is self._top:
             inputs = {jaxpr.invars[i]: name for i, name in self.system_inputs.items() if i < len(jaxpr.invars)}
-        self._folds.append(_Constants(jaxpr, consts, inputs))
+        fold = _Constants(jaxpr, consts, inputs)
+        fold.values.update({jaxpr.invars[i]: x for i, x in known.items() if i < len(jaxpr.invars)})
+        self._folds.append(fold)
         try:
             return self._analyse(jaxpr, in_layouts, key)
         finally:
@@ -187,9 +192,10 @@ class Dispatcher:
 
     # ---------------------------------------------------------------- evaluation
 
-    def eval(self, jaxpr, consts, args, in_layouts: tuple[Layout, ...]) -> list:
-        """Evaluate an open ``jaxpr`` on ``consts`` and ``args`` tagged ``in_layouts``; its outputs."""
-        plan = self.analyse(jaxpr, in_layouts, consts)
+    def eval(self, jaxpr, consts, args, in_layouts: tuple[Layout, ...], known: dict | None = None) -> list:
+        """Evaluate an open ``jaxpr`` on ``consts`` and ``args`` tagged ``in_layouts`` (``known``:
+        as for :meth:`analyse`, the plan's key); its outputs."""
+        plan = self.analyse(jaxpr, in_layouts, consts, known)
         env: dict = {}
 
         def read(v):
@@ -257,10 +263,11 @@ class _Constants:
         return np.asarray(self.values[var])
 
 
-def batch_layouts(batch, graph_parallel: bool = False) -> object:
+def batch_layouts(batch, graph_parallel: bool = False, receivers_owned: bool = False) -> object:
     """A pytree like ``batch`` (a :class:`~jaxdd.Batch` with its neighbour list) holding the
     :class:`Layout` of every array leaf. graph_parallel: the list's senders index every
-    rank's rows (:data:`Kind.ALL_NODES`)."""
+    rank's rows (:data:`Kind.ALL_NODES`). receivers_owned: its receivers are owned rows
+    (:data:`Kind.OWNED_NODE`)."""
     node = Layout(Kind.NODE, 0)
     graph = Layout(Kind.GRAPH, 0)
     tags = dict(
@@ -270,11 +277,12 @@ def batch_layouts(batch, graph_parallel: bool = False) -> object:
     fields = {name: (tags[name] if getattr(batch, name) is not None else None) for name in tags}
     nl = batch.neighbors
     if nl is not None:
-        nl = _neighbor_layouts(nl, Kind.ALL_NODES if graph_parallel else Kind.NODE)
+        nl = _neighbor_layouts(nl, Kind.ALL_NODES if graph_parallel else Kind.NODE,
+                               Kind.OWNED_NODE if receivers_owned and not graph_parallel else Kind.NODE)
     return batch.__class__.unchecked(**fields, neighbors=nl)
 
 
-def _neighbor_layouts(nl, senders: Kind = Kind.NODE):
+def _neighbor_layouts(nl, senders: Kind = Kind.NODE, receivers: Kind = Kind.NODE):
     from ..neighbors import NeighborList
 
     if not isinstance(nl, NeighborList):
@@ -282,7 +290,7 @@ def _neighbor_layouts(nl, senders: Kind = Kind.NODE):
     edge = Layout(Kind.EDGE, 0)
     node = Layout(Kind.NODE, 0)
     tags = dict(
-        senders=Layout(Kind.EDGE, 0, senders), receivers=Layout(Kind.EDGE, 0, Kind.NODE), shifts=edge, mask=edge,
+        senders=Layout(Kind.EDGE, 0, senders), receivers=Layout(Kind.EDGE, 0, receivers), shifts=edge, mask=edge,
         displacement=edge,
         matrix=Layout(Kind.NODE, 0, senders), matrix_shifts=node, num_neighbors=node,
     )
@@ -304,7 +312,9 @@ def call_model(model, batch, runtime: Runtime | None, report: DispatchReport):
     p_leaves, p_def = jax.tree_util.tree_flatten(params)
     b_leaves, b_def = jax.tree_util.tree_flatten(batch)
     graph_parallel = runtime is not None and isinstance(runtime.policy, GraphParallelPolicy)
-    b_layouts = jax.tree_util.tree_leaves(batch_layouts(batch, graph_parallel), is_leaf=lambda x: isinstance(x, Layout))
+    owned = runtime is not None and runtime.receivers_owned
+    b_layouts = jax.tree_util.tree_leaves(batch_layouts(batch, graph_parallel, owned),
+                                          is_leaf=lambda x: isinstance(x, Layout))
     if len(b_layouts) != len(b_leaves):
         raise RuntimeError("internal: the batch's layouts do not match its leaves")
     n_p = len(p_leaves)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-__all__ = ["Kind", "Layout", "REPLICATED", "ROWS", "join", "clean"]
+__all__ = ["Kind", "Layout", "REPLICATED", "ROWS", "join", "clean", "columns_axis", "rows_of", "merge_index"]
 
 
 class Kind(str, enum.Enum):
@@ -21,6 +21,10 @@ class Kind(str, enum.Enum):
     # Only as an index kind: every rank's node rows stacked in rank order (the senders of a
     # graph-parallel neighbour list). Reading per-node values through it all-gathers them.
     ALL_NODES = "all_nodes"
+    # Only as an index kind: node rows, but only the rows this rank owns, or past every local
+    # row (padding edges) — the receivers of a list whose receivers are the owned atoms. A
+    # sum scattered through it leaves nothing on a ghost row, so no partial has to go home.
+    OWNED_NODE = "owned_node"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,13 +33,15 @@ class Layout:
     is. index: the values are indices into this kind's axis (edge receivers point at nodes,
     ``batch_idx`` at systems). local: no distributed axis, but the value differs between
     ranks (one atom's value, a rank-local partial); never set together with ``kind``.
-    columns: per-column index kinds of an index array built column by column."""
+    columns: per-column index kinds of an index array built column by column, along
+    ``columns_axis`` (None: the last axis; ``jnp.stack([receivers, senders])`` has them along 0)."""
 
     kind: Kind | None = None
     axis: int = 0
     index: Kind | None = None
     local: bool = False
     columns: tuple | None = None
+    columns_axis: int | None = None
 
     def moved(self, axis: int | None) -> "Layout":
         """The same tag on another axis (``None``: the axis is gone; the index meaning stays)."""
@@ -62,10 +68,34 @@ REPLICATED = Layout()
 ROWS = (Kind.NODE, Kind.EDGE)
 
 
+def columns_axis(lay: Layout, ndim: int) -> int:
+    """The axis ``lay.columns`` run along, for a value of ``ndim`` axes."""
+    return ndim - 1 if lay.columns_axis is None else lay.columns_axis
+
+
+def rows_of(index: Kind | None) -> Kind | None:
+    """The kind of rows an index of kind ``index`` points into (owned rows are node rows)."""
+    return Kind.NODE if index is Kind.OWNED_NODE else index
+
+
+def merge_index(kinds) -> Kind | None:
+    """The index meaning of a value that may hold indices of any of ``kinds`` (None: none of
+    them has one): the one they share; owned rows with other node rows are node rows."""
+    found = {k for k in kinds if k is not None}
+    if found == {Kind.NODE, Kind.OWNED_NODE}:
+        return Kind.NODE
+    return found.pop() if len(found) == 1 else None
+
+
 def join(a: Layout, b: Layout) -> Layout:
     """The layout of a value that may be either ``a`` or ``b`` (loop carries, branches)."""
     if a == b:
         return a
+    if {a.index, b.index} == {Kind.NODE, Kind.OWNED_NODE}:
+        # Either index: node rows, not only owned ones.
+        a, b = dataclasses.replace(a, index=Kind.NODE), dataclasses.replace(b, index=Kind.NODE)
+        if a == b:
+            return a
     if a.kind is None and b.kind is not None:
         return b if a.index in (None, b.index) else b.plain()
     if b.kind is None and a.kind is not None:

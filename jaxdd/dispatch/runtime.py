@@ -32,6 +32,9 @@ class Runtime:
     ops: registered op name → :class:`~jaxdd.spec.OpAdapter` declared on the spec.
     batch_idx: [n_padded] int, the system of each local row (what a graph index the model
         builds from ``ptr`` or node counts stands for on this rank), or None.
+    receivers_owned: the neighbour list's receivers are owned rows (or padding past every
+        local row), as the framework's lists are outside a deep halo; a sum onto them then
+        leaves no ghost partial to send home.
     """
 
     layout: halo.HaloLayout | None
@@ -43,6 +46,7 @@ class Runtime:
     ops: dict = dataclasses.field(default_factory=dict)
     n_ranks: int = 1
     batch_idx: jax.Array | None = None
+    receivers_owned: bool = False
 
     @property
     def n_owned(self) -> int:

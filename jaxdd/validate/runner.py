@@ -240,7 +240,9 @@ def _single_device_counts(model, batch: Batch) -> dict[str, int]:
         mesh = Mesh(np.asarray(jax.devices()[:1]), ("dd",), axis_types=(AxisType.Auto,))
 
         def one(b):
-            rt = Runtime(None, None, ("dd",), HaloStoragePolicy(), b.atom_mask, edge_owned=b.neighbors.mask)
+            # One device owns every row, so its list's receivers are all owned.
+            rt = Runtime(None, None, ("dd",), HaloStoragePolicy(), b.atom_mask, edge_owned=b.neighbors.mask,
+                         receivers_owned=True)
             return call_model(model, b, rt, report)[0]
 
         jax.eval_shape(jax.shard_map(one, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False), b)

@@ -19,7 +19,9 @@ def halo_correction_to_local(ctx: FixContext) -> list[FixCandidate]:
     graph, so scatters stay local over a ghost shell as many layers deep as corrections fired."""
     spec = ctx.spec
     policy = spec.policy
-    fired = ctx.attempt.handler_counts.get("scatter_add.halo_correction", 0)
+    # Sums onto ghost-holding rows and onto the list's receivers both exchange.
+    counts = ctx.attempt.handler_counts
+    fired = counts.get("scatter_add.halo_correction", 0) + counts.get("scatter_add.owned_rows", 0)
     if not (isinstance(policy, HaloStoragePolicy) and policy.scatter_mode == "halo_correction" and fired):
         return []
     layers = max(fired, 1)

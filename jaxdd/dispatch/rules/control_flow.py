@@ -13,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import numpy as np
 
 from ..decision import Decision
-from ..equations import sub_jaxpr, where
+from ..equations import is_literal, sub_jaxpr, where
 from ..layouts import ROWS, Layout, join
 from ..registry import register_rule, verb_rule
 from ..report import DispatchError
@@ -38,12 +39,15 @@ def call(ctx, eqn, ins) -> Decision:
     if rt is not None and name in rt.ops:
         return custom_op(ctx, rt.ops[name], eqn, ins)
     jaxpr, consts = sub_jaxpr(eqn.params.get("jaxpr", eqn.params.get("call_jaxpr")))
-    plan = ctx.analyse(jaxpr, ins, consts)
+    # Integer scalars the caller fixes (jnp.where's fill index) are known inside too.
+    known = {i: v.val for i, v in enumerate(eqn.invars)
+             if is_literal(v) and np.ndim(v.val) == 0 and np.issubdtype(np.asarray(v.val).dtype, np.integer)}
+    plan = ctx.analyse(jaxpr, ins, consts, known)
     if not plan.active:
         return Decision(plan.outs, notes=plan.notes)
 
     def apply(eqn, invals):
-        return ctx.eval(jaxpr, consts, invals, ins)
+        return ctx.eval(jaxpr, consts, invals, ins, known)
 
     return Decision(plan.outs, apply)
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..decision import Decision
 from ..equations import shape_of, where
-from ..layouts import REPLICATED, ROWS, Kind, Layout
+from ..layouts import REPLICATED, ROWS, Kind, Layout, columns_axis, merge_index
 from ..registry import register_rule
 from .elementwise import elementwise
 
@@ -82,8 +82,8 @@ def split(ctx, eqn, ins) -> Decision:
     if lay.kind is None:
         return Decision(tuple(Layout(None, 0, lay.index) for _ in sizes))
     if axis != lay.axis:
-        last = len(shape_of(eqn.invars[0])) - 1
-        return Decision(tuple(_columns_of(lay, int(o), s) if axis == last else lay for o, s in zip(offsets, sizes)))
+        across = columns_axis(lay, len(shape_of(eqn.invars[0])))
+        return Decision(tuple(_columns_of(lay, int(o), s) if axis == across else lay for o, s in zip(offsets, sizes)))
     outs, notes = [], []
     for o, s in zip(offsets, sizes):
         if o == 0:
@@ -97,13 +97,13 @@ def split(ctx, eqn, ins) -> Decision:
 
 
 def _columns_of(lay: Layout, offset: int, size: int) -> Layout:
-    """The layout of columns ``offset:offset + size`` of an array whose last axis is cut."""
+    """The layout of columns ``offset:offset + size`` of an array cut along its columns' axis."""
     if not lay.columns:
         return lay
     cols = lay.columns[offset:offset + size]
     if size == 1:  # one index column (pairs[:, :1]): what it points at
         return Layout(lay.kind, lay.axis, cols[0])
-    return dataclasses.replace(lay, columns=cols, index=cols[0] if len(set(cols)) == 1 else None)
+    return dataclasses.replace(lay, columns=cols, index=merge_index(cols) if None not in cols else None)
 
 
 def _on_matrix_axes(lay: Layout, ndim: int) -> bool:

@@ -16,7 +16,7 @@ from ...ops import (AllReduceSum, GatherInputs, GatherInputsFull, GraphParallelP
                     SliceOutputsOwned, SliceOwned)
 from ..decision import Decision
 from ..equations import bind, shape_of, sub_jaxpr
-from ..layouts import REPLICATED, Kind, Layout
+from ..layouts import REPLICATED, Kind, Layout, rows_of
 from ..report import DispatchError
 
 __all__ = ["custom_op", "custom_op_graph_parallel"]
@@ -101,7 +101,7 @@ def custom_op_graph_parallel(ctx, adapter, eqn, ins, outs) -> Decision:
         if tr is not None and not isinstance(tr, GatherInputs):
             raise DispatchError(f"{type(tr).__name__} is an output transform; OpAdapter for {adapter.op} lists "
                                 "it under arg_transforms")
-        if lay.index is Kind.NODE:  # this rank's row numbers → stacked numbering (padding: one past)
+        if rows_of(lay.index) is Kind.NODE:  # this rank's row numbers → stacked numbering (padding: one past)
             offset = jax.lax.axis_index(rt.axis_names) * rt.n_padded
             x = jnp.where(x < rt.n_padded, x + offset.astype(x.dtype), rt.n_all).astype(x.dtype)
         if lay.kind is Kind.NODE:

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..decision import Decision
 from ..equations import bind, is_literal, shape_of
-from ..layouts import Kind, Layout
+from ..layouts import Kind, Layout, merge_index
 from ..registry import register_rule
 
 __all__ = ["elementwise", "select_n", "index_bound", "pvary"]
@@ -16,6 +16,8 @@ __all__ = ["elementwise", "select_n", "index_bound", "pvary"]
 # Primitives whose output indexes what their input indexed (a clamped index is still an index).
 _INDEX_KEEPING = {"convert_element_type", "copy", "copy_p", "clamp", "max", "min", "reduce_precision",
                   "optimization_barrier"}
+# Of those, the ones whose output holds the input's values.
+_VALUE_KEEPING = {"convert_element_type", "copy", "copy_p", "reduce_precision", "optimization_barrier"}
 
 
 def elementwise(ctx, eqn, ins) -> Decision:
@@ -34,8 +36,7 @@ def elementwise(ctx, eqn, ins) -> Decision:
         kinds = list(dict.fromkeys(found))
         index = None
         if keep_index or eqn.primitive.name in ("add", "sub"):
-            idx = {lay.index for lay in ins if lay.index is not None}
-            index = idx.pop() if len(idx) == 1 else None
+            index = owned_or_node(ctx, eqn, ins, range(len(ins)))
         if not kinds:
             outs.append(Layout(None, 0, index))
             continue
@@ -48,9 +49,27 @@ def elementwise(ctx, eqn, ins) -> Decision:
 def select_n(ctx, eqn, ins) -> Decision:
     """``jnp.where``: the cases' index meaning survives when they agree."""
     d = elementwise(ctx, eqn, ins)
-    idx = {lay.index for lay in ins[1:] if lay.index is not None}
     out = d.outs[0]
-    return Decision((Layout(out.kind, out.axis, idx.pop() if len(idx) == 1 else None),))
+    return Decision((Layout(out.kind, out.axis, owned_or_node(ctx, eqn, ins, range(1, len(ins)))),))
+
+
+def owned_or_node(ctx, eqn, ins, positions) -> Kind | None:
+    """The index meaning of ``eqn``'s output from its inputs at ``positions``: the one they
+    share. Indices of owned rows stay that only while every value stays owned or past the
+    local rows: through a cast, a select among such values, or an add of a constant past the
+    rows (jnp's wrap of negative indices, ``i + n``, never taken for an index >= 0)."""
+    index = merge_index(ins[i].index for i in positions)
+    if index is not Kind.OWNED_NODE:
+        return index
+    name = eqn.primitive.name
+    if name in _VALUE_KEEPING:
+        return index
+    others = [eqn.invars[i] for i in positions if ins[i].index is not Kind.OWNED_NODE]
+    if name == "select_n" or name == "add" and len(others) == 1:
+        values = [ctx.constant(v) for v in others]
+        if ctx.n_padded and all(x is not None and np.size(x) and np.min(x) >= ctx.n_padded for x in values):
+            return index
+    return Kind.NODE
 
 
 def index_bound(ctx, eqn, ins) -> Decision:

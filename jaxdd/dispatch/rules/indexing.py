@@ -1,7 +1,9 @@
 """Gathers and scatters: where indices point decides the layout and the exchange.
 
 ``h[senders]`` is per edge; ``segment_sum(messages, receivers)`` is per node and, under
-``halo_correction``, sends ghost partials home (reverse then forward exchange);
+``halo_correction``, sends ghost partials home (reverse then forward exchange), or, when the
+indices are receivers that only this rank's owned atoms are (the framework's lists outside a
+deep halo), only copies owners' sums to their ghosts (forward exchange);
 ``segment_sum(x, batch_idx)`` is per system and ends in a collective. Graph-parallel
 senders index every rank's rows: reading through them all-gathers, scattering onto them
 reduce-scatters.
@@ -14,7 +16,7 @@ import jax.numpy as jnp
 
 from ..decision import Decision
 from ..equations import bind, shape_of, where
-from ..layouts import REPLICATED, ROWS, Kind, Layout
+from ..layouts import REPLICATED, ROWS, Kind, Layout, columns_axis, rows_of
 from ..masks import along, identity_of
 from ..registry import register_rule
 from ..report import DispatchError
@@ -48,7 +50,7 @@ def gather(ctx, eqn, ins) -> Decision:
             if idx.index is None:
                 notes.append(f"gather from per-{op.kind.value} rows by indices of unknown provenance in "
                              f"{where(eqn)}: assumed to point at local rows")
-            elif idx.index is not op.kind:
+            elif rows_of(idx.index) is not op.kind:
                 notes.append(f"gather from per-{op.kind.value} rows by per-{idx.index.value} indices in {where(eqn)}")
         return Decision((Layout(idx.kind, batch_out[idx.axis], index),), notes=tuple(notes))
     if op.kind is None:
@@ -78,11 +80,13 @@ def scatter(ctx, eqn, ins) -> Decision:
     dn = eqn.params["dimension_numbers"]
     notes = []
     sdod = dn.scatter_dims_to_operand_dims
-    known = [(c, k) for c, k in enumerate(idx.columns or ()) if k is not None]
+    last = len(shape_of(eqn.invars[1])) - 1
+    columns = idx.columns if idx.columns and columns_axis(idx, last + 1) == last else None
+    known = [(c, k) for c, k in enumerate(columns or ()) if k is not None]
     if len(sdod) == 1:
         a = sdod[0]
         target = idx.index
-    elif idx.columns and len(idx.columns) == len(sdod) and len(known) == 1:
+    elif columns and len(columns) == len(sdod) and len(known) == 1:
         a, target = sdod[known[0][0]], known[0][1]  # the one column that points somewhere
     else:
         # Several index columns (x.at[receivers, kind].add(...)): which column points at
@@ -111,6 +115,8 @@ def scatter(ctx, eqn, ins) -> Decision:
     if target is None:
         out = op if op.kind is not None else REPLICATED
         return Decision((out.plain() if out.kind else out,), notes=tuple(notes))
+    owned = target is Kind.OWNED_NODE
+    target = rows_of(target)
     out = Layout(target, a)
     kind = name.split("-", 1)[1] if "-" in name else "set"
     ishape = shape_of(eqn.invars[1])
@@ -121,6 +127,14 @@ def scatter(ctx, eqn, ins) -> Decision:
         if mode == "local":
             # bound unchanged, but counted
             return Decision((out,), bind, f"scatter_{kind}.local", tuple(notes))
+        if kind == "add" and mode == "halo_correction" and owned:
+            # Onto owned rows only: no ghost row holds a partial, so owners' sums are
+            # complete and only copied to their ghosts (one exchange, not two).
+            def apply_owned(eqn, invals):
+                operand, indices, updates = invals
+                (delta,) = bind(eqn, [jnp.zeros_like(operand), indices, updates])
+                return [operand + ctx.runtime.halo_refresh(delta, a)]
+            return Decision((out,), apply_owned, "scatter_add.owned_rows", tuple(notes))
         if kind == "add" and mode == "halo_correction":
             def apply(eqn, invals):
                 operand, indices, updates = invals

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..decision import Decision
 from ..equations import shape_of, where
-from ..layouts import REPLICATED, ROWS, Kind, Layout
+from ..layouts import REPLICATED, ROWS, Kind, Layout, columns_axis, merge_index
 from ..registry import register_rule
 from .elementwise import elementwise
 
@@ -78,9 +78,9 @@ def slice_(ctx, eqn, ins) -> Decision:
     strides = eqn.params.get("strides") or (1,) * len(eqn.params["start_indices"])
     full = shape_of(eqn.invars[0])[a]
     if start == 0 and strides[a] == 1:
-        last = len(shape_of(eqn.invars[0])) - 1
-        c0, c1 = eqn.params["start_indices"][last], eqn.params["limit_indices"][last]
-        if lay.columns and last != a and c1 - c0 == 1:  # one index column (pairs[:, 0]): what it points at
+        across = columns_axis(lay, len(shape_of(eqn.invars[0])))
+        c0, c1 = eqn.params["start_indices"][across], eqn.params["limit_indices"][across]
+        if lay.columns and across != a and c1 - c0 == 1:  # one index column (pairs[:, 0]): what it points at
             return Decision((Layout(lay.kind, a, lay.columns[c0]),))
         return Decision((lay,))
     note = ()
@@ -134,7 +134,16 @@ def concatenate(ctx, eqn, ins) -> Decision:
         # Arrays distributed alike, side by side along another axis (jnp.concatenate([s[None],
         # r[None]])): the rows stay, and so does an index meaning every input shares.
         index, notes = _shared_index(ins, eqn)
-        return Decision((Layout(first.kind, first.axis, index),), notes=notes)
+        out = Layout(first.kind, first.axis, index)
+        if oshape[dim] <= 8 and any(lay.index is not None for lay in ins):
+            # Index arrays as rows ([2, n_edges]): keep what each row points at.
+            columns = ()
+            for lay, v in zip(ins, eqn.invars):
+                width = shape_of(v)[dim]
+                same = lay.columns and len(lay.columns) == width and columns_axis(lay, len(oshape)) == dim
+                columns += lay.columns if same else (lay.index,) * width
+            out = dataclasses.replace(out, columns=columns, columns_axis=dim)
+        return Decision((out,), notes=notes)
     return elementwise(ctx, eqn, ins)
 
 
@@ -142,8 +151,8 @@ def _shared_index(ins, eqn) -> tuple[Kind | None, tuple[str, ...]]:
     """The index meaning of index arrays put together as rows: theirs when they all share one,
     else none (and a note saying so)."""
     indices = {lay.index for lay in ins}
-    if len(indices) == 1:
-        return ins[0].index, ()
+    if len(indices) == 1 or merge_index(indices) is Kind.NODE and None not in indices:
+        return merge_index(indices), ()
     return None, (f"{eqn.primitive.name} of indices into different kinds {sorted(str(i) for i in indices)} as rows "
                   f"in {where(eqn)}: index meaning lost; put them side by side as columns (axis=-1) instead",)
 
@@ -166,6 +175,10 @@ def stack(ctx, eqn, ins) -> Decision:
     index, notes = _shared_index(ins, eqn)
     if axis == len(oshape) - 1 and oshape[axis] <= 8 and any(lay.index is not None for lay in ins):
         return Decision((dataclasses.replace(out, index=index, columns=tuple(lay.index for lay in ins)),))
+    if out.kind is not None and oshape[axis] <= 8 and any(lay.index is not None for lay in ins):
+        # Index arrays stacked as rows (jnp.stack([receivers, senders])): keep what each row points at.
+        return Decision((dataclasses.replace(out, index=index, columns=tuple(lay.index for lay in ins),
+                                             columns_axis=axis),), notes=notes)
     if notes:
         out = dataclasses.replace(out, index=None)
     return Decision((dataclasses.replace(out, columns=None),), notes=notes)
