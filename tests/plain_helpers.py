@@ -44,6 +44,27 @@ class DerivedReadout(Readout):
     """Inherits ``scale``: replacing it must not leave a copy on this class afterwards."""
 
 
+def density_energies(positions, senders, receivers, shift_vectors, edge_mask, cutoff):
+    """Per-atom energies of two passes over the edges: a smooth neighbour density, then
+    messages weighted by the senders' densities. Both sums need every neighbour's term.
+
+    Args:
+      positions: [N, 3] Å. senders, receivers: [E] int (padding: N). shift_vectors: [E, 3] Å,
+        the image of each sender. edge_mask: [E] bool. cutoff: Å.
+
+    Returns:
+      [N] per-atom energies.
+    """
+    n = positions.shape[0]
+    vec = (positions.at[senders].get(mode="fill", fill_value=0.0)
+           - positions.at[receivers].get(mode="fill", fill_value=0.0) + shift_vectors)
+    r2 = jnp.sum(vec * vec, axis=-1)
+    smooth = jnp.where(edge_mask & (r2 < cutoff**2), (1.0 - r2 / cutoff**2) ** 2, 0.0)
+    density = jax.ops.segment_sum(smooth, receivers, n)
+    messages = smooth * jnp.tanh(density.at[senders].get(mode="fill", fill_value=0.0))
+    return jax.ops.segment_sum(messages, receivers, n) + 0.1 * density**2
+
+
 def _doubled(x):
     return 2.0 * x
 

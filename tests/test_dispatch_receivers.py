@@ -22,6 +22,7 @@ from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh
 from jaxdd.neighbors import build_neighbor_list, local_neighbor_list, neighbor_capacity
 from jaxdd.segments import per_system_sum
 from jaxdd.systems import fcc_lattice
+from plain_helpers import density_energies
 
 pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
 
@@ -152,22 +153,15 @@ class ReceiverSums(eqx.Module, BaseModel):
         senders, receivers = neighbors.senders, neighbors.receivers
         if self.via_senders:
             receivers = jnp.where(receivers >= 0, receivers, senders)
-        n = positions.shape[0]
-        vec = (positions.at[senders].get(mode="fill", fill_value=0.0)
-               - positions.at[receivers].get(mode="fill", fill_value=0.0) + neighbors.shifts @ cell[0])
-        r2 = jnp.sum(vec * vec, axis=-1)
-        smooth = jnp.where(neighbors.mask & (r2 < CUTOFF**2), (1.0 - r2 / CUTOFF**2) ** 2, 0.0)
-        density = jax.ops.segment_sum(smooth, receivers, n)
-        messages = smooth * jnp.tanh(density.at[senders].get(mode="fill", fill_value=0.0))
-        atomic = jax.ops.segment_sum(messages, receivers, n) + 0.1 * density**2
+        atomic = density_energies(positions, senders, receivers, neighbors.shifts @ cell[0], neighbors.mask, CUTOFF)
         return {"energy": per_system_sum(atomic, batch_idx, n_systems)}
 
 
 def bulk() -> AtomicData:
+    """A jittered fcc crystal of 108 atoms."""
     atoms = fcc_lattice(3, 4.1)
-    rng = np.random.default_rng(3)
-    return AtomicData(atoms.positions + rng.normal(0, 0.1, atoms.positions.shape), np.full(len(atoms), 6),
-                      np.asarray(atoms.cell), True)
+    jitter = np.random.default_rng(5).normal(0, 0.08, atoms.positions.shape)
+    return AtomicData(atoms.positions + jitter, np.full(len(atoms), 6), np.asarray(atoms.cell), True)
 
 
 def exchanges(dm, data) -> int:

@@ -16,6 +16,7 @@ from jaxdd import AtomicData, BaseModel, ModelConfig, NeighborConfig
 from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh
 from jaxdd.segments import per_system_sum
 from jaxdd.systems import fcc_lattice
+from plain_helpers import density_energies
 
 pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
 
@@ -48,14 +49,7 @@ class StackedPairs(eqx.Module, BaseModel):
         else:
             pairs = jnp.stack([neighbors.senders, neighbors.receivers], axis=self.axis)
         senders, receivers = (pairs[0], pairs[1]) if self.axis == 0 else (pairs[:, 0], pairs[:, 1])
-        n = positions.shape[0]
-        vec = (positions.at[senders].get(mode="fill", fill_value=0.0)
-               - positions.at[receivers].get(mode="fill", fill_value=0.0) + neighbors.shifts @ cell[0])
-        r2 = jnp.sum(vec * vec, axis=-1)
-        smooth = jnp.where(neighbors.mask & (r2 < CUTOFF**2), (1.0 - r2 / CUTOFF**2) ** 2, 0.0)
-        density = jax.ops.segment_sum(smooth, receivers, n)  # needs every neighbour, ghosts' too
-        messages = smooth * jnp.tanh(density.at[senders].get(mode="fill", fill_value=0.0))
-        atomic = jax.ops.segment_sum(messages, receivers, n) + 0.1 * density**2
+        atomic = density_energies(positions, senders, receivers, neighbors.shifts @ cell[0], neighbors.mask, CUTOFF)
         return {"energy": per_system_sum(atomic, batch_idx, n_systems)}
 
 
