@@ -137,24 +137,18 @@ class ReceiverSums(eqx.Module, BaseModel):
     select against the senders that never picks them (same values, meaning lost)."""
 
     via_senders: bool = eqx.field(static=True)
-    model_config: ModelConfig = eqx.field(static=True)
-
-    def __init__(self, via_senders: bool = False):
-        self.via_senders = via_senders
-        self.model_config = ModelConfig(
-            outputs=frozenset({"energy", "forces"}), autograd_outputs=frozenset({"forces"}),
-            autograd_inputs=frozenset({"positions"}), neighbor_config=NeighborConfig(cutoff=CUTOFF))
+    model_config: ModelConfig = eqx.field(static=True, default=ModelConfig(
+        outputs=frozenset({"energy", "forces"}), autograd_outputs=frozenset({"forces"}),
+        autograd_inputs=frozenset({"positions"}), neighbor_config=NeighborConfig(cutoff=CUTOFF)))
 
     def adapt_input(self, data, **kwargs):
-        return dict(positions=data.positions, cell=data.cell, batch_idx=data.batch_idx, neighbors=data.neighbors,
-                    n_systems=data.n_systems)
+        return {"data": data}
 
-    def forward(self, positions, cell, batch_idx, neighbors, n_systems):
-        senders, receivers = neighbors.senders, neighbors.receivers
-        if self.via_senders:
-            receivers = jnp.where(receivers >= 0, receivers, senders)
-        atomic = density_energies(positions, senders, receivers, neighbors.shifts @ cell[0], neighbors.mask, CUTOFF)
-        return {"energy": per_system_sum(atomic, batch_idx, n_systems)}
+    def forward(self, data):
+        nl = data.neighbors
+        receivers = jnp.where(nl.receivers >= 0, nl.receivers, nl.senders) if self.via_senders else nl.receivers
+        atomic = density_energies(data.positions, nl.senders, receivers, nl.shifts @ data.cell[0], nl.mask, CUTOFF)
+        return {"energy": per_system_sum(atomic, data.batch_idx, data.n_systems)}
 
 
 def bulk() -> AtomicData:
