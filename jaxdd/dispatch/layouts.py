@@ -68,9 +68,13 @@ REPLICATED = Layout()
 ROWS = (Kind.NODE, Kind.EDGE)
 
 
-def columns_axis(lay: Layout, ndim: int) -> int:
-    """The axis ``lay.columns`` run along, for a value of ``ndim`` axes."""
-    return ndim - 1 if lay.columns_axis is None else lay.columns_axis
+def columns_axis(lay: Layout, shape: tuple[int, ...]) -> int | None:
+    """The axis ``lay.columns`` run along, for a value of ``shape``; None when it has no
+    columns, or not as many as that axis (a rule moved the axes and dropped nothing)."""
+    axis = len(shape) - 1 if lay.columns_axis is None else lay.columns_axis
+    if not lay.columns or not 0 <= axis < len(shape) or shape[axis] != len(lay.columns):
+        return None
+    return axis
 
 
 def rows_of(index: Kind | None) -> Kind | None:

@@ -82,8 +82,11 @@ def split(ctx, eqn, ins) -> Decision:
     if lay.kind is None:
         return Decision(tuple(Layout(None, 0, lay.index) for _ in sizes))
     if axis != lay.axis:
-        across = columns_axis(lay, len(shape_of(eqn.invars[0])))
-        return Decision(tuple(_columns_of(lay, int(o), s) if axis == across else lay for o, s in zip(offsets, sizes)))
+        across = columns_axis(lay, shape_of(eqn.invars[0]))
+        if axis != across:  # cut across the rows elsewhere: each piece keeps the layout, columns gone with it
+            lay = dataclasses.replace(lay, columns=None, columns_axis=None) if lay.columns else lay
+            return Decision(tuple(lay for _ in sizes))
+        return Decision(tuple(_columns_of(lay, int(o), s) for o, s in zip(offsets, sizes)))
     outs, notes = [], []
     for o, s in zip(offsets, sizes):
         if o == 0:

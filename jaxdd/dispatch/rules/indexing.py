@@ -80,8 +80,8 @@ def scatter(ctx, eqn, ins) -> Decision:
     dn = eqn.params["dimension_numbers"]
     notes = []
     sdod = dn.scatter_dims_to_operand_dims
-    last = len(shape_of(eqn.invars[1])) - 1
-    columns = idx.columns if idx.columns and columns_axis(idx, last + 1) == last else None
+    ishape = shape_of(eqn.invars[1])
+    columns = idx.columns if columns_axis(idx, ishape) == len(ishape) - 1 else None
     known = [(c, k) for c, k in enumerate(columns or ()) if k is not None]
     if len(sdod) == 1:
         a = sdod[0]

@@ -78,10 +78,11 @@ def slice_(ctx, eqn, ins) -> Decision:
     strides = eqn.params.get("strides") or (1,) * len(eqn.params["start_indices"])
     full = shape_of(eqn.invars[0])[a]
     if start == 0 and strides[a] == 1:
-        across = columns_axis(lay, len(shape_of(eqn.invars[0])))
-        c0, c1 = eqn.params["start_indices"][across], eqn.params["limit_indices"][across]
-        if lay.columns and across != a and c1 - c0 == 1:  # one index column (pairs[:, 0]): what it points at
-            return Decision((Layout(lay.kind, a, lay.columns[c0]),))
+        across = columns_axis(lay, shape_of(eqn.invars[0]))
+        if across is not None and across != a:
+            c0, c1 = eqn.params["start_indices"][across], eqn.params["limit_indices"][across]
+            if c1 - c0 == 1:  # one index column (pairs[:, 0]): what it points at
+                return Decision((Layout(lay.kind, a, lay.columns[c0]),))
         return Decision((lay,))
     note = ()
     if lay.kind in ROWS:
@@ -140,7 +141,7 @@ def concatenate(ctx, eqn, ins) -> Decision:
             columns = ()
             for lay, v in zip(ins, eqn.invars):
                 width = shape_of(v)[dim]
-                same = lay.columns and len(lay.columns) == width and columns_axis(lay, len(oshape)) == dim
+                same = columns_axis(lay, shape_of(v)) == dim
                 columns += lay.columns if same else (lay.index,) * width
             out = dataclasses.replace(out, columns=columns, columns_axis=dim)
         return Decision((out,), notes=notes)
