@@ -96,7 +96,7 @@ def _inverse_3x3(m):
 
     Not ``jnp.linalg.solve``: mapped over every pair it is one LAPACK triangular solve with
     a right-hand side per pair, which on CPUs wakes OpenBLAS threads that then spin beside
-    the devices' own (a third of the step time of two CPU devices on two cores)."""
+    the devices' own (2.7 s of CPU in a 10 s run of two CPU devices on two cores)."""
     c0, c1, c2 = jnp.cross(m[1], m[2]), jnp.cross(m[2], m[0]), jnp.cross(m[0], m[1])
     return jnp.stack([c0, c1, c2], axis=1) / jnp.dot(m[0], c0)
 

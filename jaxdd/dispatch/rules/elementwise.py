@@ -13,11 +13,10 @@ from ..registry import register_rule
 
 __all__ = ["elementwise", "select_n", "index_bound", "pvary"]
 
-# Primitives whose output indexes what their input indexed (a clamped index is still an index).
-_INDEX_KEEPING = {"convert_element_type", "copy", "copy_p", "clamp", "max", "min", "reduce_precision",
-                  "optimization_barrier"}
-# Of those, the ones whose output holds the input's values.
+# Primitives whose output holds their input's values, and those whose output indexes what
+# their input indexed (a clamped index is still an index).
 _VALUE_KEEPING = {"convert_element_type", "copy", "copy_p", "reduce_precision", "optimization_barrier"}
+_INDEX_KEEPING = _VALUE_KEEPING | {"clamp", "max", "min"}
 
 
 def elementwise(ctx, eqn, ins) -> Decision:

@@ -119,7 +119,6 @@ def scatter(ctx, eqn, ins) -> Decision:
     target = rows_of(target)
     out = Layout(target, a)
     kind = name.split("-", 1)[1] if "-" in name else "set"
-    ishape = shape_of(eqn.invars[1])
     if target is Kind.ALL_NODES:
         return scatter_all_nodes(ctx, eqn, kind, a, tuple(notes))
     if target is Kind.NODE:
@@ -127,20 +126,17 @@ def scatter(ctx, eqn, ins) -> Decision:
         if mode == "local":
             # bound unchanged, but counted
             return Decision((out,), bind, f"scatter_{kind}.local", tuple(notes))
-        if kind == "add" and mode == "halo_correction" and owned:
-            # Onto owned rows only: no ghost row holds a partial, so owners' sums are
-            # complete and only copied to their ghosts (one exchange, not two).
-            def apply_owned(eqn, invals):
-                operand, indices, updates = invals
-                (delta,) = bind(eqn, [jnp.zeros_like(operand), indices, updates])
-                return [operand + ctx.runtime.halo_refresh(delta, a)]
-            return Decision((out,), apply_owned, "scatter_add.owned_rows", tuple(notes))
         if kind == "add" and mode == "halo_correction":
+            # Onto owned rows only, no ghost row holds a partial: owners' sums are complete
+            # and only copied to their ghosts (one exchange, not two).
+            rule = "scatter_add.owned_rows" if owned else "scatter_add.halo_correction"
+
             def apply(eqn, invals):
                 operand, indices, updates = invals
                 (delta,) = bind(eqn, [jnp.zeros_like(operand), indices, updates])
-                return [operand + ctx.runtime.halo_correct(delta, a)]
-            return Decision((out,), apply, "scatter_add.halo_correction", tuple(notes))
+                complete = ctx.runtime.halo_refresh if owned else ctx.runtime.halo_correct
+                return [operand + complete(delta, a)]
+            return Decision((out,), apply, rule, tuple(notes))
 
         def refresh(eqn, invals):
             (y,) = bind(eqn, invals)

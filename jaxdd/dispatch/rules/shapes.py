@@ -152,8 +152,9 @@ def _shared_index(ins, eqn) -> tuple[Kind | None, tuple[str, ...]]:
     """The index meaning of index arrays put together as rows: theirs when they all share one,
     else none (and a note saying so)."""
     indices = {lay.index for lay in ins}
-    if len(indices) == 1 or merge_index(indices) is Kind.NODE and None not in indices:
-        return merge_index(indices), ()
+    merged = merge_index(indices)  # owned rows beside other node rows: node rows
+    if len(indices) == 1 or (merged is not None and None not in indices):
+        return merged, ()
     return None, (f"{eqn.primitive.name} of indices into different kinds {sorted(str(i) for i in indices)} as rows "
                   f"in {where(eqn)}: index meaning lost; put them side by side as columns (axis=-1) instead",)
 
