@@ -165,7 +165,7 @@ setup(
         Extension(
             "jaxdd.ffi._kernels",
             sources=[f"{CSRC}/cpu_kernels.cc", f"{CSRC}/cpu_neighbors.cc"],
-            depends=[f"{CSRC}/kernels_math.h", f"{CSRC}/parallel.h", f"{CSRC}/scan_row.h", f"{CSRC}/stencil.h"],
+            depends=[f"{CSRC}/kernels_math.h", f"{CSRC}/pair_pick.h", f"{CSRC}/parallel.h", f"{CSRC}/scan_row.h", f"{CSRC}/stencil.h"],
             include_dirs=[CSRC],
             # -isystem: the vendored headers are not ours to warn about.
             extra_compile_args=["-std=c++17", "-O3", "-isystem", FFI_INCLUDE],

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels_math.h"
+#include "pair_pick.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -52,6 +53,39 @@ ffi::Error Bad(const std::string& kernel, const std::string& what) {
 inline bool InRange(int32_t i, int64_t n) { return i >= 0 && i < n; }
 
 // ----------------------------------------------------------------------------- LJ
+
+// Pair terms of a block of n pairs (lj_pair on each): v[q], dv[q] from r2[q] and the pair's
+// sigma, epsilon and shift (one of each for every pair: k == 1, or per pair). A loop
+// with nothing but arithmetic, which the compiler vectorises; the AVX2 build (chosen at
+// run time, like the neighbour scan's) does four doubles or eight floats at a time. IEEE
+// operations round the same in a vector lane as in scalar code, and neither build fuses
+// multiply-adds, so both give exactly the scalar formula's bits.
+template <typename T, bool Uniform>
+inline void PairTermsBody(const T* __restrict r2, const T* __restrict sig, const T* __restrict eps,
+                          const T* __restrict vs, int64_t n, T* __restrict v, T* __restrict dv) {
+  for (int64_t q = 0; q < n; ++q) {
+    const int64_t p = Uniform ? 0 : q;
+    jaxdd::lj_pair<T>(r2[q], sig[p], eps[p], vs[p], v + q, dv + q);
+  }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+template <typename T, bool Uniform>
+__attribute__((target("avx2"))) void PairTermsAvx2(const T* r2, const T* sig, const T* eps, const T* vs, int64_t n,
+                                                   T* v, T* dv) {
+  PairTermsBody<T, Uniform>(r2, sig, eps, vs, n, v, dv);
+}
+#define JAXDD_PAIR_AVX2 1
+#endif
+
+template <typename T, bool Uniform>
+void PairTerms(const T* r2, const T* sig, const T* eps, const T* vs, int64_t n, T* v, T* dv) {
+#ifdef JAXDD_PAIR_AVX2
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return PairTermsAvx2<T, Uniform>(r2, sig, eps, vs, n, v, dv);
+#endif
+  PairTermsBody<T, Uniform>(r2, sig, eps, vs, n, v, dv);
+}
 
 // Shapes common to the forward and backward Lennard-Jones kernels.
 template <ffi::DataType DT>
@@ -178,6 +212,7 @@ ffi::Error LjForward(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> shifts, ffi::Buf
   std::fill(w, w + 9 * nw_rows, T(0));
   // One pass over the edges [e0, e1), with running sums of the current receiver: energy,
   // force, virial (symmetric: 6 entries). EF and W (compile-time) select the parts.
+  const bool vector_pick = jaxdd::PickVectorised();
   auto run = [&](auto ef_part, auto w_part, int64_t e0, int64_t e1) {
     constexpr bool EF = decltype(ef_part)::value, W = decltype(w_part)::value;
     int64_t cur = -1;
@@ -199,35 +234,50 @@ ffi::Error LjForward(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> shifts, ffi::Buf
     // Edges in blocks: first the block's pairs within the cutoff are picked out without a
     // branch (a list built with a skin holds pairs beyond it too, at random once the atoms
     // are disordered, and a branch on the cutoff would be mispredicted about as often as it
-    // is taken), then only those are computed.
-    constexpr int64_t kBlock = 256;
-    int32_t pick_r[kBlock], pick_s[kBlock];
-    T pick_d[kBlock][3], pick_r2[kBlock];
+    // is taken), then their pair terms are computed together (a vector loop), then summed.
+    constexpr int64_t kBlock = 256, kRoom = kBlock + jaxdd::kPickSlack;
+    alignas(32) int32_t pick_r[kRoom], pick_s[kRoom];
+    alignas(32) T pick_d0[kRoom], pick_d1[kRoom], pick_d2[kRoom], pick_r2[kRoom], pick_sig[kRoom],
+        pick_eps[kRoom], pick_vs[kRoom], pick_v[kRoom], pick_dv[kRoom];
+    const jaxdd::Picks<T> picks{pick_r, pick_s, pick_d0, pick_d1, pick_d2, pick_r2};
     for (int64_t b0 = e0; b0 < e1; b0 += kBlock) {
       const int64_t b1 = std::min(b0 + kBlock, e1);
       int64_t kept = 0;
-      for (int64_t e = b0; e < b1; ++e) {
-        const int32_t r = rcv[e], s = snd[e];
-        if (!m[e] || !InRange(r, n) || !InRange(s, n)) continue;  // padding: predictable
-        T d[3];
-        const T* cell;
-        EdgeVector(x, sh, h, sys, nc, e, r, s, d, &cell);
-        const T r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
-        pick_r[kept] = r, pick_s[kept] = s, pick_r2[kept] = r2;
-        pick_d[kept][0] = d[0], pick_d[kept][1] = d[1], pick_d[kept][2] = d[2];
-        kept += (r2 < rc2);
+#ifdef JAXDD_SCAN_AVX2
+      if (sh == nullptr && vector_pick) {
+        kept = jaxdd::PickAvx2(x, rcv, snd, m, n, b0, b1, rc2, picks);
+      } else
+#endif
+      {
+        for (int64_t e = b0; e < b1; ++e) {
+          const int32_t r = rcv[e], s = snd[e];
+          if (!m[e] || !InRange(r, n) || !InRange(s, n)) continue;  // padding: predictable
+          T d[3];
+          const T* cell;
+          EdgeVector(x, sh, h, sys, nc, e, r, s, d, &cell);
+          const T r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+          pick_r[kept] = r, pick_s[kept] = s, pick_r2[kept] = r2;
+          pick_d0[kept] = d[0], pick_d1[kept] = d[1], pick_d2[kept] = d[2];
+          kept += (r2 < rc2);
+        }
+      }
+      if (k > 1) {
+        for (int64_t q = 0; q < kept; ++q) {
+          const int64_t ab = int64_t(ty[pick_r[q]]) * k + ty[pick_s[q]];
+          pick_sig[q] = sig[ab], pick_eps[q] = eps[ab], pick_vs[q] = vs[ab];
+        }
+        PairTerms<T, false>(pick_r2, pick_sig, pick_eps, pick_vs, kept, pick_v, pick_dv);
+      } else {
+        PairTerms<T, true>(pick_r2, sig, eps, vs, kept, pick_v, pick_dv);
       }
       for (int64_t q = 0; q < kept; ++q) {
         const int32_t r = pick_r[q], s = pick_s[q];
-        const T* d = pick_d[q];
-        const T r2 = pick_r2[q];
+        const T d[3] = {pick_d0[q], pick_d1[q], pick_d2[q]};
         if (r != cur) {
           flush();
           cur = r;
         }
-        const int64_t ab = int64_t(ty[r]) * k + ty[s];
-        T v, dv;
-        jaxdd::lj_pair<T>(r2, sig[ab], eps[ab], vs[ab], &v, &dv);
+        const T v = pick_v[q], dv = pick_dv[q];
         // The pair's force on the receiver, +dV/dd = 2 dv d, and the virial share
         // -dv d (x) d of each atom it is credited to.
         if constexpr (EF) {

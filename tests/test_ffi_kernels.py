@@ -118,6 +118,41 @@ def test_lj_kernel_reads_shifts_of_zero_rows_as_no_image_shifts():
     assert_rel_close(ref[1], ffi.lennard_jones(pos, none, *args, cutoff=CUTOFF)[1], 1e-12)
 
 
+@pytest.mark.parametrize("half_list", [False, True], ids=["full", "half"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_lj_kernel_without_shifts_gives_the_bits_of_the_pass_that_reads_them(half_list, dtype):
+    """A list with no image shifts takes a vector pass on CPUs that have one; it must keep the
+    same pairs and give the same bits as the scalar pass, padding edges scattered through the
+    list (mask off, indices out of range) and a length that is no multiple of the vector."""
+    import ase.build
+
+    atoms = ase.build.bulk("Ar", "fcc", a=1.6796, cubic=True).repeat((3, 3, 3))  # open cluster: no images
+    atoms.rattle(0.05, seed=5)
+    i, j = ase_neighbor_list("ij", atoms, CUTOFF + 0.3)  # a skin: pairs beyond the cutoff too
+    if half_list:
+        i, j = i[i < j], j[i < j]
+    n, e = len(atoms), len(i)
+    rng = np.random.default_rng(1)
+    mask = rng.random(e) > 0.1
+    i, j = i.astype(np.int32), j.astype(np.int32)
+    i[rng.random(e) < 0.02] = n  # padding by index: receiver or sender out of range
+    j[rng.random(e) < 0.02] = -1
+    keep = slice(0, e - 3)  # not a multiple of 4 (or 8)
+    pos = jnp.asarray(atoms.positions, dtype)
+    types = jnp.asarray(rng.integers(0, 2, n), jnp.int32)
+    args = (jnp.asarray(j[keep]), jnp.asarray(i[keep]), jnp.asarray(mask[keep]), SIGMA.astype(dtype),
+            EPSILON.astype(dtype))
+    cells = jnp.eye(3, dtype=dtype)[None]
+    none = jnp.zeros((0, 3), jnp.int32)
+    zeros = jnp.zeros((len(i[keep]), 3), jnp.int32)
+    kw = lj_kwargs(types, half_list)
+    vector = ffi.lennard_jones(pos, none, cells, *args, **kw)
+    scalar = ffi.lennard_jones(pos, zeros, cells, *args, **kw)
+    for got, want in zip(vector, scalar):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert float(jnp.abs(vector[1]).sum()) > 0
+
+
 def test_lj_kernel_forces_are_minus_the_energy_gradient_of_the_reference():
     pos, shifts, cells, s, r, mask, types = lj_system()
     _, forces, _ = ffi.lennard_jones(pos, shifts, cells, s, r, mask, SIGMA, EPSILON, **lj_kwargs(types))
