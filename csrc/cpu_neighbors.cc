@@ -29,7 +29,6 @@ using jaxdd::BinOf;
 using jaxdd::kBinsPerCutoff;
 using jaxdd::Candidates;
 using jaxdd::kScanSlack;
-using jaxdd::ScanRow;
 
 namespace {
 
@@ -171,14 +170,19 @@ ffi::Error CellList(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> system, ffi::Buff
       const int32_t self = int32_t(i);
       const int32_t ai = ka[i], bi = kb[i];
       const size_t before = m;
+      // The receiver's runs of bins first, then one scan over them all.
+      int64_t run_b0[jaxdd::kStencil * jaxdd::kStencil], run_b1[jaxdd::kStencil * jaxdd::kStencil];
+      int runs = 0;
+      size_t cands_in_runs = 0;
       jaxdd::ForEachRun(g, bin[i] - g.offset, double(xi), double(yi), double(zi), cutoff, [&](int64_t b0, int64_t b1) {
-        const int64_t first = start[b0], last = start[b1 + 1];
-        if (out.size() < m + size_t(last - first) + kScanSlack) out.resize(2 * (m + size_t(last - first) + kScanSlack));
-        m += half ? ScanRow<T, true>(sx.data(), sy.data(), sz.data(), cands, first, last, xi, yi, zi, rc2, self, ai,
-                                     bi, out.data() + m)
-                  : ScanRow<T, false>(sx.data(), sy.data(), sz.data(), cands, first, last, xi, yi, zi, rc2, self, ai,
-                                      bi, out.data() + m);
+        run_b0[runs] = b0, run_b1[runs] = b1, ++runs;
+        cands_in_runs += size_t(start[b1 + 1] - start[b0]);
       });
+      if (out.size() < m + cands_in_runs + kScanSlack) out.resize(2 * (m + cands_in_runs + kScanSlack));
+      m += half ? jaxdd::ScanRuns<T, true>(sx.data(), sy.data(), sz.data(), cands, start.data(), run_b0, run_b1, runs,
+                                           xi, yi, zi, rc2, self, ai, bi, out.data() + m)
+                : jaxdd::ScanRuns<T, false>(sx.data(), sy.data(), sz.data(), cands, start.data(), run_b0, run_b1,
+                                            runs, xi, yi, zi, rc2, self, ai, bi, out.data() + m);
       count[i] = int32_t(m - before);
     }
     out.resize(m);

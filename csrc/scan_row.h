@@ -1,4 +1,4 @@
-// One receiver's pass over one contiguous run of binned candidates (cpu_neighbors.cc): the
+// One receiver's passes over its contiguous runs of binned candidates (cpu_neighbors.cc): the
 // candidates within the cutoff, not the receiver itself and, for a half list, those whose pair
 // this row lists (HalfKeeps), written packed to dst. A scalar loop and, on x86-64 CPUs with AVX2 (chosen
 // at run time; the library is built for plain x86-64), the same test 8 (float) or 4 (double)
@@ -99,7 +99,7 @@ __attribute__((target("avx2"))) inline size_t Pack(__m256i j, int bits, int32_t*
 }
 
 template <bool Half>
-__attribute__((target("avx2"))) size_t ScanRowAvx2(const float* sx, const float* sy, const float* sz,
+__attribute__((target("avx2"))) inline size_t ScanRowAvx2(const float* sx, const float* sy, const float* sz,
                                                    const Candidates& c, int64_t first, int64_t last, float xi,
                                                    float yi, float zi, float rc2, int32_t self, int32_t ai, int32_t bi,
                                                    int32_t* dst) {
@@ -122,7 +122,7 @@ __attribute__((target("avx2"))) size_t ScanRowAvx2(const float* sx, const float*
 }
 
 template <bool Half>
-__attribute__((target("avx2"))) size_t ScanRowAvx2(const double* sx, const double* sy, const double* sz,
+__attribute__((target("avx2"))) inline size_t ScanRowAvx2(const double* sx, const double* sy, const double* sz,
                                                    const Candidates& c, int64_t first, int64_t last, double xi,
                                                    double yi, double zi, double rc2, int32_t self, int32_t ai,
                                                    int32_t bi, int32_t* dst) {
@@ -144,6 +144,19 @@ __attribute__((target("avx2"))) size_t ScanRowAvx2(const double* sx, const doubl
   return m;
 }
 
+// ScanRowAvx2 over several runs [start[b0[q]], start[b1[q] + 1]) of one receiver in turn, in
+// one call (the receiver's broadcasts made once); the candidates kept, packed at dst.
+template <typename T, bool Half>
+__attribute__((target("avx2"))) size_t ScanRunsAvx2(const T* sx, const T* sy, const T* sz, const Candidates& c,
+                                                    const int64_t* start, const int64_t* b0, const int64_t* b1,
+                                                    int runs, T xi, T yi, T zi, T rc2, int32_t self, int32_t ai,
+                                                    int32_t bi, int32_t* dst) {
+  size_t m = 0;
+  for (int q = 0; q < runs; ++q)
+    m += ScanRowAvx2<Half>(sx, sy, sz, c, start[b0[q]], start[b1[q] + 1], xi, yi, zi, rc2, self, ai, bi, dst + m);
+  return m;
+}
+
 inline bool HasAvx2() {
   static const bool yes = __builtin_cpu_supports("avx2");
   return yes;
@@ -151,14 +164,19 @@ inline bool HasAvx2() {
 
 #endif  // JAXDD_SCAN_AVX2
 
-// The pass, by the fastest path this CPU has. dst needs room for last - first + kScanSlack.
+// The passes over a receiver's runs (see ScanRunsAvx2), by the fastest path this CPU has. dst
+// needs room for all their candidates + kScanSlack.
 template <typename T, bool Half>
-inline size_t ScanRow(const T* sx, const T* sy, const T* sz, const Candidates& c, int64_t first, int64_t last, T xi,
-                      T yi, T zi, T rc2, int32_t self, int32_t ai, int32_t bi, int32_t* dst) {
+inline size_t ScanRuns(const T* sx, const T* sy, const T* sz, const Candidates& c, const int64_t* start,
+                       const int64_t* b0, const int64_t* b1, int runs, T xi, T yi, T zi, T rc2, int32_t self,
+                       int32_t ai, int32_t bi, int32_t* dst) {
 #ifdef JAXDD_SCAN_AVX2
-  if (HasAvx2()) return ScanRowAvx2<Half>(sx, sy, sz, c, first, last, xi, yi, zi, rc2, self, ai, bi, dst);
+  if (HasAvx2()) return ScanRunsAvx2<T, Half>(sx, sy, sz, c, start, b0, b1, runs, xi, yi, zi, rc2, self, ai, bi, dst);
 #endif
-  return ScanRowScalar<T, Half>(sx, sy, sz, c, first, last, xi, yi, zi, rc2, self, ai, bi, dst);
+  size_t m = 0;
+  for (int q = 0; q < runs; ++q)
+    m += ScanRowScalar<T, Half>(sx, sy, sz, c, start[b0[q]], start[b1[q] + 1], xi, yi, zi, rc2, self, ai, bi, dst + m);
+  return m;
 }
 
 }  // namespace jaxdd
