@@ -434,11 +434,14 @@ def halo_forward(x, layout: HaloLayout, routing: HaloRouting, axis_name, cell=No
     parts = [x]
     for stage in layout.stages:
         held = jnp.concatenate(parts)
+        # One gather for the stage's sends (they read owned rows and earlier ghosts): its
+        # transpose is then one scatter-add, which XLA does in place (an add per exchange
+        # would copy the whole buffer before each).
+        gathered = held[_stage_rows(routing.send_idx, layout, stage)]
         sends = []
-        for e in stage:
+        for e, vals in zip(stage, _stage_split(gathered, layout, stage)):
             ex = layout.exchanges[e]
             sl = slice(ex.offset, ex.offset + ex.capacity)
-            vals = held[routing.send_idx[sl]]  # sends read owned rows and earlier ghosts
             if cell is not None:
                 lattice = cell[routing.send_system[sl], ex.axis]  # [cap, 3]
                 vals = vals + routing.wrap[e].astype(x.dtype) * lattice
@@ -446,6 +449,19 @@ def halo_forward(x, layout: HaloLayout, routing: HaloRouting, axis_name, cell=No
             sends.append(jnp.where(valid, vals, 0))
         parts.extend(_stage_exchange(sends, axis_name, layout.stage_pairs(stage)))
     return jnp.concatenate(parts)
+
+
+def _stage_rows(rows, layout: HaloLayout, stage) -> jax.Array:
+    """The stage's slots of a per-slot routing array (e.g. ``send_idx``), exchange after exchange."""
+    parts = [rows[layout.exchanges[e].offset:layout.exchanges[e].offset + layout.exchanges[e].capacity] for e in stage]
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+
+
+def _stage_split(values, layout: HaloLayout, stage) -> list:
+    """``values`` of the stage's slots (as :func:`_stage_rows` orders them) cut per exchange."""
+    if len(stage) == 1:
+        return [values]
+    return jnp.split(values, np.cumsum([layout.exchanges[e].capacity for e in stage])[:-1])
 
 
 def _stage_exchange(sends: list, axis_name, pairs) -> list:
@@ -474,9 +490,8 @@ def halo_reverse(y, layout: HaloLayout, routing: HaloRouting, axis_name):
         # The stage's ghost blocks go back together; none of its adds lands in another's block.
         blocks = [buf[layout.ghost_rows(e).start:layout.ghost_rows(e).stop] for e in stage]
         backs = _stage_exchange(blocks, axis_name, tuple((dst, src) for src, dst in layout.stage_pairs(stage)))
-        for e, back in zip(stage, backs):
-            ex = layout.exchanges[e]
-            sl = slice(ex.offset, ex.offset + ex.capacity)
-            valid = routing.send_valid[sl].reshape((-1,) + (1,) * (y.ndim - 1))
-            buf = buf.at[routing.send_idx[sl]].add(jnp.where(valid, back, 0))
+        # One scatter-add for the stage (in place; see halo_forward), exchange after exchange.
+        back = backs[0] if len(backs) == 1 else jnp.concatenate(backs)
+        valid = _stage_rows(routing.send_valid, layout, stage).reshape((-1,) + (1,) * (y.ndim - 1))
+        buf = buf.at[_stage_rows(routing.send_idx, layout, stage)].add(jnp.where(valid, back, 0))
     return buf[: layout.n_owned]
