@@ -715,9 +715,10 @@ def _candidate_stats(positions, cell, pbc, batch_idx, atom_mask, lengths, n_rece
 
 @programs.track
 @jax.jit(static_argnames=("half", "capacity", "rows"))
-def _pair_stats(positions, cell, pbc, batch_idx, atom_mask, lengths, n_receivers, half, capacity, rows):
+def _pair_stats(positions, cell, pbc, batch_idx, atom_mask, lengths, n_receivers, half, capacity, rows, order=None):
     mask, _ = _candidates(positions, cell, pbc, batch_idx, atom_mask, cutoff=None, half=half, capacity=capacity,
-                          n_receivers=rows, lengths=lengths, receiving=_receiving(atom_mask, rows, n_receivers))
+                          n_receivers=rows, lengths=lengths, receiving=_receiving(atom_mask, rows, n_receivers),
+                          order=order)
     per_atom = jnp.sum(mask, axis=1, dtype=jnp.int32)
     return jnp.sum(per_atom), jnp.max(per_atom, initial=0)
 
@@ -756,13 +757,15 @@ def neighbor_capacity(
     headroom: float = 1.2,
     bin_divisions: int = 2,
     n_receivers: int | None = None,
+    order=None,
 ) -> NeighborCapacity:
     """Host-side sizing: the capacities this configuration needs, times ``headroom``.
 
     Runs small device passes (binning, candidate count, then a pair count that stores no
     pairs; compiled once per size bucket of rows, for any cutoff), so the result is exact
     for these positions; ``headroom`` leaves room for atoms
-    to move before the capacity overflows. ``n_receivers`` as in :func:`build_neighbor_list`.
+    to move before the capacity overflows. ``n_receivers`` and ``order`` (the half-list
+    keys of a rank's rows) as in :func:`build_neighbor_list`.
     """
     _check_cutoff(cutoff)
     if not headroom >= 1.0:
@@ -786,8 +789,11 @@ def neighbor_capacity(
     probe = NeighborCapacity(1, 1, with_headroom(candidates, headroom), rng, divisions)
     # The pair count runs with bucketed candidate slots (the counts do not depend on spare
     # slots), so configurations of similar size share its compiled program.
+    if order is not None:  # the keys of the padded rows too (those rows are masked)
+        order = tuple(np.pad(np.asarray(k, np.int32), (0, padded - n)) for k in _check_order(order, n, half, pbc))
     edges, neighbors = _pair_stats(*args, lengths, n_receivers, half=bool(half),
-                                   capacity=dataclasses.replace(probe.bucketed(), max_bins=table), rows=rows)
+                                   capacity=dataclasses.replace(probe.bucketed(), max_bins=table), rows=rows,
+                                   order=order)
     return dataclasses.replace(
         probe, max_edges=with_headroom(int(edges), headroom), max_neighbors=with_headroom(int(neighbors), headroom)
     )

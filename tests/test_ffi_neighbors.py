@@ -264,3 +264,21 @@ def test_a_rank_list_declares_its_shifts_zero_and_they_are(backend):
     nl = local_neighbor_list(jnp.asarray(x), system, mask, n_systems=1, cutoff=2.5, capacity=cap, backend=backend)
     assert nl.zero_shifts
     assert not np.any(np.asarray(nl.shifts))
+
+
+def test_a_half_list_with_keys_is_sized_to_the_pairs_it_lists():
+    """Rows past the receivers (a rank's ghosts) list each pair they share with a receiver on
+    one side only, by the keys; sized with the same keys, the capacity is exactly what the
+    list holds (headroom 1), not every receiver-ghost pair."""
+    x, system, mask = _cloud(400, 9.0, 1, np.float64)
+    eye, pbc = np.eye(3)[None], np.zeros((1, 3), bool)
+    rng = np.random.default_rng(2)
+    keys = (rng.permutation(400).astype(np.int32), rng.integers(0, 4, 400).astype(np.int32))
+    cap = neighbor_capacity(x, eye, pbc, system, mask, cutoff=2.0, half=True, n_receivers=250, order=keys,
+                            headroom=1.0)
+    nl = build_neighbor_list(x, eye, pbc, system, mask, cutoff=2.0, capacity=cap, half=True, n_receivers=250,
+                             order=keys)
+    assert not bool(nl.overflow)
+    assert cap.max_edges == int(nl.n_edges)
+    by_rows = neighbor_capacity(x, eye, pbc, system, mask, cutoff=2.0, half=True, n_receivers=250, headroom=1.0)
+    assert by_rows.max_edges > cap.max_edges  # the row rule keeps every receiver-ghost pair

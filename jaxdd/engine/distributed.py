@@ -42,8 +42,8 @@ from ..neighbors import (NEIGHBOR_BACKENDS, NeighborCapacity, NeighborListFormat
                         neighbor_capacity)
 from ..ops import GraphParallelPolicy, HaloRefreshPolicy, HaloStoragePolicy
 from .partition import Partition, imbalance, partition
-from .rank_program import (RankInputs, RankProgram, ReportSink, agree_max, neighbor_needs, neighbor_stats, on_ranks,
-                           own_ranks, rank_evaluate)
+from .rank_program import (RankInputs, RankProgram, ReportSink, agree_max, half_list_order, neighbor_needs,
+                           neighbor_stats, on_ranks, own_ranks, rank_evaluate)
 from ..spec import SPEC_MPNN_HALO, MLIPSpec, OutputKind
 
 __all__ = ["DomainConfig", "DistributedModel", "PartitionHealth", "default_mesh"]
@@ -606,11 +606,16 @@ class DistributedModel:
             # Systems sized apart, as the ranks search them: a batch of molecules that overlap in
             # space (each in its own box) would otherwise count each other as neighbours.
             n_sys = int(local.cell.shape[1])
+            # A half list is counted with the ranks' keys: the pairs a rank shares with its
+            # ghosts split between the two ranks (by rows, it would count all of them).
+            routing = inputs.routing
             caps = [
                 neighbor_capacity(pos[r], np.broadcast_to(np.eye(3), (n_sys, 3, 3)), np.zeros((n_sys, 3), bool),
                                   np.asarray(local.batch_idx[r]), np.asarray(local.atom_mask[r]),
                                   cutoff=nc.search_cutoff, headroom=headroom, half=nc.half_list,
-                                  n_receivers=pos.shape[1] if self.deep_halo else n_owned)
+                                  n_receivers=pos.shape[1] if self.deep_halo else n_owned,
+                                  order=half_list_order(np.asarray(routing.row_ids[r]),
+                                                        np.asarray(routing.row_shifts[r])) if nc.half_list else None)
                 for r in range(pos.shape[0])
             ]
         cover = NeighborCapacity.covering(caps, nc.max_neighbors or 1)

@@ -221,6 +221,22 @@ def neighbor_needs(nl, axes) -> tuple[jax.Array, dict]:
     return jax.lax.pmax(nl.overflow.astype(jnp.int32), axes) > 0, needed
 
 
+def half_list_order(row_ids, row_shifts):
+    """The half-list keys of a rank's rows (``order`` of :func:`jaxdd.neighbors.build_neighbor_list`):
+    the global atom id, and the image shift packed in one int32 (images within ±512 cells,
+    10 bits per axis), so that the rows of one atom's images differ.
+
+    Args:
+      row_ids: [n_local] int32 global id of each row. row_shifts: [n_local, 3] int32 image
+        shift of each row, in cell vectors (numpy or jax arrays).
+
+    Returns:
+      (key a [n_local], key b [n_local]) int32.
+    """
+    s = row_shifts + 512
+    return row_ids, (s[:, 0] << 20) | (s[:, 1] << 10) | s[:, 2]
+
+
 def rank_neighbors(positions, local, program: RankProgram, cell=None, routing=None):
     """This rank's neighbour list over its local rows ([n_local, 3] Å, ghosts included) for the
     model's search cutoff; only owned rows are receivers unless the halo is deep. Under the
@@ -240,10 +256,7 @@ def rank_neighbors(positions, local, program: RankProgram, cell=None, routing=No
             jax.lax.stop_gradient(positions), jax.lax.stop_gradient(cell), local.pbc, local.batch_idx, local.atom_mask,
             cutoff=program.search_cutoff, capacity=program.nl_capacity, format=program.nl_format,
             n_receivers=layout.n_owned)
-    order = None
-    if program.nl_half:
-        s = routing.row_shifts + 512  # images within ±512 cells, 10 bits per axis
-        order = (routing.row_ids, (s[:, 0] << 20) | (s[:, 1] << 10) | s[:, 2])
+    order = half_list_order(routing.row_ids, routing.row_shifts) if program.nl_half else None
     return local_neighbor_list(
         jax.lax.stop_gradient(positions), local.batch_idx, local.atom_mask, n_systems=n_sys,
         cutoff=program.search_cutoff, capacity=program.nl_capacity, format=program.nl_format,
