@@ -34,6 +34,21 @@ struct Picks {
   T* r2;
 };
 
+// The edges [e, e1) one at a time, kept after the `kept` picked so far; the new count.
+template <typename T>
+inline int64_t PickTail(const T* x, const int32_t* rcv, const int32_t* snd, const bool* m, int64_t n, int64_t e,
+                        int64_t e1, T rc2, const Picks<T>& p, int64_t kept) {
+  for (; e < e1; ++e) {
+    const int32_t r = rcv[e], s = snd[e];
+    if (!m[e] || r < 0 || r >= n || s < 0 || s >= n) continue;
+    const T a = x[3 * s] - x[3 * r], b = x[3 * s + 1] - x[3 * r + 1], c = x[3 * s + 2] - x[3 * r + 2];
+    const T r2 = a * a + b * b + c * c;
+    p.r[kept] = r, p.s[kept] = s, p.d0[kept] = a, p.d1[kept] = b, p.d2[kept] = c, p.r2[kept] = r2;
+    kept += (r2 < rc2);
+  }
+  return kept;
+}
+
 #ifdef JAXDD_SCAN_AVX2
 
 // For each 4-bit mask, the 32-bit lane pairs (2l, 2l + 1) of its set lanes l first: packs
@@ -122,15 +137,7 @@ __attribute__((target("avx2"))) inline int64_t PickAvx2(const double* x, const i
     PackValues(r2, lanes, p.r2 + kept);
     kept += __builtin_popcount(unsigned(bits));
   }
-  for (; e < e1; ++e) {  // the block's last edges, one at a time
-    const int32_t r = rcv[e], s = snd[e];
-    if (!m[e] || r < 0 || r >= n || s < 0 || s >= n) continue;
-    const double a = x[3 * s] - x[3 * r], b = x[3 * s + 1] - x[3 * r + 1], c = x[3 * s + 2] - x[3 * r + 2];
-    const double r2 = a * a + b * b + c * c;
-    p.r[kept] = r, p.s[kept] = s, p.d0[kept] = a, p.d1[kept] = b, p.d2[kept] = c, p.r2[kept] = r2;
-    kept += (r2 < rc2);
-  }
-  return kept;
+  return PickTail(x, rcv, snd, m, n, e, e1, rc2, p, kept);  // the block's last edges
 }
 
 __attribute__((target("avx2"))) inline int64_t PickAvx2(const float* x, const int32_t* rcv, const int32_t* snd,
@@ -161,15 +168,7 @@ __attribute__((target("avx2"))) inline int64_t PickAvx2(const float* x, const in
     PackValues(r2, lanes, p.r2 + kept);
     kept += __builtin_popcount(unsigned(bits));
   }
-  for (; e < e1; ++e) {
-    const int32_t r = rcv[e], s = snd[e];
-    if (!m[e] || r < 0 || r >= n || s < 0 || s >= n) continue;
-    const float a = x[3 * s] - x[3 * r], b = x[3 * s + 1] - x[3 * r + 1], c = x[3 * s + 2] - x[3 * r + 2];
-    const float r2 = a * a + b * b + c * c;
-    p.r[kept] = r, p.s[kept] = s, p.d0[kept] = a, p.d1[kept] = b, p.d2[kept] = c, p.r2[kept] = r2;
-    kept += (r2 < rc2);
-  }
-  return kept;
+  return PickTail(x, rcv, snd, m, n, e, e1, rc2, p, kept);
 }
 
 #endif  // JAXDD_SCAN_AVX2
