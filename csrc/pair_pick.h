@@ -105,6 +105,18 @@ __attribute__((target("avx2"))) inline void PackValues(__m128 v, __m256i lanes, 
   _mm_storeu_ps(dst, _mm256_castps256_ps128(_mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), lanes)));
 }
 
+// The kept lanes (bits; packed by the permutation `lanes`) of four edges stored after the
+// `kept` picked so far; the new count.
+template <typename V, typename T>
+__attribute__((target("avx2"))) inline int64_t StorePicks(int bits, const int32_t* lanes, __m128i r, __m128i s, V dx,
+                                                          V dy, V dz, V r2, const Picks<T>& p, int64_t kept) {
+  PackIndices(r, s, bits, p.r + kept, p.s + kept);
+  const __m256i perm = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
+  PackValues(dx, perm, p.d0 + kept), PackValues(dy, perm, p.d1 + kept), PackValues(dz, perm, p.d2 + kept);
+  PackValues(r2, perm, p.r2 + kept);
+  return kept + __builtin_popcount(unsigned(bits));
+}
+
 __attribute__((target("avx2"))) inline int64_t PickAvx2(const double* x, const int32_t* rcv, const int32_t* snd,
                                                         const bool* m, int64_t n, int64_t e0, int64_t e1, double rc2,
                                                         const Picks<double>& p) {
@@ -131,11 +143,7 @@ __attribute__((target("avx2"))) inline int64_t PickAvx2(const double* x, const i
     const __m256d r2 = _mm256_add_pd(_mm256_add_pd(_mm256_mul_pd(dx, dx), _mm256_mul_pd(dy, dy)), _mm256_mul_pd(dz, dz));
     const int bits = _mm256_movemask_pd(_mm256_cmp_pd(r2, vrc2, _CMP_LT_OQ)) & live;
     if (bits == 0) continue;
-    PackIndices(r, s, bits, p.r + kept, p.s + kept);
-    const __m256i lanes = _mm256_load_si256(reinterpret_cast<const __m256i*>(Packing64().lanes[bits]));
-    PackValues(dx, lanes, p.d0 + kept), PackValues(dy, lanes, p.d1 + kept), PackValues(dz, lanes, p.d2 + kept);
-    PackValues(r2, lanes, p.r2 + kept);
-    kept += __builtin_popcount(unsigned(bits));
+    kept = StorePicks(bits, Packing64().lanes[bits], r, s, dx, dy, dz, r2, p, kept);
   }
   return PickTail(x, rcv, snd, m, n, e, e1, rc2, p, kept);  // the block's last edges
 }
@@ -162,11 +170,7 @@ __attribute__((target("avx2"))) inline int64_t PickAvx2(const float* x, const in
     const __m128 r2 = _mm_add_ps(_mm_add_ps(_mm_mul_ps(d0, d0), _mm_mul_ps(d1, d1)), _mm_mul_ps(d2, d2));
     const int bits = _mm_movemask_ps(_mm_cmp_ps(r2, vrc2, _CMP_LT_OQ)) & live;
     if (bits == 0) continue;
-    PackIndices(r, s, bits, p.r + kept, p.s + kept);
-    const __m256i lanes = _mm256_load_si256(reinterpret_cast<const __m256i*>(Packing().lanes[bits]));
-    PackValues(d0, lanes, p.d0 + kept), PackValues(d1, lanes, p.d1 + kept), PackValues(d2, lanes, p.d2 + kept);
-    PackValues(r2, lanes, p.r2 + kept);
-    kept += __builtin_popcount(unsigned(bits));
+    kept = StorePicks(bits, Packing().lanes[bits], r, s, d0, d1, d2, r2, p, kept);
   }
   return PickTail(x, rcv, snd, m, n, e, e1, rc2, p, kept);
 }
