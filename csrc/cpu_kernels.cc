@@ -69,20 +69,18 @@ inline void PairTermsBody(const T* __restrict r2, const T* __restrict sig, const
   }
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef JAXDD_SCAN_AVX2
 template <typename T, bool Uniform>
 __attribute__((target("avx2"))) void PairTermsAvx2(const T* r2, const T* sig, const T* eps, const T* vs, int64_t n,
                                                    T* v, T* dv) {
   PairTermsBody<T, Uniform>(r2, sig, eps, vs, n, v, dv);
 }
-#define JAXDD_PAIR_AVX2 1
 #endif
 
 template <typename T, bool Uniform>
 void PairTerms(const T* r2, const T* sig, const T* eps, const T* vs, int64_t n, T* v, T* dv) {
-#ifdef JAXDD_PAIR_AVX2
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return PairTermsAvx2<T, Uniform>(r2, sig, eps, vs, n, v, dv);
+#ifdef JAXDD_SCAN_AVX2
+  if (jaxdd::HasAvx2()) return PairTermsAvx2<T, Uniform>(r2, sig, eps, vs, n, v, dv);
 #endif
   PairTermsBody<T, Uniform>(r2, sig, eps, vs, n, v, dv);
 }
@@ -242,24 +240,23 @@ ffi::Error LjForward(ffi::Buffer<DT> pos, ffi::Buffer<ffi::S32> shifts, ffi::Buf
     const jaxdd::Picks<T> picks{pick_r, pick_s, pick_d0, pick_d1, pick_d2, pick_r2};
     for (int64_t b0 = e0; b0 < e1; b0 += kBlock) {
       const int64_t b1 = std::min(b0 + kBlock, e1);
-      int64_t kept = 0;
+      int64_t kept = 0, e = b0;
 #ifdef JAXDD_SCAN_AVX2
-      if (sh == nullptr && vector_pick) {
-        kept = jaxdd::PickAvx2(x, rcv, snd, m, n, b0, b1, rc2, picks);
-      } else
+      if (sh == nullptr && vector_pick) {  // whole groups of four; the rest below
+        e = b0 + (b1 - b0) / 4 * 4;
+        kept = jaxdd::PickAvx2(x, rcv, snd, m, n, b0, e, rc2, picks);
+      }
 #endif
-      {
-        for (int64_t e = b0; e < b1; ++e) {
-          const int32_t r = rcv[e], s = snd[e];
-          if (!m[e] || !InRange(r, n) || !InRange(s, n)) continue;  // padding: predictable
-          T d[3];
-          const T* cell;
-          EdgeVector(x, sh, h, sys, nc, e, r, s, d, &cell);
-          const T r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
-          pick_r[kept] = r, pick_s[kept] = s, pick_r2[kept] = r2;
-          pick_d0[kept] = d[0], pick_d1[kept] = d[1], pick_d2[kept] = d[2];
-          kept += (r2 < rc2);
-        }
+      for (; e < b1; ++e) {
+        const int32_t r = rcv[e], s = snd[e];
+        if (!m[e] || !InRange(r, n) || !InRange(s, n)) continue;  // padding: predictable
+        T d[3];
+        const T* cell;
+        EdgeVector(x, sh, h, sys, nc, e, r, s, d, &cell);
+        const T r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+        pick_r[kept] = r, pick_s[kept] = s, pick_r2[kept] = r2;
+        pick_d0[kept] = d[0], pick_d1[kept] = d[1], pick_d2[kept] = d[2];
+        kept += (r2 < rc2);
       }
       if (k > 1) {
         for (int64_t q = 0; q < kept; ++q) {

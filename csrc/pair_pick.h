@@ -1,6 +1,7 @@
 // Picking a block of a pair list's edges that lie within the cutoff (the first pass of
-// cpu_kernels.cc's Lennard-Jones kernel): for each edge e of [e0, e1) that is not padding
-// (mask set, receiver and sender in [0, n)) and whose vector d = x[s] - x[r] has
+// cpu_kernels.cc's Lennard-Jones kernel, whose scalar loop picks a block's last edges, fewer
+// than four): for each edge e of [e0, e1) (a length that is a multiple of four) that is not
+// padding (mask set, receiver and sender in [0, n)) and whose vector d = x[s] - x[r] has
 // |d|^2 < rc2, the receiver, sender, d and |d|^2 are written packed at the slot after the
 // last one kept. A list whose edges carry no image shift (each rank's list under domain
 // decomposition) takes this vector pass on x86-64 CPUs with AVX2 (chosen at run time):
@@ -33,21 +34,6 @@ struct Picks {
   T* d2;
   T* r2;
 };
-
-// The edges [e, e1) one at a time, kept after the `kept` picked so far; the new count.
-template <typename T>
-inline int64_t PickTail(const T* x, const int32_t* rcv, const int32_t* snd, const bool* m, int64_t n, int64_t e,
-                        int64_t e1, T rc2, const Picks<T>& p, int64_t kept) {
-  for (; e < e1; ++e) {
-    const int32_t r = rcv[e], s = snd[e];
-    if (!m[e] || r < 0 || r >= n || s < 0 || s >= n) continue;
-    const T a = x[3 * s] - x[3 * r], b = x[3 * s + 1] - x[3 * r + 1], c = x[3 * s + 2] - x[3 * r + 2];
-    const T r2 = a * a + b * b + c * c;
-    p.r[kept] = r, p.s[kept] = s, p.d0[kept] = a, p.d1[kept] = b, p.d2[kept] = c, p.r2[kept] = r2;
-    kept += (r2 < rc2);
-  }
-  return kept;
-}
 
 #ifdef JAXDD_SCAN_AVX2
 
@@ -124,8 +110,8 @@ __attribute__((target("avx2"))) inline int64_t PickAvx2(const double* x, const i
   const __m128i vn = _mm_set1_epi32(int32_t(n));
   const __m256i xyz = _mm256_setr_epi64x(-1, -1, -1, 0);  // a row's three coordinates, not the next row's
   alignas(16) int32_t ri[4], si[4];
-  int64_t kept = 0, e = e0;
-  for (; e + 4 <= e1; e += 4) {
+  int64_t kept = 0;
+  for (int64_t e = e0; e < e1; e += 4) {
     __m128i r, s;
     const int live = LiveEdges(rcv, snd, m, e, vn, &r, &s);
     if (live == 0) continue;  // a padding run: skipped four at a time
@@ -145,7 +131,7 @@ __attribute__((target("avx2"))) inline int64_t PickAvx2(const double* x, const i
     if (bits == 0) continue;
     kept = StorePicks(bits, Packing64().lanes[bits], r, s, dx, dy, dz, r2, p, kept);
   }
-  return PickTail(x, rcv, snd, m, n, e, e1, rc2, p, kept);  // the block's last edges
+  return kept;
 }
 
 __attribute__((target("avx2"))) inline int64_t PickAvx2(const float* x, const int32_t* rcv, const int32_t* snd,
@@ -155,8 +141,8 @@ __attribute__((target("avx2"))) inline int64_t PickAvx2(const float* x, const in
   const __m128i vn = _mm_set1_epi32(int32_t(n));
   const __m128i xyz = _mm_setr_epi32(-1, -1, -1, 0);
   alignas(16) int32_t ri[4], si[4];
-  int64_t kept = 0, e = e0;
-  for (; e + 4 <= e1; e += 4) {
+  int64_t kept = 0;
+  for (int64_t e = e0; e < e1; e += 4) {
     __m128i r, s;
     const int live = LiveEdges(rcv, snd, m, e, vn, &r, &s);
     if (live == 0) continue;
@@ -172,7 +158,7 @@ __attribute__((target("avx2"))) inline int64_t PickAvx2(const float* x, const in
     if (bits == 0) continue;
     kept = StorePicks(bits, Packing().lanes[bits], r, s, d0, d1, d2, r2, p, kept);
   }
-  return PickTail(x, rcv, snd, m, n, e, e1, rc2, p, kept);
+  return kept;
 }
 
 #endif  // JAXDD_SCAN_AVX2
