@@ -38,9 +38,12 @@ A_SI, R_MAX, DT_FS, MASS_SI = 5.43, 5.0, 1.0, 28.0855
 #: whatever cores the process is bound to: on a pinned core (or two, one per device) those
 #: threads take turns on it, and every side ran about half as fast as with the operations
 #: kept on the thread that runs them (jax-md 533 against 1,136 atom-steps/s, jaxdd on one
-#: device 547 against 1,299). Every side runs with it unless XLA_FLAGS already names the
-#: option (--xla-defaults keeps XLA's default).
-CPU_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false"
+#: device 547 against 1,299). XLA (jax 0.10) also hands elementwise fusions to YNNPACK by
+#: default, whose code for the network's edge-long expressions is slower than XLA's own
+#: emitter: without it, five steps on 1,000 atoms took 2.79 s instead of 3.43 (jax-md) and
+#: 2.63 s instead of 3.29 (jaxdd). Every side runs with both options, each unless XLA_FLAGS
+#: already names it (--xla-defaults keeps XLA's defaults).
+CPU_XLA_FLAGS = ("--xla_cpu_multi_thread_eigen=false", "--xla_cpu_experimental_ynn_fusion_type=")
 SCALE = 0.01  # eV per unit of the network's output
 
 
@@ -232,15 +235,17 @@ def main(argv=None) -> int:
                    help="also print XLA's cost analysis of one step per side (one rank's GFLOP and GB accessed)")
     p.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
     p.add_argument("--xla-defaults", action="store_true",
-                   help=f"keep XLA's CPU defaults (else {CPU_XLA_FLAGS} is added to XLA_FLAGS, for every side)")
+                   help=f"keep XLA's CPU defaults (else {' '.join(CPU_XLA_FLAGS)} are added to XLA_FLAGS, "
+                        "for every side)")
     args = p.parse_args(argv)
     from timing import check_args
 
     check_args(p, args, positive=("steps", "repeats"))
     sizes = [int(a) for a in args.atoms.split(",") if a.strip()]
-    flags = os.environ.get("XLA_FLAGS", "")
-    if not args.xla_defaults and "multi_thread_eigen" not in flags:  # the children inherit it
-        os.environ["XLA_FLAGS"] = f"{flags} {CPU_XLA_FLAGS}".strip()
+    if not args.xla_defaults:  # the children inherit it
+        flags = os.environ.get("XLA_FLAGS", "")
+        missing = [f for f in CPU_XLA_FLAGS if f.split("=")[0] not in flags]
+        os.environ["XLA_FLAGS"] = " ".join([flags, *missing]).strip()
     rows = []
     print(f"NequIP (jax-md, {args.config} config) NVE on diamond Si, {args.steps} steps, dt {DT_FS} fs, float32; "
           f"each side a child pinned to its cores, timed in turn, fastest of {args.repeats} round(s); "

@@ -22,8 +22,10 @@ def test_mlip_md_times_jax_md_and_jaxdd_on_one_and_two_devices(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "m.json").read_text())
     rows = record["rows"]
-    # Every side ran with XLA's CPU operations on the threads that run them (the bench's flag).
+    # Every side ran with XLA's CPU operations on the threads that run them and its own
+    # fusion emitter (the bench's flags).
     assert "--xla_cpu_multi_thread_eigen=false" in record["xla_flags"]
+    assert "--xla_cpu_experimental_ynn_fusion_type=" in record["xla_flags"]
     assert [(r["side"], r["devices"]) for r in rows] == [("jax-md", 1), ("jaxdd", 1), ("jaxdd", 2)]
     assert all(r["atom_steps_per_second"] > 0 and r["max_rss_mb"] > 0 for r in rows)
     # Each jaxdd side ran on the devices it is named for (its child set the count before JAX started).
