@@ -184,7 +184,8 @@ def test_barostat_keeps_its_conserved_quantity_while_the_cell_moves():
     moved = abs(thermo["total_energy"][0] - first["total_energy"][0])
     assert moved > 50.0
     assert abs(thermo["conserved"][0] - first["conserved"][0]) < moved / 200
-    assert stats.rebuilds > 0
+    # One rank holds no ghost rows: the cell moves under a plan that never goes stale.
+    assert stats.rebuilds == 0
 
 
 @pytest.mark.parametrize("integrator, relax, sampled", [
