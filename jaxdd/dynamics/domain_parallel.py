@@ -9,7 +9,8 @@ the ghost shell may no longer hold every neighbour, so that step is discarded an
 exits. The devices then migrate the atoms (each goes to the rank whose block holds it, over
 ``ppermute``) and every rank plans its halo again (:mod:`jaxdd.replan`); the host reads a
 few sizes, and plans itself only when the blocks changed beyond what the plan's exchanges
-cover. The loop resumes from the discarded step. A neighbour list that overflows exits the
+cover. The loop resumes from the discarded step. A plan with nothing to outrun (node
+blocks; one rank that searches its periodic images itself) is kept: the loop runs through. A neighbour list that overflows exits the
 same way: its capacity grows and the loop compiles again. No step is ever taken on an
 incomplete halo.
 
