@@ -12,10 +12,10 @@ one element, random weights from its own ``init_fn``) on diamond silicon (a = 5.
   ``DomainParallel(VelocityVerlet)`` on 1 device and on 2 devices.
 
 Each side is a child process pinned to its cores (1 for jax-md and jaxdd's 1 device, 2 for
-jaxdd's 2 devices), compiled and warmed (jaxdd past its first plan rebuild, where it has one); then ``--repeats`` rounds, in each of which the
-three sides time one run in turn (each continuing its trajectory), so that every side is
-measured in every phase of a machine whose speed drifts; the fastest run of each side is
-reported. Printed: atom-steps per second, the
+jaxdd's 2 devices), compiled and warmed (jaxdd past its first plan rebuild, where it has
+one); then ``--repeats`` rounds, in each of which the three sides time one run in turn (each
+continuing its trajectory), so that every side is measured in every phase of a machine whose
+speed drifts; the fastest run of each side is reported. Printed: atom-steps per second, the
 ratios (targets: jaxdd 1 device ≥ 1.0× jax-md; 2 devices ≥ 1.7× 1 device) and the peak
 resident memory of each child. ``--config small`` (default here: this 2-core machine)
 shrinks jax-md's default network (32x0e + 8x1e + 4x2e, 3 interaction steps);

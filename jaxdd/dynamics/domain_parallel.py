@@ -10,9 +10,9 @@ exits. The devices then migrate the atoms (each goes to the rank whose block hol
 ``ppermute``) and every rank plans its halo again (:mod:`jaxdd.replan`); the host reads a
 few sizes, and plans itself only when the blocks changed beyond what the plan's exchanges
 cover. The loop resumes from the discarded step. A plan with nothing to outrun (node
-blocks; one rank that searches its periodic images itself) is kept: the loop runs through. A neighbour list that overflows exits the
-same way: its capacity grows and the loop compiles again. No step is ever taken on an
-incomplete halo.
+blocks; one rank that searches its periodic images itself) is kept: the loop runs through.
+A neighbour list that overflows exits the same way: its capacity grows and the loop
+compiles again. No step is ever taken on an incomplete halo.
 
 The host is visited only at those events, at thermo and trajectory output, and when the
 requested number of steps is done. Wrapping into the cell happens at rebuilds (on periodic
@@ -136,8 +136,8 @@ class DomainParallel:
         # ~0.2 s for a 1,000-atom NequIP step on a CPU); the search wraps positions itself.
         #: True when no plan goes stale, so the device loop never leaves for a rebuild.
         self.keeps_plan = self.node_blocks or (dist_model.periodic_search and int(cfg.mesh.size) == 1)
-        threshold = math.inf if self.node_blocks else min(cfg.migration_hysteresis, cfg.skin / 2)
-        if not threshold > 0:
+        threshold = min(cfg.migration_hysteresis, cfg.skin / 2)
+        if not self.node_blocks and not threshold > 0:
             raise ValueError(
                 f"DomainParallel needs DomainConfig.skin > 0 and migration_hysteresis > 0 (got skin {cfg.skin}, "
                 f"hysteresis {cfg.migration_hysteresis}): atoms may move up to half the skin before the halo plan "
