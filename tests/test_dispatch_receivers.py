@@ -60,6 +60,19 @@ def test_receivers_unpacked_from_jax_md_style_idx_stay_owned():
     assert index_meaning(unpack, OWNED, SENDERS) is Kind.OWNED_NODE
 
 
+@pytest.mark.parametrize("axis", [0, -1], ids=["rows", "columns"])
+def test_receivers_taken_apart_by_lax_unstack_stay_owned(axis):
+    # JAX 0.11 lowers tuple unpacking (``receivers, senders = idx``) to ``unstack``.
+    def unstack(r, s):
+        return jax.lax.unstack(jnp.stack([r, s], axis=axis), axis=axis % 2)[0]
+
+    assert index_meaning(unstack, OWNED, SENDERS) is Kind.OWNED_NODE
+
+
+def test_the_other_piece_of_an_unstack_keeps_its_own_meaning():
+    assert index_meaning(lambda r, s: jax.lax.unstack(jnp.stack([r, s]))[1], OWNED, SENDERS) is Kind.NODE
+
+
 def test_the_other_row_of_a_stack_keeps_its_own_meaning():
     assert index_meaning(lambda r, s: jnp.stack([r, s])[1], OWNED, SENDERS) is Kind.NODE
 

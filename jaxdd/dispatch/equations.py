@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from jax.extend import core as jcore
 
-__all__ = ["bind", "enclosing", "equations", "is_literal", "shape_of", "sub_jaxpr", "where"]
+__all__ = ["bind", "enclosing", "equations", "is_literal", "scan_counts", "shape_of", "sub_jaxpr", "where"]
 
 
 def bind(eqn, invals) -> list:
@@ -40,6 +40,16 @@ def sub_jaxpr(closed_or_open, consts=None):
     if hasattr(closed_or_open, "jaxpr") and hasattr(closed_or_open, "consts"):
         return closed_or_open.jaxpr, closed_or_open.consts
     return closed_or_open, (consts or ())
+
+
+def scan_counts(params) -> tuple[int, int]:
+    """``(consts, carry)``: how many of a ``scan`` equation's inputs are loop constants and how
+    many the carry; the scanned inputs follow. JAX before 0.11 names the counts
+    (``num_consts``, ``num_carry``); from 0.11 they are the first two groups of ``ft_in``."""
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(list(consts)), len(list(carry))
 
 
 # The user's lines of the calls being analysed, innermost last: an equation inside a library's

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from ..decision import Decision
-from ..equations import is_literal, sub_jaxpr, where
+from ..equations import is_literal, scan_counts, sub_jaxpr, where
 from ..layouts import ROWS, Layout, join
 from ..registry import register_rule, verb_rule
 from ..report import DispatchError
@@ -136,7 +136,7 @@ def scan(ctx, eqn, ins) -> Decision:
     """A scan over layers is entered once; a scan over rank rows with a carry is recorded."""
     p = eqn.params
     jaxpr, consts = sub_jaxpr(p["jaxpr"])
-    nc, nk = p["num_consts"], p["num_carry"]
+    nc, nk = scan_counts(p)
     const_l, carry_l, xs_l = ins[:nc], list(ins[nc:nc + nk]), ins[nc + nk:]
     notes = []
     xs_in = []

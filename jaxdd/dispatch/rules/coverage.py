@@ -12,6 +12,9 @@ registry are one thing. The rest get rules of their own here:
   layout, index meaning included.
 - ``split``: like ``slice`` for each piece; along the distributed axis only the first piece
   keeps the rows where they were.
+- ``unstack`` (``a, b = x``, ``for row in x``; JAX 0.11 and later): like a one-row ``slice``
+  then a ``squeeze`` for each piece, so index rows taken apart (``receivers, senders =
+  jnp.stack([r, s])``) keep what each pointed at.
 - ``lu``, ``triangular_solve``, ``custom_linear_solve`` (``jnp.linalg.solve``): solved
   independently for every atom or edge when rows are a batch axis or right-hand-side columns
   (fractional coordinates of many vectors against one cell); a matrix whose rows are atoms
@@ -32,7 +35,7 @@ from ..layouts import REPLICATED, ROWS, Kind, Layout, columns_axis, merge_index
 from ..registry import register_rule
 from .elementwise import elementwise
 
-__all__ = ["ELEMENTWISE_PRIMITIVES", "identity", "split", "lu", "triangular_solve", "custom_linear_solve"]
+__all__ = ["ELEMENTWISE_PRIMITIVES", "identity", "split", "unstack", "lu", "triangular_solve", "custom_linear_solve"]
 
 #: Primitives whose distributed meaning is the elementwise rule: every output entry is a
 #: function of the input entries at the same position (scalars broadcast), so no row moves
@@ -97,6 +100,26 @@ def split(ctx, eqn, ins) -> Decision:
             notes.append(f"split of the per-{lay.kind.value} axis in {where(eqn)}: every piece after the first "
                          "has its rows renumbered, layout lost")
     return Decision(tuple(outs), notes=tuple(notes))
+
+
+@register_rule("unstack")
+def unstack(ctx, eqn, ins) -> Decision:
+    """Each piece ``x[i]`` along ``axis``, that axis gone. Across the distributed axis every
+    piece keeps the rows (and the index an index row held); along it the rows are taken apart."""
+    (lay,) = ins
+    axis, n = eqn.params["axis"], len(eqn.outvars)
+    if lay.kind is None:
+        return Decision(tuple(Layout(None, 0, lay.index, lay.local) for _ in range(n)))
+    if axis == lay.axis:
+        notes = ()
+        if lay.kind in ROWS:
+            notes = (f"unstack of the per-{lay.kind.value} axis in {where(eqn)}: each piece is one rank-local "
+                     "row, layout lost",)
+        return Decision(tuple(Layout(None, 0, lay.index, local=True) for _ in range(n)), notes=notes)
+    across = columns_axis(lay, shape_of(eqn.invars[0]))
+    moved = lay.axis - (axis < lay.axis)
+    return Decision(tuple(Layout(lay.kind, moved, lay.columns[i] if across == axis else lay.index)
+                          for i in range(n)))
 
 
 def _columns_of(lay: Layout, offset: int, size: int) -> Layout:
