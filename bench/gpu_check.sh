@@ -4,7 +4,7 @@
 # (bench/gpu_table.py). Meant for a GPU machine with a CUDA jax already installed and no
 # network (about 8 minutes on an H200); see docs/gpu.md.
 #
-#   bench/gpu_check.sh [--smoke] [--out DIR]
+#   bench/gpu_check.sh [--smoke] [--out DIR] [-- GPU_TABLE_ARGS...]
 #
 # Before: run bench/gpu_wheels.sh where there is network; it fills bench/wheels/ with the
 # packages a CUDA jax image lacks (ase, jraph, e3nn-jax, jax-md, ml-collections), which this
@@ -14,9 +14,13 @@
 # built into a scratch folder (the CUDA ones too when nvcc is found), the GPU tests are
 # collected, and the table runs at tiny sizes. The test suite runs it.
 #
+# Arguments after -- go to bench/gpu_table.py (a second run that completes a table:
+# -- --sections mlip,nequip-pair --lj-cells 126).
+#
 # Environment: PYTHON (default python3), JAXDD_CUDA_ARCH (default: the GPU's compute
 # capability from nvidia-smi, else setup.py's default), DEADLINE_S (default 480: the
-# table gets what the earlier stages leave of it).
+# table gets what the earlier stages leave of it), GPU_TESTS (the tests to run, pytest
+# paths or node ids; default the kernel and neighbour test files).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,10 +30,12 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --smoke) SMOKE=1; shift ;;
         --out) OUT_DIR="$2"; shift 2 ;;
-        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        --) shift; break ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) echo "gpu_check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
+TABLE_ARGS=("$@")
 PY="${PYTHON:-python3}"
 DEADLINE_S="${DEADLINE_S:-480}"
 START=$(date +%s)
@@ -91,7 +97,7 @@ fi
 stage "kernel and neighbour tests on the default device, against the jnp paths and the CPU kernels"
 # The suite's conftest defaults to CPU devices; here the GPU comes first and the CPU stays
 # available for the CPU-against-CUDA comparisons.
-TESTS=(tests/test_ffi_kernels.py tests/test_ffi_neighbors.py tests/test_ffi_models.py tests/test_neighbors.py)
+read -ra TESTS <<<"${GPU_TESTS:-tests/test_ffi_kernels.py tests/test_ffi_neighbors.py tests/test_ffi_models.py tests/test_neighbors.py}"
 if [[ $SMOKE == 1 ]]; then
     "$PY" -m pytest -q -p no:cacheprovider --co "${TESTS[@]}" | tail -1 || fail "collecting the GPU tests"
 else
@@ -103,7 +109,7 @@ fi
 stage "dynamics table"
 budget=$(( $(left) - 45 ))
 (( budget > 30 )) || budget=30
-args=(--budget "$budget" --json "$OUT_DIR/gpu_table.json")
+args=(--budget "$budget" --json "$OUT_DIR/gpu_table.json" "${TABLE_ARGS[@]}")
 [[ $SMOKE == 1 ]] && args+=(--smoke)
 timeout $(( budget + 40 )) "$PY" bench/gpu_table.py "${args[@]}" 2>"$OUT_DIR/table.err" | tee "$OUT_DIR/gpu_table.txt"
 [[ ${PIPESTATUS[0]} == 0 ]] || { tail -20 "$OUT_DIR/table.err"; fail "bench/gpu_table.py (see $OUT_DIR/table.err)"; }

@@ -1,6 +1,7 @@
 """The figures of bench/gpu_check.sh: LJ and MLIP dynamics on one device, jax-md beside them.
 
-    python bench/gpu_table.py [--smoke] [--budget SECONDS] [--json PATH]
+    python bench/gpu_table.py [--smoke] [--budget SECONDS] [--json PATH] [--sections lj,mlip,...]
+                              [--lj-cells 20,63,126]
 
 On the device JAX picks (a GPU where there is one), one table:
 
@@ -179,39 +180,46 @@ def nequip_pair(n_atoms: int, steps: int, kind: str) -> list[tuple[str, dict]]:
 # ---------------------------------------------------------------------------- plan and report
 
 
-def plan(smoke: bool, deadline: float) -> list[tuple[str, str, object]]:
-    """(section, label, thunk) in the order they run, the most wanted first; a thunk returns
-    its figures, or a list of (label, figures) rows. The largest-fit searches stop at
-    ``deadline`` (time.perf_counter)."""
+#: The table's sections, by the name ``--sections`` takes, in their default order.
+SECTIONS = {"lj": "LJ melt, jaxdd", "lj-jax-md": "LJ melt, jax-md", "mlip": "MLIP MD, jaxdd",
+            "nequip-pair": "NequIP, jax-md vs jaxdd", "largest": "largest fit"}
+#: jaxdd's LJ melt sizes (fcc cells a side: 4 n³ atoms) and steps a run.
+LJ_STEPS = {20: 100, 63: 50, 126: 20}
+
+
+def plan(smoke: bool, deadline: float, sections=tuple(SECTIONS), lj_cells=tuple(LJ_STEPS)) -> list:
+    """(section, label, thunk) in the order they run: ``sections`` in the order given, the
+    most wanted first; a thunk returns its figures, or a list of (label, figures) rows. The
+    largest-fit searches stop at ``deadline`` (time.perf_counter)."""
     if smoke:  # each code path once, at tiny sizes
         lj = [(4, 4, "float32", "fused"), (4, 4, "float64", "jnp")]
         jm = [(4, 4, "float32")]
         mlip_n, mlip_steps, sides, nq = 3, 2, [3], (64, 2, "small")
     else:
-        lj = [(c, s, d, p) for c, s in ((20, 100), (63, 50), (126, 20)) for d in ("float32", "float64")
-              for p in ("fused", "jnp")]
-        jm = [(c, s, d) for c, s in ((20, 100), (63, 50)) for d in ("float32", "float64")]
+        lj = [(c, LJ_STEPS[c], d, p) for c in lj_cells for d in ("float32", "float64") for p in ("fused", "jnp")]
+        jm = [(c, LJ_STEPS[c], d) for c in (20, 63) for d in ("float32", "float64")]
         mlip_n, mlip_steps, sides, nq = 32, 20, [64, 100, 128, 160], (8000, 100, "default")
-    rows = []
+    rows = {key: [] for key in SECTIONS}
     for cells, steps, dtype, path in lj:
-        rows.append(("LJ melt, jaxdd", f"{path} {dtype}", lambda c=cells, d=dtype, p=path, s=steps:
-                     lj_jaxdd(c, d, p, s)))
+        rows["lj"].append((SECTIONS["lj"], f"{path} {dtype}", lambda c=cells, d=dtype, p=path, s=steps:
+                           lj_jaxdd(c, d, p, s)))
     for cells, steps, dtype in jm:
-        rows.append(("LJ melt, jax-md", f"jax-md {dtype}", lambda c=cells, d=dtype, s=steps: lj_jax_md(c, d, s)))
+        rows["lj-jax-md"].append((SECTIONS["lj-jax-md"], f"jax-md {dtype}",
+                                  lambda c=cells, d=dtype, s=steps: lj_jax_md(c, d, s)))
     for name in ("schnet", "nequip", "mace"):
-        rows.append(("MLIP MD, jaxdd", f"{name} float32", lambda m=name: mlip_jaxdd(m, mlip_n, mlip_steps)))
-    rows.append(("NequIP, jax-md vs jaxdd", "", lambda: nequip_pair(*nq)))
+        rows["mlip"].append((SECTIONS["mlip"], f"{name} float32", lambda m=name: mlip_jaxdd(m, mlip_n, mlip_steps)))
+    rows["nequip-pair"].append((SECTIONS["nequip-pair"], "", lambda: nequip_pair(*nq)))
     for name in ("schnet", "nequip", "mace"):
-        rows.append(("largest fit", f"{name} float32",
-                     lambda m=name: largest_fit(m, sides, 1 if smoke else 3, deadline)))
-    return rows
+        rows["largest"].append((SECTIONS["largest"], f"{name} float32",
+                                lambda m=name: largest_fit(m, sides, 1 if smoke else 3, deadline)))
+    return [row for key in sections for row in rows[key]]
 
 
-def run(smoke: bool, budget: float) -> list[dict]:
+def run(smoke: bool, budget: float, sections=tuple(SECTIONS), lj_cells=tuple(LJ_STEPS)) -> list[dict]:
     start = time.perf_counter()
     deadline = start + budget
     out = []
-    for section, label, job in plan(smoke, deadline):
+    for section, label, job in plan(smoke, deadline, sections, lj_cells):
         row = dict(section=section, what=label)
         if time.perf_counter() > deadline:
             out.append(dict(row, error=f"skipped: the {budget:.0f} s budget is spent"))
@@ -274,11 +282,22 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny sizes, any device (the test suite's check)")
     p.add_argument("--budget", type=float, default=None, help="seconds for all rows (default 330; smoke 600)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help=f"the sections to run, in this order (default: all, {','.join(SECTIONS)})")
+    p.add_argument("--lj-cells", default=",".join(map(str, LJ_STEPS)),
+                   help=f"jaxdd's LJ melt sizes, fcc cells a side, of {sorted(LJ_STEPS)} (default: all; jax-md's "
+                        "loop runs the two smaller)")
     args = p.parse_args(argv)
+    sections = tuple(k.strip() for k in args.sections.split(",") if k.strip())
+    lj_cells = tuple(int(c) for c in args.lj_cells.split(",") if c.strip())
+    unknown = [k for k in sections if k not in SECTIONS] + [c for c in lj_cells if c not in LJ_STEPS]
+    if unknown:
+        p.error(f"unknown --sections or --lj-cells entries {unknown}: sections are {list(SECTIONS)}, "
+                f"sizes {sorted(LJ_STEPS)}")
     budget = args.budget if args.budget is not None else (600.0 if args.smoke else 330.0)
     d = jax.devices()[0]
     device = f"{d.platform} ({d.device_kind}), jax {jax.__version__}"
-    rows = run(args.smoke, budget)
+    rows = run(args.smoke, budget, sections, lj_cells)
     print("\n" + format_table(rows, device), flush=True)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

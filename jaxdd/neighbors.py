@@ -54,6 +54,7 @@ __all__ = [
     "effective_cell",
     "local_neighbor_list",
     "NEIGHBOR_BACKENDS",
+    "PAIR_COUNT_SLOTS",
 ]
 
 
@@ -431,15 +432,22 @@ def _lex_positive(s):
     return (sx > 0) | ((sx == 0) & ((sy > 0) | ((sy == 0) & (sz > 0))))
 
 
-def _block_counts(g, pbc, receiving, search_range, max_bins, rows):
-    """For each of the first ``rows`` atoms and each neighbouring bin: the bin's run in the
-    sorted order and its image. receiving: [rows] bool, the rows that search (others count
-    no candidates). Returns start, count [rows, n_off] and image [rows, n_off, 3].
+def _window(a, start, rows: int):
+    """Rows ``start .. start + rows`` of ``a`` (the first ``rows`` when ``start`` is None; a
+    traced ``start`` must leave ``rows`` rows after it)."""
+    return a[:rows] if start is None else jax.lax.dynamic_slice_in_dim(a, start, rows)
+
+
+def _block_counts(g, pbc, receiving, search_range, max_bins, rows, start=None):
+    """For each of ``rows`` atoms (the first, or those from row ``start``) and each
+    neighbouring bin: the bin's run in the sorted order and its image. receiving: [rows] bool,
+    the rows that search (others count no candidates). Returns start, count [rows, n_off]
+    and image [rows, n_off, 3].
     """
     offsets = jnp.asarray(_offsets(search_range))  # [n_off, 3]
-    sys_idx = g["sys_idx"][:rows]
+    sys_idx = _window(g["sys_idx"], start, rows)
     nb = g["nbins"][sys_idx][:, None, :]  # [R, 1, 3]
-    raw = g["bins"][:rows, None, :] + offsets[None, :, :]  # [R, n_off, 3]
+    raw = _window(g["bins"], start, rows)[:, None, :] + offsets[None, :, :]  # [R, n_off, 3]
     per = pbc[sys_idx][:, None, :]
     image = jnp.where(per, jnp.floor_divide(raw, nb), 0)
     wrapped = jnp.where(per, jnp.mod(raw, nb), raw)
@@ -450,24 +458,26 @@ def _block_counts(g, pbc, receiving, search_range, max_bins, rows):
 
 
 def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, capacity, n_receivers=None, order=None,
-                lengths=None, receiving=None):
+                lengths=None, receiving=None, bins=None, row_start=None):
     """Examine, for every receiver, the atoms of its block of neighbouring bins.
 
-    Receivers are the first ``n_receivers`` rows (default all). The block of atom i is the
-    concatenation of the runs (in bin-sorted order) of its n_off neighbouring bins; slot t
-    of row i is one candidate. Returns (mask [R, C], aux) with mask[i, t] True when
-    candidate t is a neighbour of i. lengths: (reach, bin width, cutoff²) as arrays (default
-    from ``cutoff``); receiving: [R] bool, receivers that search (default the atoms').
+    Receivers are the first ``n_receivers`` rows (default all), or ``n_receivers`` rows from
+    row ``row_start`` (traced; a window of the rows, for counting a large system in blocks).
+    The block of atom i is the concatenation of the runs (in bin-sorted order) of its n_off
+    neighbouring bins; slot t of row i is one candidate. Returns (mask [R, C], aux) with
+    mask[i, t] True when candidate t is a neighbour of i. lengths: (reach, bin width,
+    cutoff²) as arrays (default from ``cutoff``); receiving: [R] bool, receivers that search
+    (default the atoms'); bins: :func:`_bins` of these inputs, when already made.
     """
     table = capacity.table_size(positions.shape[0])
     if lengths is None:
         lengths = (*_lengths(cutoff, capacity.bin_divisions, positions.dtype), cutoff * cutoff)
-    g = _bins(positions, cell, pbc, batch_idx, atom_mask, lengths[:2], table)
+    g = _bins(positions, cell, pbc, batch_idx, atom_mask, lengths[:2], table) if bins is None else bins
     n_all = g["n_atoms"]
     n = n_all if n_receivers is None else int(n_receivers)
     c = capacity.max_candidates
-    receiving = atom_mask[:n] if receiving is None else receiving
-    start, count, image = _block_counts(g, pbc, receiving, capacity.search_range, table, n)
+    receiving = _window(atom_mask, row_start, n) if receiving is None else receiving
+    start, count, image = _block_counts(g, pbc, receiving, capacity.search_range, table, n, row_start)
     n_off = count.shape[1]
     end = jnp.cumsum(count, axis=1)
     first = end - count  # first slot of each bin's run in the atom's row
@@ -487,25 +497,25 @@ def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, cap
 
     # Origin of each (atom, bin): the atom moved by minus the bin's image shift, so a
     # candidate's vector is one gather and one subtraction.
-    cell_i = jax.lax.stop_gradient(cell)[g["sys_idx"][:n]]  # [R, 3, 3]
-    origin = g["pos_w"][:n, None, :] - jnp.einsum("voi,vij->voj", image.astype(positions.dtype), cell_i)
+    cell_i = jax.lax.stop_gradient(cell)[_window(g["sys_idx"], row_start, n)]  # [R, 3, 3]
+    origin = _window(g["pos_w"], row_start, n)[:, None, :] - jnp.einsum("voi,vij->voj", image.astype(positions.dtype), cell_i)
     flat_which = jnp.arange(n)[:, None] * n_off + which
     vec = g["pos_sorted"][sorted_pos] - origin.reshape(-1, 3)[flat_which]
     d2 = jnp.sum(vec * vec, axis=-1)
     # The atom itself in its own image is the only candidate at exactly zero distance
     # that is the atom itself (a lattice translation of a non-singular cell is never zero).
-    itself = sorted_pos == g["rank"][:n, None]
+    itself = sorted_pos == _window(g["rank"], row_start, n)[:, None]
     mask = (t < total[:, None]) & (d2 < lengths[2]) & ~(itself & (d2 == 0))
     if half and order is not None:  # rows ranked by (key a, key b); no periodic images here
         j = g["order"][sorted_pos]
         ka, kb = (jnp.asarray(k, jnp.int32) for k in order)
-        ai, bi = ka[:n, None], kb[:n, None]
+        ai, bi = _window(ka, row_start, n)[:, None], _window(kb, row_start, n)[:, None]
         higher = (ka[j] > ai) | ((ka[j] == ai) & (kb[j] > bi))
         mask = mask & (higher != (((ka[j] ^ ai) & 1) == 1))  # the rule of :func:`build_neighbor_list`
     elif half:
-        i = jnp.arange(n, dtype=jnp.int32)[:, None]
+        i = jnp.arange(n, dtype=jnp.int32)[:, None] + (0 if row_start is None else row_start)
         j = g["order"][sorted_pos]
-        shift = image.reshape(-1, 3)[flat_which] - g["wraps"][j] + g["wraps"][:n, None, :]
+        shift = image.reshape(-1, 3)[flat_which] - g["wraps"][j] + _window(g["wraps"], row_start, n)[:, None, :]
         mask = mask & ((i < j) | ((i == j) & _lex_positive(shift)))
     aux = dict(g, sorted_pos=sorted_pos, which=which, image=image, total=total)
     return mask, aux
@@ -713,14 +723,47 @@ def _candidate_stats(positions, cell, pbc, batch_idx, atom_mask, lengths, n_rece
     return jnp.max(jnp.sum(count, axis=1), initial=0)
 
 
+#: Candidate slots the pair count examines at once (rows x candidates per row): the count of
+#: a larger system runs in blocks of rows, so sizing needs memory for one block (a few GB),
+#: not for every candidate of every atom.
+PAIR_COUNT_SLOTS = 1 << 25
+
+
+def _count_block_rows(rows: int, candidates: int, slots: int) -> int:
+    """Rows the pair count takes at once: all of them, or a power of two under ``slots`` /
+    ``candidates`` (at least 64)."""
+    fit = max(slots // max(candidates, 1), 64)
+    return rows if rows <= fit else 1 << (fit.bit_length() - 1)
+
+
 @programs.track
-@jax.jit(static_argnames=("half", "capacity", "rows"))
-def _pair_stats(positions, cell, pbc, batch_idx, atom_mask, lengths, n_receivers, half, capacity, rows, order=None):
-    mask, _ = _candidates(positions, cell, pbc, batch_idx, atom_mask, cutoff=None, half=half, capacity=capacity,
-                          n_receivers=rows, lengths=lengths, receiving=_receiving(atom_mask, rows, n_receivers),
-                          order=order)
-    per_atom = jnp.sum(mask, axis=1, dtype=jnp.int32)
-    return jnp.sum(per_atom), jnp.max(per_atom, initial=0)
+@jax.jit(static_argnames=("half", "capacity", "rows", "slots"))
+def _pair_stats(positions, cell, pbc, batch_idx, atom_mask, lengths, n_receivers, half, capacity, rows, slots,
+                order=None):
+    """(pairs, most pairs of one receiver) of the first ``rows`` rows, in blocks of about
+    ``slots`` candidate slots."""
+    receiving = _receiving(atom_mask, rows, n_receivers)
+    block = _count_block_rows(rows, capacity.max_candidates, slots)
+    kw = dict(cutoff=None, half=half, capacity=capacity, n_receivers=block, lengths=lengths, order=order)
+    if block == rows:
+        mask, _ = _candidates(positions, cell, pbc, batch_idx, atom_mask, receiving=receiving, **kw)
+        per_atom = jnp.sum(mask, axis=1, dtype=jnp.int32)
+        return jnp.sum(per_atom), jnp.max(per_atom, initial=0)
+    g = _bins(positions, cell, pbc, batch_idx, atom_mask, lengths[:2], capacity.table_size(positions.shape[0]))
+
+    def count(nominal):
+        # The last block is moved back to end at the last row; rows an earlier block counted
+        # are left out of it.
+        start = jnp.minimum(nominal, rows - block)
+        again = start + jnp.arange(block) < nominal
+        recv = jax.lax.dynamic_slice_in_dim(receiving, start, block) & ~again
+        mask, _ = _candidates(positions, cell, pbc, batch_idx, atom_mask, receiving=recv, bins=g, row_start=start,
+                              **kw)
+        per_atom = jnp.sum(mask, axis=1, dtype=jnp.int32)
+        return jnp.sum(per_atom), jnp.max(per_atom, initial=0)
+
+    sums, peaks = jax.lax.map(count, jnp.arange(0, rows, block, dtype=jnp.int32))
+    return jnp.sum(sums), jnp.max(peaks)
 
 
 def _padded_rows(positions, cell, pbc, batch_idx, atom_mask, rows: int):
@@ -793,7 +836,7 @@ def neighbor_capacity(
         order = tuple(np.pad(np.asarray(k, np.int32), (0, padded - n)) for k in _check_order(order, n, half, pbc))
     edges, neighbors = _pair_stats(*args, lengths, n_receivers, half=bool(half),
                                    capacity=dataclasses.replace(probe.bucketed(), max_bins=table), rows=rows,
-                                   order=order)
+                                   slots=PAIR_COUNT_SLOTS, order=order)
     return dataclasses.replace(
         probe, max_edges=with_headroom(int(edges), headroom), max_neighbors=with_headroom(int(neighbors), headroom)
     )

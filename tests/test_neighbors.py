@@ -277,6 +277,25 @@ def test_open_axes_need_no_cell():
     assert got == pair_set(i, j, S)
 
 
+@pytest.mark.parametrize("n_receivers", [None, 600], ids=["all-rows", "first-rows"])
+@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
+def test_sizing_a_large_system_in_blocks_of_rows_counts_what_one_pass_counts(monkeypatch, half, n_receivers):
+    """The pair count of neighbor_capacity runs in blocks of rows past PAIR_COUNT_SLOTS
+    candidate slots (its memory bound); the capacities must not change. 700 atoms are 768
+    padded rows: blocks of 64 divide them, a block of 512 rows leaves a last block that
+    overlaps the first."""
+    import jaxdd.neighbors as nb
+
+    atoms = ase.Atoms("Ar700", positions=np.random.default_rng(3).random((700, 3)) * [14.0, 13.0, 12.0],
+                      cell=[[14.0, 0, 0], [2.0, 13.0, 0], [1.0, -1.5, 12.0]], pbc=[True, True, False])
+    size = dict(cutoff=2.5, half=half, n_receivers=n_receivers)
+    one_pass = neighbor_capacity(atoms.positions, atoms.cell.array, atoms.pbc, **size)
+    candidates = nb.capacity_bucket(one_pass.max_candidates)
+    for slots in (1, 600 * candidates):  # blocks of 64 rows; of 512
+        monkeypatch.setattr(nb, "PAIR_COUNT_SLOTS", slots)
+        assert neighbor_capacity(atoms.positions, atoms.cell.array, atoms.pbc, **size) == one_pass
+
+
 @pytest.mark.parametrize("cutoff", [0.0, -1.0, float("nan"), float("inf")])
 def test_non_positive_or_non_finite_cutoff_is_refused(cutoff):
     with pytest.raises(ValueError, match="cutoff"):
