@@ -97,7 +97,8 @@ fi
 stage "kernel and neighbour tests on the default device, against the jnp paths and the CPU kernels"
 # The suite's conftest defaults to CPU devices; here the GPU comes first and the CPU stays
 # available for the CPU-against-CUDA comparisons.
-read -ra TESTS <<<"${GPU_TESTS:-tests/test_ffi_kernels.py tests/test_ffi_neighbors.py tests/test_ffi_models.py tests/test_neighbors.py}"
+DEFAULT_TESTS="tests/test_ffi_kernels.py tests/test_ffi_neighbors.py tests/test_ffi_models.py tests/test_neighbors.py"
+read -ra TESTS <<<"${GPU_TESTS:-$DEFAULT_TESTS}"
 if [[ $SMOKE == 1 ]]; then
     "$PY" -m pytest -q -p no:cacheprovider --co "${TESTS[@]}" | tail -1 || fail "collecting the GPU tests"
 else
@@ -112,7 +113,13 @@ budget=$(( $(left) - 45 ))
 args=(--budget "$budget" --json "$OUT_DIR/gpu_table.json" "${TABLE_ARGS[@]}")
 [[ $SMOKE == 1 ]] && args+=(--smoke)
 timeout $(( budget + 40 )) "$PY" bench/gpu_table.py "${args[@]}" 2>"$OUT_DIR/table.err" | tee "$OUT_DIR/gpu_table.txt"
-[[ ${PIPESTATUS[0]} == 0 ]] || { tail -20 "$OUT_DIR/table.err"; fail "bench/gpu_table.py (see $OUT_DIR/table.err)"; }
+if [[ ${PIPESTATUS[0]} != 0 ]]; then
+    tail -20 "$OUT_DIR/table.err"
+    fail "bench/gpu_table.py (see $OUT_DIR/table.err; a row that outran the budget was stopped)"
+    # The rows before the one that failed or was stopped, from the JSON written after each row.
+    [[ -f "$OUT_DIR/gpu_table.json" ]] && "$PY" bench/gpu_table.py --show "$OUT_DIR/gpu_table.json" \
+        | tee "$OUT_DIR/gpu_table.txt"
+fi
 
 stage "done in $(( $(date +%s) - START )) s"
 if [[ ${#failures[@]} -gt 0 ]]; then

@@ -2,6 +2,7 @@
 
     python bench/gpu_table.py [--smoke] [--budget SECONDS] [--json PATH] [--sections lj,mlip,...]
                               [--lj-cells 20,63,126]
+    python bench/gpu_table.py --show PATH.json     # the table of a run, one stopped in a row too
 
 On the device JAX picks (a GPU where there is one), one table:
 
@@ -215,7 +216,9 @@ def plan(smoke: bool, deadline: float, sections=tuple(SECTIONS), lj_cells=tuple(
     return [row for key in sections for row in rows[key]]
 
 
-def run(smoke: bool, budget: float, sections=tuple(SECTIONS), lj_cells=tuple(LJ_STEPS)) -> list[dict]:
+def run(smoke: bool, budget: float, sections=tuple(SECTIONS), lj_cells=tuple(LJ_STEPS), saved=None) -> list[dict]:
+    """The rows' figures; ``saved(rows)`` is called after each row (a run killed in a long
+    row keeps the rows before it)."""
     start = time.perf_counter()
     deadline = start + budget
     out = []
@@ -241,6 +244,8 @@ def run(smoke: bool, budget: float, sections=tuple(SECTIONS), lj_cells=tuple(LJ_
             out.append(fig)
             shown = ", ".join(f"{k}={v}" for k, v in fig.items() if k not in ("section", "what"))
             print(f"{section}: {what}: {shown}", flush=True)
+        if saved is not None:
+            saved(out)
     return out
 
 
@@ -281,13 +286,19 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny sizes, any device (the test suite's check)")
     p.add_argument("--budget", type=float, default=None, help="seconds for all rows (default 330; smoke 600)")
-    p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here (after every row)")
+    p.add_argument("--show", type=Path, default=None, metavar="JSON",
+                   help="print the table of a run's JSON (one stopped in a row too) and exit")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"the sections to run, in this order (default: all, {','.join(SECTIONS)})")
     p.add_argument("--lj-cells", default=",".join(map(str, LJ_STEPS)),
                    help=f"jaxdd's LJ melt sizes, fcc cells a side, of {sorted(LJ_STEPS)} (default: all; jax-md's "
                         "loop runs the two smaller)")
     args = p.parse_args(argv)
+    if args.show is not None:
+        got = json.loads(args.show.read_text())
+        print(format_table(got["rows"], got["device"]))
+        return 0
     sections = tuple(k.strip() for k in args.sections.split(",") if k.strip())
     lj_cells = tuple(int(c) for c in args.lj_cells.split(",") if c.strip())
     unknown = [k for k in sections if k not in SECTIONS] + [c for c in lj_cells if c not in LJ_STEPS]
@@ -297,11 +308,13 @@ def main(argv=None) -> int:
     budget = args.budget if args.budget is not None else (600.0 if args.smoke else 330.0)
     d = jax.devices()[0]
     device = f"{d.platform} ({d.device_kind}), jax {jax.__version__}"
-    rows = run(args.smoke, budget, sections, lj_cells)
+    def saved(rows):
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(dict(device=device, smoke=args.smoke, rows=rows), indent=1, default=str))
+
+    rows = run(args.smoke, budget, sections, lj_cells, saved)
     print("\n" + format_table(rows, device), flush=True)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(dict(device=device, smoke=args.smoke, rows=rows), indent=1, default=str))
     errors = [r for r in rows if r.get("error") and not r["error"].startswith("skipped")]
     return 1 if (args.smoke and errors) else 0
 

@@ -498,7 +498,8 @@ def _candidates(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, half, cap
     # Origin of each (atom, bin): the atom moved by minus the bin's image shift, so a
     # candidate's vector is one gather and one subtraction.
     cell_i = jax.lax.stop_gradient(cell)[_window(g["sys_idx"], row_start, n)]  # [R, 3, 3]
-    origin = _window(g["pos_w"], row_start, n)[:, None, :] - jnp.einsum("voi,vij->voj", image.astype(positions.dtype), cell_i)
+    shifts = jnp.einsum("voi,vij->voj", image.astype(positions.dtype), cell_i)
+    origin = _window(g["pos_w"], row_start, n)[:, None, :] - shifts
     flat_which = jnp.arange(n)[:, None] * n_off + which
     vec = g["pos_sorted"][sorted_pos] - origin.reshape(-1, 3)[flat_which]
     d2 = jnp.sum(vec * vec, axis=-1)

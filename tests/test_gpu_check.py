@@ -3,6 +3,7 @@ table) run here at tiny sizes, so the script is known to work before a GPU is at
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -41,3 +42,38 @@ def test_gpu_check_refuses_to_run_without_its_wheels(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "bench/gpu_wheels.sh" in proc.stdout
+
+
+def _gpu_table():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import gpu_table
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return gpu_table
+
+
+def test_gpu_table_runs_the_sections_asked_for_in_the_order_given():
+    rows = _gpu_table().plan(False, 0.0, sections=("mlip", "lj"), lj_cells=(126,))
+    assert [(section, what) for section, what, _ in rows] == [
+        ("MLIP MD, jaxdd", "schnet float32"), ("MLIP MD, jaxdd", "nequip float32"), ("MLIP MD, jaxdd", "mace float32"),
+        ("LJ melt, jaxdd", "fused float32"), ("LJ melt, jaxdd", "jnp float32"),
+        ("LJ melt, jaxdd", "fused float64"), ("LJ melt, jaxdd", "jnp float64")]
+
+
+def test_gpu_table_refuses_an_unknown_section_naming_the_known_ones(capsys):
+    with pytest.raises(SystemExit):
+        _gpu_table().main(["--sections", "mlip,lj-lammps"])
+    err = capsys.readouterr().err
+    assert "lj-lammps" in err and "nequip-pair" in err
+
+
+def test_gpu_table_shows_the_table_of_a_saved_run(tmp_path, capsys):
+    """A run stopped in a long row leaves its JSON; --show prints the rows before that row."""
+    saved = tmp_path / "gpu_table.json"
+    row = dict(section="LJ melt, jaxdd", what="fused float32", atoms=32000, steps=100, seconds=0.5,
+               atom_steps_per_second=6.4e6, ms_per_step=5.0, note="1 rebuilds")
+    saved.write_text(json.dumps(dict(device="gpu (NVIDIA H200), jax 0.11.2", smoke=False, rows=[row])))
+    assert _gpu_table().main(["--show", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert "NVIDIA H200" in out and "6,400,000" in out and "1 rebuilds" in out
