@@ -112,6 +112,7 @@ budget=$(( $(left) - 45 ))
 (( budget > 30 )) || budget=30
 args=(--budget "$budget" --json "$OUT_DIR/gpu_table.json" "${TABLE_ARGS[@]}")
 [[ $SMOKE == 1 ]] && args+=(--smoke)
+rm -f "$OUT_DIR/gpu_table.json"  # written after every row: none left from an earlier run
 timeout $(( budget + 40 )) "$PY" bench/gpu_table.py "${args[@]}" 2>"$OUT_DIR/table.err" | tee "$OUT_DIR/gpu_table.txt"
 if [[ ${PIPESTATUS[0]} != 0 ]]; then
     tail -20 "$OUT_DIR/table.err"

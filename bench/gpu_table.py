@@ -308,6 +308,7 @@ def main(argv=None) -> int:
     budget = args.budget if args.budget is not None else (600.0 if args.smoke else 330.0)
     d = jax.devices()[0]
     device = f"{d.platform} ({d.device_kind}), jax {jax.__version__}"
+
     def saved(rows):
         if args.json is not None:
             args.json.parent.mkdir(parents=True, exist_ok=True)

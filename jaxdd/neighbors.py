@@ -745,11 +745,16 @@ def _pair_stats(positions, cell, pbc, batch_idx, atom_mask, lengths, n_receivers
     ``slots`` candidate slots."""
     receiving = _receiving(atom_mask, rows, n_receivers)
     block = _count_block_rows(rows, capacity.max_candidates, slots)
-    kw = dict(cutoff=None, half=half, capacity=capacity, n_receivers=block, lengths=lengths, order=order)
-    if block == rows:
-        mask, _ = _candidates(positions, cell, pbc, batch_idx, atom_mask, receiving=receiving, **kw)
+
+    def pairs(recv, start=None, bins=None):  # (pairs, most of one receiver) of ``block`` rows
+        mask, _ = _candidates(positions, cell, pbc, batch_idx, atom_mask, cutoff=None, half=half, capacity=capacity,
+                              n_receivers=block, lengths=lengths, receiving=recv, order=order, bins=bins,
+                              row_start=start)
         per_atom = jnp.sum(mask, axis=1, dtype=jnp.int32)
         return jnp.sum(per_atom), jnp.max(per_atom, initial=0)
+
+    if block == rows:
+        return pairs(receiving)
     g = _bins(positions, cell, pbc, batch_idx, atom_mask, lengths[:2], capacity.table_size(positions.shape[0]))
 
     def count(nominal):
@@ -757,11 +762,7 @@ def _pair_stats(positions, cell, pbc, batch_idx, atom_mask, lengths, n_receivers
         # are left out of it.
         start = jnp.minimum(nominal, rows - block)
         again = start + jnp.arange(block) < nominal
-        recv = jax.lax.dynamic_slice_in_dim(receiving, start, block) & ~again
-        mask, _ = _candidates(positions, cell, pbc, batch_idx, atom_mask, receiving=recv, bins=g, row_start=start,
-                              **kw)
-        per_atom = jnp.sum(mask, axis=1, dtype=jnp.int32)
-        return jnp.sum(per_atom), jnp.max(per_atom, initial=0)
+        return pairs(jax.lax.dynamic_slice_in_dim(receiving, start, block) & ~again, start, g)
 
     sums, peaks = jax.lax.map(count, jnp.arange(0, rows, block, dtype=jnp.int32))
     return jnp.sum(sums), jnp.max(peaks)
