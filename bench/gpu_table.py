@@ -296,11 +296,16 @@ def main(argv=None) -> int:
                         "loop runs the two smaller)")
     args = p.parse_args(argv)
     if args.show is not None:
+        if not args.show.is_file():
+            p.error(f"--show {args.show}: no such file (gpu_check.sh writes gpu_table.json in its --out folder)")
         got = json.loads(args.show.read_text())
         print(format_table(got["rows"], got["device"]))
         return 0
     sections = tuple(k.strip() for k in args.sections.split(",") if k.strip())
-    lj_cells = tuple(int(c) for c in args.lj_cells.split(",") if c.strip())
+    try:
+        lj_cells = tuple(int(c) for c in args.lj_cells.split(",") if c.strip())
+    except ValueError:
+        p.error(f"--lj-cells {args.lj_cells!r}: whole numbers of fcc cells a side, of {sorted(LJ_STEPS)}")
     unknown = [k for k in sections if k not in SECTIONS] + [c for c in lj_cells if c not in LJ_STEPS]
     if unknown:
         p.error(f"unknown --sections or --lj-cells entries {unknown}: sections are {list(SECTIONS)}, "

@@ -77,3 +77,10 @@ def test_gpu_table_shows_the_table_of_a_saved_run(tmp_path, capsys):
     assert _gpu_table().main(["--show", str(saved)]) == 0
     out = capsys.readouterr().out
     assert "NVIDIA H200" in out and "6,400,000" in out and "1 rebuilds" in out
+
+
+@pytest.mark.parametrize("argv, named", [(["--lj-cells", "12x"], "--lj-cells"), (["--show", "/no/such.json"], "--show")])
+def test_gpu_table_refuses_bad_arguments_naming_them(capsys, argv, named):
+    with pytest.raises(SystemExit):
+        _gpu_table().main(argv)
+    assert named in capsys.readouterr().err
