@@ -26,6 +26,13 @@ class Decision:
         is bound exactly as traced, custom derivative rules included.
     replicates: the outputs are the same on every rank (the action ends in a collective),
         so what is computed from them is not rank-dependent.
+    resolves: the rule has accounted for the index spaces of its inputs itself (a total
+        meeting row numbers rewritten soundly, a graph index recognised): the outputs' index
+        spaces are the rule's, and no meeting is recorded (:mod:`jaxdd.dispatch.provenance`).
+    guess: the outputs' layout is a guess from shape (an ``iota`` as long as the rows); its
+        notes are dropped when every consumer confirms it.
+    confirms: positions of the inputs whose guessed row layout this rule relies on soundly
+        (the payload of a sort along those rows, an index tested against the atom count).
     """
 
     outs: tuple[Layout, ...]
@@ -34,6 +41,9 @@ class Decision:
     notes: tuple[str, ...] = ()
     passive: bool = False
     replicates: bool = False
+    resolves: bool = False
+    guess: bool = False
+    confirms: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

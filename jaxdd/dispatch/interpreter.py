@@ -20,7 +20,8 @@ import numpy as np
 from ..ops import GraphParallelPolicy
 from .decision import Decision, Plan
 from .equations import bind, enclosing, is_literal, shape_of, where
-from .layouts import REPLICATED, ROWS, Kind, Layout, clean
+from .layouts import OFFSETS, REPLICATED, ROWS, Kind, Layout, bare, clean
+from .provenance import mixed_error, propagate
 from .registry import rule_for
 from .report import DispatchError, DispatchReport
 from .rules.elementwise import elementwise
@@ -43,7 +44,7 @@ class Dispatcher:
     and may use: :attr:`runtime` (inside a decision's ``apply``, where it is never None),
     :attr:`n_padded`, :attr:`n_edges`, :attr:`n_systems`, :meth:`fallback_kind`,
     :meth:`default` (the rule of a primitive nobody registered), :meth:`constant` (the value
-    of an input computed from constants alone), and for primitives with bodies
+    of an input computed from constants alone), :meth:`producer`, and for primitives with bodies
     :meth:`analyse` and :meth:`eval`.
     """
 
@@ -100,6 +101,13 @@ class Dispatcher:
         the graph index ``jnp.repeat`` builds from fixed node counts — else None."""
         return self._folds[-1].value(var) if self._folds else None
 
+    def producer(self, var):
+        """The equation of the jaxpr being analysed that computes ``var`` (None for its inputs,
+        constants and literals)."""
+        if is_literal(var) or not self._folds:
+            return None
+        return self._folds[-1].producer.get(var)
+
     def _analyse(self, jaxpr, in_layouts, key) -> Plan:
         env: dict = {}
 
@@ -108,21 +116,25 @@ class Dispatcher:
 
         for v, lay in zip(jaxpr.invars, in_layouts):
             env[v] = lay
-        decisions, notes = [], []
+        decisions = []
         for eqn in jaxpr.eqns:
             ins = tuple(read(v) for v in eqn.invars)
             d = self._local_systems(eqn, self.decide(eqn, ins))
             decisions.append(d)
-            notes.extend(d.notes)
             # Whatever comes from rank-dependent data without keeping a distributed axis (one
             # atom's value, a partial left local) differs between ranks, unless a collective
             # made it the same everywhere.
             tainted = not d.replicates and any(i.local or i.kind in ROWS for i in ins)
+            outs = []
             for v, lay in zip(eqn.outvars, d.outs):
                 lay = clean(lay, shape_of(v))
                 if tainted and lay.kind is None and not lay.local:
                     lay = dataclasses.replace(lay, local=True)
+                outs.append(lay)
+            for v, lay in zip(eqn.outvars, propagate(self, eqn, ins, d, outs)):
                 env[v] = lay
+        decisions = _confirmed(jaxpr, decisions)
+        notes = [m for d in decisions for m in d.notes]
         plan = Plan(tuple(decisions), tuple(read(v) for v in jaxpr.outvars),
                     any(d.apply is not None and not d.passive for d in decisions), tuple(dict.fromkeys(notes)))
         self._plans[key] = (jaxpr, plan)  # holding the jaxpr keeps its id unique
@@ -139,7 +151,7 @@ class Dispatcher:
         # Replicated (computed from the global description), or per node without an index
         # meaning (computed from such a value already replaced: arange(n_graph)[graph]).
         found = [i for i, (v, lay) in enumerate(zip(eqn.outvars, d.outs))
-                 if lay in (REPLICATED, Layout(Kind.NODE, 0)) and len(shape_of(v)) == 1 and shape_of(v)[0] >= n
+                 if bare(lay) in (REPLICATED, Layout(Kind.NODE, 0)) and len(shape_of(v)) == 1 and shape_of(v)[0] >= n
                  and np.issubdtype(v.aval.dtype, np.integer)
                  and is_system_index(lambda case, v=v: fold.probe(v, case), probes(n, self.n_systems))]
         if not found:
@@ -159,8 +171,10 @@ class Dispatcher:
 
         # What the rule said about losing this value's layout no longer matters: it is recognised.
         notes = () if len(eqn.outvars) == 1 else d.notes
+        # Recognised, the value no longer stands for the counts it was built from.
+        outs = tuple(o if i in found else dataclasses.replace(o, mixed=None) for i, o in enumerate(outs))
         return dataclasses.replace(d, outs=outs, apply=local_systems, rule="graph_index.local", passive=False,
-                                   notes=notes)
+                                   notes=notes, resolves=True)
 
     def decide(self, eqn, ins: tuple[Layout, ...]) -> Decision:
         """The registered rule's :class:`Decision` for ``eqn`` (the default rule if none is registered)."""
@@ -220,6 +234,26 @@ class Dispatcher:
         return [read(v) for v in jaxpr.outvars]
 
 
+def _confirmed(jaxpr, decisions: list[Decision]) -> list[Decision]:
+    """``decisions`` with the notes of layouts guessed from shape dropped where every consumer
+    confirms the guess (``Decision.confirms``): an ``iota`` as long as the edges that only
+    a sort along the edges carries (``argsort``) is a permutation of them, not a guess."""
+    guessed = {v: i for i, d in enumerate(decisions) if d.guess for v in jaxpr.eqns[i].outvars}
+    if not guessed:
+        return decisions
+    uses: dict = {v: [] for v in guessed}
+    for j, eqn in enumerate(jaxpr.eqns):
+        for pos, v in enumerate(eqn.invars):
+            if not is_literal(v) and v in uses:
+                uses[v].append(pos in decisions[j].confirms)
+    outputs = {v for v in jaxpr.outvars if not is_literal(v)}
+    decisions = list(decisions)
+    for v, i in guessed.items():
+        if uses[v] and all(uses[v]) and v not in outputs:
+            decisions[i] = dataclasses.replace(decisions[i], notes=())
+    return decisions
+
+
 class _Constants:
     """Values of one jaxpr's variables that follow from its literals and constants alone,
     folded on demand (never for inputs, never for values larger than ``limit`` elements)."""
@@ -271,8 +305,9 @@ def batch_layouts(batch, graph_parallel: bool = False, receivers_owned: bool = F
     node = Layout(Kind.NODE, 0)
     graph = Layout(Kind.GRAPH, 0)
     tags = dict(
-        positions=node, atomic_numbers=node, atom_mask=node, charges=node, masses=node, velocities=node,
-        batch_idx=Layout(Kind.NODE, 0, Kind.GRAPH), cell=graph, pbc=graph, system_mask=graph, ptr=REPLICATED,
+        positions=node, atomic_numbers=node, atom_mask=Layout(Kind.NODE, 0, real=True), charges=node, masses=node,
+        velocities=node, batch_idx=Layout(Kind.NODE, 0, Kind.GRAPH), cell=graph, pbc=graph, system_mask=graph,
+        ptr=Layout(total=OFFSETS),
     )
     fields = {name: (tags[name] if getattr(batch, name) is not None else None) for name in tags}
     nl = batch.neighbors
@@ -333,7 +368,12 @@ def call_model(model, batch, runtime: Runtime | None, report: DispatchReport):
     fields = {n_p + i: name for i, name in enumerate(paths) if name in SYSTEM_FIELDS}
     dispatcher = Dispatcher(runtime, report, sizes, fields)
     in_layouts = [REPLICATED] * n_p + b_layouts
+    out_layouts = dispatcher.out_layouts(closed, in_layouts)
+    for i, ((path, _), lay) in enumerate(zip(jax.tree_util.tree_flatten_with_path(out_shape)[0], out_layouts)):
+        if lay.mixed:
+            keys = [str(getattr(k, "key", getattr(k, "name", ""))) for k in path]
+            name = ".".join(k for k in keys if k and not k.isdigit()) or f"number {i}"
+            raise mixed_error(lay, f"its output {name!r}", type(model).__name__)
     outs = dispatcher.run_closed(closed, leaves, in_layouts)
     tree = jax.tree_util.tree_structure(out_shape)
-    return (jax.tree_util.tree_unflatten(tree, outs),
-            jax.tree_util.tree_unflatten(tree, list(dispatcher.out_layouts(closed, in_layouts))))
+    return jax.tree_util.tree_unflatten(tree, outs), jax.tree_util.tree_unflatten(tree, list(out_layouts))

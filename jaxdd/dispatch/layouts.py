@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-__all__ = ["Kind", "Layout", "REPLICATED", "ROWS", "join", "clean", "columns_axis", "rows_of", "merge_index"]
+__all__ = ["Kind", "Layout", "REPLICATED", "ROWS", "ATOM_COUNT", "TOTAL", "OFFSETS", "bare", "join", "clean", "columns_axis", "rows_of", "merge_index"]
 
 
 class Kind(str, enum.Enum):
@@ -34,7 +34,20 @@ class Layout:
     ``batch_idx`` at systems). local: no distributed axis, but the value differs between
     ranks (one atom's value, a rank-local partial); never set together with ``kind``.
     columns: per-column index kinds of an index array built column by column, along
-    ``columns_axis`` (None: the last axis; ``jnp.stack([receivers, senders])`` has them along 0)."""
+    ``columns_axis`` (None: the last axis; ``jnp.stack([receivers, senders])`` has them along 0).
+
+    The value's *index space* (docs/dispatch.md, "Index spaces"), in three more fields:
+
+    total: the value is a total over every rank's rows: a count, sum or extremum reduced
+        across ranks (:data:`ATOM_COUNT` for the count of real atoms, ``count_nonzero(atom_mask)``;
+        :data:`TOTAL` for any other, :data:`OFFSETS` for the batch's ``ptr``). Such a value
+        must never meet a rank's own row numbers (:mod:`jaxdd.dispatch.provenance`).
+    mixed: where such a meeting happened (``file:line (primitive)`` and what met): the value
+        means something else under decomposition, and so does all that is computed from it,
+        unless a rule recognises it (a graph index rebuilt from counts).
+    real: the values are the atom mask: true exactly on the rows of real atoms.
+    permuted: the rows along ``axis`` are this rank's rows in another order (edges sorted
+        within the rank); a row's position no longer says which row it is."""
 
     kind: Kind | None = None
     axis: int = 0
@@ -42,6 +55,10 @@ class Layout:
     local: bool = False
     columns: tuple | None = None
     columns_axis: int | None = None
+    total: str | None = None
+    mixed: str | None = None
+    real: bool = False
+    permuted: bool = False
 
     def moved(self, axis: int | None) -> "Layout":
         """The same tag on another axis (``None``: the axis is gone; the index meaning stays)."""
@@ -64,6 +81,12 @@ class Layout:
 
 #: Nothing distributed, the same on every rank (parameters, constants).
 REPLICATED = Layout()
+#: ``Layout.total`` of the count of real atoms over every rank (``count_nonzero(atom_mask)``).
+ATOM_COUNT = "atom_count"
+#: ``Layout.total`` of any other count, sum or extremum reduced across ranks.
+TOTAL = "total"
+#: ``Layout.total`` of the batch's ``ptr``: offsets of systems along rows numbered on one device.
+OFFSETS = "offsets"
 #: Rank-local rows: reductions over them need masks and collectives.
 ROWS = (Kind.NODE, Kind.EDGE)
 
@@ -93,6 +116,22 @@ def merge_index(kinds) -> Kind | None:
 
 def join(a: Layout, b: Layout) -> Layout:
     """The layout of a value that may be either ``a`` or ``b`` (loop carries, branches)."""
+    if a == b:
+        return a
+    extra = dict(total=a.total if a.total == b.total else (a.total or b.total) and TOTAL,
+                 mixed=a.mixed or b.mixed, real=a.real and b.real, permuted=a.permuted or b.permuted)
+    base = _join(bare(a), bare(b))
+    return dataclasses.replace(base, **extra)
+
+
+def bare(lay: Layout) -> Layout:
+    """``lay`` without its index-space fields (``total``, ``mixed``, ``real``, ``permuted``)."""
+    if not (lay.total or lay.mixed or lay.real or lay.permuted):
+        return lay
+    return dataclasses.replace(lay, total=None, mixed=None, real=False, permuted=False)
+
+
+def _join(a: Layout, b: Layout) -> Layout:
     if a == b:
         return a
     if {a.index, b.index} == {Kind.NODE, Kind.OWNED_NODE}:

@@ -35,6 +35,8 @@ class Runtime:
     receivers_owned: the neighbour list's receivers are owned rows (or padding past every
         local row), as the framework's lists are outside a deep halo; a sum onto them then
         leaves no ghost partial to send home.
+    atom_mask: [n_padded] bool, the local rows that hold real atoms (owned and ghosts), or
+        None: what ``idx < count_nonzero(atom_mask)`` asks of a row number on this rank.
     """
 
     layout: halo.HaloLayout | None
@@ -47,6 +49,7 @@ class Runtime:
     n_ranks: int = 1
     batch_idx: jax.Array | None = None
     receivers_owned: bool = False
+    atom_mask: jax.Array | None = None
 
     @property
     def n_owned(self) -> int:
@@ -99,7 +102,15 @@ class Runtime:
         return jnp.moveaxis(own, 0, axis)
 
     # Masks of the rows a reduction may count, for an axis of ``length`` rows.
-    def row_mask(self, kind: Kind, length: int) -> jax.Array:
+    def row_mask(self, kind: Kind, length: int, permuted: bool = False) -> jax.Array:
+        """[length] bool: the rows of ``kind`` a reduction counts on this rank (owned atoms, edges
+        of owned receivers). permuted: edges in another order (sorted within the rank), each
+        this rank's own outside a deep halo, so every row counts."""
+        if permuted:
+            if kind is not Kind.EDGE or not self.receivers_owned:
+                raise DispatchError(f"internal: a reduction over permuted per-{kind.value} rows needs edges that "
+                                    "live on one rank only")
+            return jnp.ones((length,), bool)
         base = self.owned_rows if kind is Kind.NODE else self.edge_owned
         if base is None:
             raise DispatchError("a per-edge reduction needs the framework's neighbour list; the model built its own")
@@ -107,6 +118,16 @@ class Runtime:
         if length <= n:
             return base[:length]
         return jnp.concatenate([base, jnp.zeros((length - n,), bool)])
+
+    def real_rows(self, idx):
+        """Whether each row number in ``idx`` is a real atom of this rank (owned or ghost); what
+        ``idx < count_nonzero(atom_mask)`` means on one device, where padding rows come last.
+        Negative numbers are below every count (true); numbers past the rows are not atoms."""
+        if self.atom_mask is None:
+            raise DispatchError("internal: testing row numbers against the atom count needs the rank's atom_mask")
+        n = self.atom_mask.shape[0]
+        inside = (idx >= 0) & (idx < n)
+        return jnp.where(inside, self.atom_mask[jnp.clip(idx, 0, n - 1)], idx < 0)
 
     def _exchange(self, x, axis: int, fn):
         """Apply ``fn`` to the first n_padded rows along ``axis``; further rows are untouched."""

@@ -305,7 +305,7 @@ def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, sys
         probed = nl if displacement is None else dataclasses.replace(nl, displacement=displacement)
         runtime = Runtime(layout, routing, axes, program.policy, owned_rows,
                           edge_owned=nl.mask & (nl.receivers < layout.n_owned), ops=ops, n_ranks=program.n_ranks,
-                          batch_idx=local.batch_idx, receivers_owned=not program.deep)
+                          batch_idx=local.batch_idx, receivers_owned=not program.deep, atom_mask=local.atom_mask)
         batch = local.replace(positions=positions, cell=cell_s, neighbors=probed)
         out, lays = _call_model(model, batch, runtime, report, program)
         if program.strict and report.fallbacks:

@@ -242,7 +242,7 @@ def _single_device_counts(model, batch: Batch) -> dict[str, int]:
         def one(b):
             # One device owns every row, so its list's receivers are all owned.
             rt = Runtime(None, None, ("dd",), HaloStoragePolicy(), b.atom_mask, edge_owned=b.neighbors.mask,
-                         receivers_owned=True)
+                         receivers_owned=True, atom_mask=b.atom_mask)
             return call_model(model, b, rt, report)[0]
 
         jax.eval_shape(jax.shard_map(one, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False), b)

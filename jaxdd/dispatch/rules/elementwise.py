@@ -8,7 +8,7 @@ import numpy as np
 
 from ..decision import Decision
 from ..equations import bind, is_literal, shape_of
-from ..layouts import Kind, Layout, merge_index
+from ..layouts import ATOM_COUNT, Kind, Layout, merge_index
 from ..registry import register_rule
 
 __all__ = ["elementwise", "select_n", "index_bound", "pvary"]
@@ -78,6 +78,9 @@ def index_bound(ctx, eqn, ins) -> Decision:
     range by ``jnp.minimum(senders, n - 1)`` or a clip, with ``n`` its atom count. Senders
     index every rank's rows, so ``n`` (this rank's rows) becomes the stacked count there.
     """
+    real = real_rows_test(ctx, eqn, ins)
+    if real is not None:
+        return real
     d = elementwise(ctx, eqn, ins)
     if not any(lay.index is Kind.ALL_NODES for lay in ins):
         return d
@@ -96,6 +99,46 @@ def index_bound(ctx, eqn, ins) -> Decision:
         return bind(eqn, invals)
 
     return Decision(d.outs, apply, "bound.all_nodes", d.notes)
+
+
+# (comparison, position of the row number) -> True: "is a real atom", False: "is not".
+_REAL_TESTS = {("lt", 0): True, ("gt", 1): True, ("ge", 0): False, ("le", 1): False}
+
+
+def real_rows_test(ctx, eqn, ins) -> Decision | None:
+    """``idx < count_nonzero(atom_mask)`` (or ``count > idx``; ``>=`` for its negation) with
+    ``idx`` atom row numbers: on one device, where padding rows come after the atoms, it asks
+    whether row ``idx`` is a real atom (e3j's ``GraphCSR.mask_edges``, ``arange(n) < count``).
+    Every rank numbers only its own rows, and the count is every rank's, so the comparison
+    itself would mean something else; the question it asks is rewritten: this rank's atom
+    mask at ``idx`` (:meth:`~jaxdd.dispatch.Runtime.real_rows`). None when ``eqn`` is not such a test."""
+    if len(ins) != 2:
+        return None
+    counts = [i for i, lay in enumerate(ins) if lay.total == ATOM_COUNT]
+    rows = [i for i, lay in enumerate(ins) if lay.index in (Kind.NODE, Kind.OWNED_NODE) and not lay.total]
+    if len(counts) != 1 or len(rows) != 1:
+        return None
+    at = rows[0]
+    positive = _REAL_TESTS.get((eqn.primitive.name, at))
+    if positive is None or not np.issubdtype(eqn.invars[at].aval.dtype, np.integer):
+        return None
+    idx_lay = ins[at]
+    out_shape = shape_of(eqn.outvars[0])
+    kind = idx_lay.kind if idx_lay.kind is not None and len(shape_of(eqn.invars[at])) == len(out_shape) else None
+    # arange(n_rows) < count is the atom mask itself.
+    own_rows = kind is Kind.NODE and idx_lay.axis == 0 and _counts_rows(ctx, eqn.invars[at])
+    out = Layout(kind, idx_lay.axis if kind else 0, real=own_rows, permuted=idx_lay.permuted)
+
+    def apply(eqn, invals):
+        real = ctx.runtime.real_rows(invals[at])
+        return [jnp.broadcast_to(real if positive else ~real, out_shape)]
+
+    return Decision((out,), apply, "compare.real_rows", resolves=True, confirms=(at,))
+
+
+def _counts_rows(ctx, var) -> bool:
+    x = ctx.constant(var)
+    return x is not None and x.ndim == 1 and bool(np.all(x == np.arange(x.shape[0])))
 
 
 for _name in ("lt", "le", "gt", "ge", "eq", "ne", "min", "clamp"):

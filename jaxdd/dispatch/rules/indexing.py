@@ -15,14 +15,14 @@ import jax
 import jax.numpy as jnp
 
 from ..decision import Decision
-from ..equations import bind, shape_of, where
+from ..equations import bind, is_literal, shape_of, where
 from ..layouts import REPLICATED, ROWS, Kind, Layout, columns_axis, rows_of
 from ..masks import along, identity_of
 from ..registry import register_rule
 from ..report import DispatchError
 from .elementwise import elementwise
 
-__all__ = ["gather", "scatter", "scatter_all_nodes"]
+__all__ = ["gather", "scatter", "scatter_all_nodes", "uniform_along"]
 
 
 @register_rule("gather")
@@ -78,6 +78,9 @@ def scatter(ctx, eqn, ins) -> Decision:
         return elementwise(ctx, eqn, ins)
     op, idx, upd = ins[0], ins[1], ins[2]
     dn = eqn.params["dimension_numbers"]
+    kept = _rows_in_window(ctx, eqn, ins)
+    if kept is not None:
+        return Decision((kept,))
     notes = []
     sdod = dn.scatter_dims_to_operand_dims
     ishape = shape_of(eqn.invars[1])
@@ -153,12 +156,72 @@ def scatter(ctx, eqn, ins) -> Decision:
             notes.append(f"{name} into per-system rows in {where(eqn)} has no collective: left rank-local")
             return Decision((out,), notes=tuple(notes))
         upd_scatter = [d for d in range(len(shape_of(eqn.invars[2]))) if d not in dn.update_window_dims]
-        return Decision((out,), _segment_reduce(ctx, kind, rows, upd_scatter[idx.axis]), f"segment_reduce.{kind}",
-                        tuple(notes), replicates=True)
+        permuted = idx.permuted or upd.permuted
+        return Decision((out,), _segment_reduce(ctx, kind, rows, upd_scatter[idx.axis], permuted),
+                        f"segment_reduce.{kind}", tuple(notes), replicates=True)
     return Decision((out,), notes=tuple(notes))
 
 
-def _segment_reduce(ctx, kind: str, rows: Kind, axis: int):
+def _rows_in_window(ctx, eqn, ins) -> Layout | None:
+    """The layout of a scatter that leaves the rows where they are: indices the same on every
+    rank that address other axes only, the rows a whole window (eSEN's per-edge Wigner matrices,
+    ``d = jnp.zeros((n_edges, k, k)); d.at[:, 1:4, 1:4].set(rot)``). Each output row then
+    depends on the same row of the operand and the updates alone; None when that is not so."""
+    op, idx, upd = ins
+    if idx.kind is not None or idx.local or idx.total or idx.mixed:
+        return None
+    dn = eqn.params["dimension_numbers"]
+    oshape, ushape = shape_of(eqn.invars[0]), shape_of(eqn.invars[2])
+    dropped = set(dn.inserted_window_dims) | set(getattr(dn, "operand_batching_dims", ()))
+    window = [d for d in range(len(oshape)) if d not in dropped]  # operand axes, in update_window_dims order
+    if len(window) != len(dn.update_window_dims):
+        return None
+    to_operand = dict(zip(dn.update_window_dims, window))
+    rows = None
+    if upd.kind in ROWS and upd.axis in to_operand:
+        rows = Layout(upd.kind, to_operand[upd.axis])
+        if op.kind is not None and (op.kind, op.axis) != (rows.kind, rows.axis) or op.local:
+            return None
+        if op.kind is None and not uniform_along(ctx, eqn.invars[0], rows.axis):
+            return None  # a replicated operand whose rows differ (a parameter table): not per row
+    elif op.kind in ROWS and op.axis in window and upd.kind is None and not upd.local:
+        rows = Layout(op.kind, op.axis)
+    if rows is None or rows.axis in dn.scatter_dims_to_operand_dims:
+        return None
+    u = next(k for k, a in to_operand.items() if a == rows.axis)
+    if ushape[u] != oshape[rows.axis]:
+        return None  # a window shorter than the rows: only some rows are written
+    return Layout(rows.kind, rows.axis, permuted=op.permuted or upd.permuted)
+
+
+def uniform_along(ctx, var, axis: int, depth: int = 8) -> bool:
+    """Whether ``var`` is the same at every position along ``axis``: a literal, a broadcast that
+    adds that axis (``jnp.zeros``), or such a value written by a scatter whose indices leave
+    that axis whole and whose updates are themselves the same along it (``d.at[:, 0, 0].set(1.0)``)."""
+    eqn = ctx.producer(var)
+    if depth <= 0 or eqn is None:
+        return is_literal(var)
+    name = eqn.primitive.name
+    if name == "broadcast_in_dim":
+        return axis not in eqn.params["broadcast_dimensions"] or shape_of(eqn.invars[0])[
+            list(eqn.params["broadcast_dimensions"]).index(axis)] == 1
+    if name in ("convert_element_type", "copy"):
+        return uniform_along(ctx, eqn.invars[0], axis, depth - 1)
+    if name.startswith("scatter") and len(eqn.invars) == 3:
+        dn = eqn.params["dimension_numbers"]
+        if axis in dn.scatter_dims_to_operand_dims or axis in dn.inserted_window_dims:
+            return False
+        dropped = set(dn.inserted_window_dims) | set(getattr(dn, "operand_batching_dims", ()))
+        window = [d for d in range(len(shape_of(eqn.invars[0]))) if d not in dropped]
+        if axis not in window or len(window) != len(dn.update_window_dims):
+            return False
+        u = dn.update_window_dims[window.index(axis)]
+        return (uniform_along(ctx, eqn.invars[0], axis, depth - 1)
+                and uniform_along(ctx, eqn.invars[2], u, depth - 1))
+    return False
+
+
+def _segment_reduce(ctx, kind: str, rows: Kind, axis: int, permuted: bool = False):
     """The action of a scatter (add/max/min) of per-``rows`` updates (rows along ``axis``) into
     groups the same on every rank: rows this rank does not own masked, then a collective."""
     collective = {"add": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}[kind]
@@ -166,7 +229,7 @@ def _segment_reduce(ctx, kind: str, rows: Kind, axis: int):
     def segment_reduce(eqn, invals):
         rt = ctx.runtime
         operand, indices, updates = invals
-        mask = along(rt.row_mask(rows, updates.shape[axis]), updates.ndim, axis)
+        mask = along(rt.row_mask(rows, updates.shape[axis], permuted), updates.ndim, axis)
         updates = jnp.where(mask, updates, identity_of(kind, updates.dtype))
         if kind == "add":
             (delta,) = bind(eqn, [jnp.zeros_like(operand), indices, updates])
@@ -203,8 +266,8 @@ def _one_group_of_atoms(ctx, eqn, ins, name) -> Decision | None:
     real = groups.reshape(-1)[:n_rows]
     if not (real == real[0]).all():
         return None
-    return Decision((REPLICATED,), _segment_reduce(ctx, kind, rows, upd.axis), f"segment_reduce.{kind}",
-                    replicates=True)
+    return Decision((REPLICATED,), _segment_reduce(ctx, kind, rows, upd.axis, upd.permuted),
+                    f"segment_reduce.{kind}", replicates=True)
 
 
 def scatter_all_nodes(ctx, eqn, kind: str, a: int, notes) -> Decision:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from ..decision import Decision
 from ..equations import bind, shape_of, where
-from ..layouts import REPLICATED, ROWS, Kind, Layout
+from ..layouts import ATOM_COUNT, REPLICATED, ROWS, Kind, Layout
 from ..masks import along, identity_of
 from ..registry import register_rule
 from .elementwise import elementwise
@@ -82,12 +82,15 @@ def reduce(ctx, eqn, ins) -> Decision:
     if collective is None:
         notes += (f"reduce_{op} over per-{kind.value} rows left rank-local in {where(eqn)} (no collective for it)",)
         return Decision((REPLICATED,), notes=notes)
-    axis = lay.axis
+    axis, permuted = lay.axis, lay.permuted
+    # count_nonzero(atom_mask), atom_mask.sum(): the count of real atoms, which a test of row
+    # numbers against it may be rewritten for (jaxdd.dispatch.provenance).
+    out = Layout(total=ATOM_COUNT) if op == "sum" and lay.real and kind is Kind.NODE else REPLICATED
 
     def apply(eqn, invals):
         rt = ctx.runtime
         x = invals[0]
-        mask = along(rt.row_mask(kind, x.shape[axis]), x.ndim, axis)
+        mask = along(rt.row_mask(kind, x.shape[axis], permuted), x.ndim, axis)
         x = jnp.where(mask, x, identity_of(op, x.dtype))
         if op in ("max", "min") and jnp.issubdtype(x.dtype, jnp.inexact):
             return [across_ranks(op, x, axes, rt.axis_names)]
@@ -96,7 +99,7 @@ def reduce(ctx, eqn, ins) -> Decision:
             return [collective(out.astype(jnp.int32), rt.axis_names).astype(out.dtype)]
         return [collective(out, rt.axis_names)]
 
-    return Decision((REPLICATED,), apply, f"reduce.{op}", notes, replicates=True)
+    return Decision((out,), apply, f"reduce.{op}", notes, replicates=True)
 
 
 @register_rule("cum*")
@@ -175,7 +178,7 @@ def dot_general(ctx, eqn, ins) -> Decision:
         rt = ctx.runtime
         invals = list(invals)
         x = invals[side]
-        mask = along(rt.row_mask(lay.kind, x.shape[lay.axis]), x.ndim, lay.axis)
+        mask = along(rt.row_mask(lay.kind, x.shape[lay.axis], lay.permuted), x.ndim, lay.axis)
         invals[side] = jnp.where(mask, x, jnp.zeros((), x.dtype))
         (y,) = bind(eqn, invals)
         return [jax.lax.psum(y, rt.axis_names)]

@@ -205,14 +205,44 @@ def iota(ctx, eqn, ins) -> Decision:
     if kind is None:
         return Decision((REPLICATED,))
     return Decision((Layout(kind, dim, kind),), notes=(
-        f"iota of {shape[dim]} rows taken as per-{kind.value} indices (shape fallback) in {where(eqn)}",))
+        f"iota of {shape[dim]} rows taken as per-{kind.value} indices (shape fallback) in {where(eqn)}",), guess=True)
 
 
 @register_rule("sort")
 def sort(ctx, eqn, ins) -> Decision:
+    """A sort along edge rows (``argsort(senders)``, mlip's ``Graph.sort_edges``) reorders this
+    rank's edges among themselves: every edge lives on exactly one rank, so the outputs are
+    this rank's edges in another order (``permuted``), index values still pointing where they
+    did, and an ``iota`` sorted with them (``argsort``'s payload) the permutation. Outside a
+    deep halo that is all: a sum over permuted edges counts every row, since each is this
+    rank's own. Along atom rows, or in a deep halo, the layout is lost (recorded)."""
     dim = eqn.params["dimension"]
     tagged = [lay for lay in ins if lay.kind in ROWS and lay.axis == dim]
-    if tagged:
-        return Decision((REPLICATED,) * len(eqn.outvars), notes=(
-            f"sort along the per-{tagged[0].kind.value} axis in {where(eqn)} reorders rows: layout lost",))
-    return elementwise(ctx, eqn, ins)
+    if not tagged:
+        return elementwise(ctx, eqn, ins)
+    deep = ctx.runtime is not None and not ctx.runtime.receivers_owned
+    if all(lay.kind is Kind.EDGE for lay in tagged) and not deep:
+        n = shape_of(eqn.invars[0])[dim]
+        outs, confirms = [], []
+        for i, (lay, v) in enumerate(zip(ins, eqn.invars)):
+            if not lay.local and _is_iota(ctx, v, dim, n):  # argsort's payload: the permutation
+                outs.append(Layout(Kind.EDGE, dim, Kind.EDGE, permuted=True))
+                confirms.append(i)
+            elif lay.kind is Kind.EDGE and lay.axis == dim:
+                outs.append(Layout(Kind.EDGE, dim, lay.index, permuted=True))
+            else:
+                return Decision((REPLICATED,) * len(eqn.outvars), notes=(
+                    f"sort along the per-edge axis in {where(eqn)} carries a value that is not per edge: "
+                    "layout lost",))
+        return Decision(tuple(outs), confirms=tuple(confirms))
+    return Decision((REPLICATED,) * len(eqn.outvars), notes=(
+        f"sort along the per-{tagged[0].kind.value} axis in {where(eqn)} reorders rows: layout lost",))
+
+
+def _is_iota(ctx, var, dim: int, n: int) -> bool:
+    """Whether ``var`` is the constant ``0, 1, ..., n - 1`` along ``dim``."""
+    x = ctx.constant(var)
+    if x is None or x.ndim <= dim or x.shape[dim] != n:
+        return False
+    ramp = np.arange(n).reshape((1,) * dim + (-1,) + (1,) * (x.ndim - dim - 1))
+    return bool(np.all(x == ramp))
