@@ -25,7 +25,7 @@ import plain_helpers
 import plain_models
 from jaxdd import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.adapters import AdapterRegistry, MethodAdapter, PythonAdapter
-from jaxdd.dispatch import DispatchError, DispatchWarning, Dispatcher, DispatchReport, Kind, Layout, REPLICATED
+from jaxdd.dispatch import DispatchError, DispatchWarning, Dispatcher, DispatchReport, Kind, Layout, REPLICATED, TOTAL
 from jaxdd.distributed import DistributedModel, DomainConfig
 from jaxdd.neighbors import edge_vectors
 from jaxdd.ops import HaloRefreshPolicy, HaloStoragePolicy
@@ -291,7 +291,7 @@ def test_equal_edge_and_node_counts_classify_by_provenance():
     d = Dispatcher(None, DispatchReport(), (n, n, 1))
     agg, per_edge, per_system = d.out_layouts(closed, layouts)
     assert agg.kind is Kind.NODE
-    assert per_edge == REPLICATED
+    assert per_edge == Layout(total=TOTAL)  # the same on every rank: a total over every rank's edges
     assert per_system.kind is Kind.GRAPH
     assert not d.report.fallbacks
 

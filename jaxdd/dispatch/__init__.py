@@ -31,12 +31,12 @@ A primitive of one's own gets a distributed meaning with :func:`register_rule`.
 """
 
 from .decision import Decision, Plan
-from .layouts import REPLICATED, Kind, Layout
+from .layouts import ATOM_COUNT, OFFSETS, REPLICATED, TOTAL, Kind, Layout
 from .registry import register_rule, registered_rules
 from .report import DispatchError, DispatchReport, DispatchWarning, unfollowed_error, warn_fallbacks
 from .runtime import Runtime
 from .interpreter import Dispatcher, batch_layouts, call_model  # noqa: E402  (imports the rules, which register)
 
-__all__ = ["Kind", "Layout", "REPLICATED", "DispatchError", "DispatchWarning", "DispatchReport", "Runtime",
+__all__ = ["Kind", "Layout", "REPLICATED", "ATOM_COUNT", "TOTAL", "OFFSETS", "DispatchError", "DispatchWarning", "DispatchReport", "Runtime",
            "Dispatcher", "Decision", "Plan", "batch_layouts", "call_model", "warn_fallbacks", "unfollowed_error", "register_rule",
            "registered_rules"]
