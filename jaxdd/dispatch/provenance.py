@@ -168,6 +168,5 @@ def propagate(ctx, eqn, ins: tuple[Layout, ...], d, outs: list[Layout]) -> list[
 def mixed_error(lay: Layout, what: str, model_name: str) -> DispatchError:
     """The refusal of a model whose output ``what`` was computed from a mixed value."""
     return DispatchError(
-        f"{model_name} under decomposition: {what} is computed from a value that means something else on each "
-        f"rank than on one device, so the result would be silently wrong:\n  - {lay.mixed}\n{LOCAL_FORM} "
-        "(docs/dispatch.md, \"Index spaces\"). This is refused even with allow_unfollowed=True.")
+        f"{model_name} under decomposition: {lay.mixed}, so {what} would come out silently wrong; refused "
+        f"(even with allow_unfollowed=True).\n{LOCAL_FORM} (docs/dispatch.md, \"Index spaces\").")

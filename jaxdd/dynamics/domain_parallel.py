@@ -1099,7 +1099,9 @@ def _replanned(arrays, cell, system_mask, frame, cfg: ReplanConfig, mesh, fields
         valid = held["ids"] >= 0
         forward = functools.partial(halo_forward, layout=layout, routing=routing, axis_name=axes)
         batch_idx = jnp.where(valid, held["system"], n_sys).astype(jnp.int32)
-        counts = jnp.zeros(n_sys + 1, jnp.int32).at[batch_idx].add(1)[:n_sys]
+        # Every system's atom count, as on one device (ptr is a total): owned rows counted, summed.
+        owned = jnp.where(valid & (jnp.arange(valid.shape[0]) < layout.n_owned), batch_idx, n_sys)
+        counts = jax.lax.psum(jnp.zeros(n_sys + 1, jnp.int32).at[owned].add(1)[:n_sys], axes)
         dtype = rows["positions"].dtype
         local = Batch.unchecked(
             positions=jnp.zeros((layout.n_local, 3), dtype),

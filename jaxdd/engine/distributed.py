@@ -528,7 +528,10 @@ class DistributedModel:
         own_sys = np.where(own_valid, part.system[np.where(own_valid, own_ids, 0)], 0)
         bidx = np.where(valid, np.asarray(batch.batch_idx)[safe], n_sys)
         owned_rows = valid & (np.arange(ids.shape[1]) < n_owned)[None, :]
-        counts = np.stack([np.bincount(b[v], minlength=n_sys) for b, v in zip(bidx, valid)])
+        # ptr holds what it holds on one device, every system's atom count (a total, as the
+        # dispatch treats it): a per-system normaliser read from it is right on every rank.
+        real = np.asarray(batch.batch_idx)[np.asarray(batch.atom_mask, bool)]
+        counts = np.broadcast_to(np.bincount(real, minlength=n_sys)[:n_sys], (len(ids), n_sys))
         ptr = np.concatenate([np.zeros((len(ids), 1), np.int64), np.cumsum(counts, axis=1)], axis=1)
 
         carried = set(self.spec.distribution.shard_fields)  # the per-atom fields the spec sends to ranks
