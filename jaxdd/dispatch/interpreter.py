@@ -237,19 +237,31 @@ class Dispatcher:
 def _confirmed(jaxpr, decisions: list[Decision]) -> list[Decision]:
     """``decisions`` with the notes of layouts guessed from shape dropped where every consumer
     confirms the guess (``Decision.confirms``): an ``iota`` as long as the edges that only
-    a sort along the edges carries (``argsort``) is a permutation of them, not a guess."""
+    a sort along the edges carries (``argsort``) is a permutation of them, not a guess.
+    Equations on the guessed value and literals alone (``jnp``'s wrap of negative indices,
+    a reshape into scatter indices) are followed to their consumers."""
     guessed = {v: i for i, d in enumerate(decisions) if d.guess for v in jaxpr.eqns[i].outvars}
     if not guessed:
         return decisions
-    uses: dict = {v: [] for v in guessed}
-    for j, eqn in enumerate(jaxpr.eqns):
-        for pos, v in enumerate(eqn.invars):
-            if not is_literal(v) and v in uses:
-                uses[v].append(pos in decisions[j].confirms)
     outputs = {v for v in jaxpr.outvars if not is_literal(v)}
+
+    def confirmed(root) -> bool:
+        derived, through = {root}, set()
+        for j, eqn in enumerate(jaxpr.eqns):  # in order: the values made from root and literals
+            ins = [u for u in eqn.invars if not is_literal(u)]
+            if ins and all(u in derived for u in ins) and not decisions[j].confirms:
+                derived.update(eqn.outvars)
+                through.add(j)
+        for j, eqn in enumerate(jaxpr.eqns):
+            for pos, u in enumerate(eqn.invars):
+                if not is_literal(u) and u in derived and j not in through and pos not in decisions[j].confirms:
+                    return False
+        used = any(not is_literal(u) and u in derived for eqn in jaxpr.eqns for u in eqn.invars)
+        return used and not derived & outputs
+
     decisions = list(decisions)
     for v, i in guessed.items():
-        if uses[v] and all(uses[v]) and v not in outputs:
+        if confirmed(v):
             decisions[i] = dataclasses.replace(decisions[i], notes=())
     return decisions
 

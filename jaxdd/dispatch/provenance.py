@@ -71,11 +71,30 @@ def _index_positions(eqn) -> tuple[int, ...]:
     return ()
 
 
-def _rows_axis(ctx, lay: Layout, var) -> bool:
-    """Whether the operand ``var`` has rows of this rank: tagged, or an axis as long as them."""
-    if lay.kind in ROWS:
-        return True
-    return any(ctx.fallback_kind(n) in ROWS for n in shape_of(var))
+def _rows_axis(ctx, lay: Layout, var, axis: int | None = None) -> bool:
+    """Whether the operand ``var`` has rows of this rank (along ``axis``, or any axis): tagged,
+    or an axis as long as them."""
+    shape = shape_of(var)
+    if axis is None:
+        return lay.kind in ROWS or any(ctx.fallback_kind(n) in ROWS for n in shape)
+    return lay.kind in ROWS and lay.axis == axis or ctx.fallback_kind(shape[axis]) in ROWS
+
+
+def _slices_rows_at(ctx, eqn, ins, positions) -> bool:
+    """Whether a total is an index of ``eqn`` into rows: a gather's or scatter's indices into an
+    operand with rows, or a dynamic slice's start along a row axis it does not take whole
+    (a whole axis clamps every start to 0)."""
+    name = eqn.primitive.name
+    if not name.startswith("dynamic"):
+        return any(ins[i].total for i in positions if i < len(ins)) and _rows_axis(ctx, ins[0], eqn.invars[0])
+    shape = shape_of(eqn.invars[0])
+    first = positions[0]
+    sizes = eqn.params["slice_sizes"] if name == "dynamic_slice" else shape_of(eqn.invars[1])
+    for i in positions:
+        axis = i - first
+        if ins[i].total and sizes[axis] < shape[axis] and _rows_axis(ctx, ins[0], eqn.invars[0], axis):
+            return True
+    return False
 
 
 def meeting(ctx, eqn, ins: tuple[Layout, ...]) -> str | None:
@@ -88,17 +107,41 @@ def meeting(ctx, eqn, ins: tuple[Layout, ...]) -> str | None:
                     else "a count or sum over every rank's rows")
     positions = _index_positions(eqn)
     if positions:
-        if any(ins[i].total for i in positions if i < len(ins)) and _rows_axis(ctx, ins[0], eqn.invars[0]):
+        if _slices_rows_at(ctx, eqn, ins, positions):
             return (f"{where(eqn)}: {what} is used as a position inside this rank's rows, which each rank numbers "
                     "on its own")
         return None
     if len(eqn.outvars) != 1 or _has_body(eqn):
         return None  # calls, loops, branches: their bodies are checked equation by equation
+    if eqn.primitive.name == "div" and ins[0].total and _row_count_divisor(ctx, eqn):
+        return (f"{where(eqn)}: a sum over every rank's rows is divided by the number of rows of this rank's "
+                "arrays, padding included (`jnp.mean` over atoms or edges), which each rank has its own of; "
+                "divide by a count instead (`jnp.sum(jnp.where(mask, x, 0)) / jnp.count_nonzero(mask)`)")
     rows = [lay for i, lay in enumerate(ins) if i not in totals and lay.index in ROW_NUMBERS]
     if rows:
         return (f"{where(eqn)}: {what} meets this rank's own {_numbers(rows[0].index)}, which each rank numbers "
                 "on its own")
     return None
+
+
+# Between a sum and its normaliser, ``jnp.mean`` / ``jnp.var`` only reshape and cast.
+_SHAPE_ONLY = {"broadcast_in_dim", "reshape", "squeeze", "convert_element_type", "expand_dims"}
+
+
+def _row_count_divisor(ctx, eqn) -> bool:
+    """Whether ``eqn`` (a ``div``) divides a sum over row axes by their static length, the
+    normaliser ``jnp.mean`` writes as a literal (the rank's array shape, not a count)."""
+    num, den = eqn.invars
+    if not is_literal(den) or np.ndim(den.val) != 0:
+        return False
+    src = ctx.producer(num)
+    while src is not None and src.primitive.name in _SHAPE_ONLY:
+        src = ctx.producer(src.invars[0])
+    if src is None or src.primitive.name != "reduce_sum":
+        return False
+    lengths = [shape_of(src.invars[0])[a] for a in src.params["axes"]]
+    rows = [n for n in lengths if n in (ctx.n_padded, ctx.n_edges) and n]
+    return bool(rows) and float(den.val) == float(np.prod(lengths))
 
 
 def _has_body(eqn) -> bool:

@@ -142,13 +142,14 @@ class Runtime:
         out = head if x.shape[0] == n else jnp.concatenate([head, x[n:]])
         return jnp.moveaxis(out, 0, axis)
 
-    def halo_correct(self, x, axis: int = 0):
-        """Ghost partials summed into owners, owners' totals copied back to ghosts."""
+    def halo_correct(self, x, axis: int = 0, combine: str = "add"):
+        """Ghost partials combined into owners (summed, or the max / min with ``combine``),
+        owners' results copied back to ghosts."""
         if self.layout is None or not self.layout.exchanges:
             return x
         return self._exchange(x, axis, lambda y: halo.halo_forward(
-            halo.halo_reverse(y, self.layout, self.routing, self.axis_names), self.layout, self.routing,
-            self.axis_names))
+            halo.halo_reverse(y, self.layout, self.routing, self.axis_names, combine), self.layout,
+            self.routing, self.axis_names).astype(y.dtype))
 
     def halo_refresh(self, x, axis: int = 0):
         """Ghost rows re-read from their owners."""

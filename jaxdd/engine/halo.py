@@ -482,9 +482,22 @@ def _exchange(x, axis_name, pairs):
     return jax.lax.ppermute(x, axis_name, perm=pairs)
 
 
-def halo_reverse(y, layout: HaloLayout, routing: HaloRouting, axis_name):
+def halo_reverse(y, layout: HaloLayout, routing: HaloRouting, axis_name, combine: str = "add"):
     """Ghost rows → owners: each ghost row is added to its owner's row (the transpose of
-    :func:`halo_forward` without lattice shifts). y: [n_local, *F]; returns [n_owned, *F]."""
+    :func:`halo_forward` without lattice shifts). y: [n_local, *F]; returns [n_owned, *F].
+
+    combine: ``"add"`` (partial sums), or ``"max"`` / ``"min"`` (partial extrema: the owner
+    keeps the largest / smallest of its row and its ghosts' rows).
+    """
+    if combine not in ("add", "max", "min"):
+        raise ValueError(f"halo_reverse: combine must be 'add', 'max' or 'min', got {combine!r}")
+    if combine == "add":
+        fill = jnp.zeros((), y.dtype)
+    elif jnp.issubdtype(y.dtype, jnp.floating):
+        fill = jnp.array(-jnp.inf if combine == "max" else jnp.inf, y.dtype)
+    else:
+        info = jnp.iinfo(y.dtype)
+        fill = jnp.array(info.min if combine == "max" else info.max, y.dtype)
     buf = y
     for stage in reversed(layout.stages):
         # The stage's ghost blocks go back together; none of its adds lands in another's block.
@@ -493,5 +506,6 @@ def halo_reverse(y, layout: HaloLayout, routing: HaloRouting, axis_name):
         # One scatter-add for the stage (in place; see halo_forward), exchange after exchange.
         back = backs[0] if len(backs) == 1 else jnp.concatenate(backs)
         valid = _stage_rows(routing.send_valid, layout, stage).reshape((-1,) + (1,) * (y.ndim - 1))
-        buf = buf.at[_stage_rows(routing.send_idx, layout, stage)].add(jnp.where(valid, back, 0))
+        into = buf.at[_stage_rows(routing.send_idx, layout, stage)]
+        buf = getattr(into, combine)(jnp.where(valid, back, fill))
     return buf[: layout.n_owned]

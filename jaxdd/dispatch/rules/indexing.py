@@ -21,6 +21,7 @@ from ..masks import along, identity_of
 from ..registry import register_rule
 from ..report import DispatchError
 from .elementwise import elementwise
+from .shapes import is_iota
 
 __all__ = ["gather", "scatter", "scatter_all_nodes", "uniform_along"]
 
@@ -81,6 +82,9 @@ def scatter(ctx, eqn, ins) -> Decision:
     kept = _rows_in_window(ctx, eqn, ins)
     if kept is not None:
         return Decision((kept,))
+    own = _own_rows(ctx, eqn, ins)
+    if own is not None:
+        return Decision((own,), bind, f"{name}.own_rows", confirms=(1,))
     notes = []
     sdod = dn.scatter_dims_to_operand_dims
     ishape = shape_of(eqn.invars[1])
@@ -111,6 +115,10 @@ def scatter(ctx, eqn, ins) -> Decision:
         whole = _one_group_of_atoms(ctx, eqn, ins, name)
         if whole is not None:
             return whole
+    if target is None and len(sdod) == 1:
+        binned = _bins_of_rows(ctx, eqn, ins, sdod[0])
+        if binned is not None:
+            return binned
     # Indices that are per-row data without a known meaning are suspicious; replicated
     # ones (constants, or indices passed through to_local) are a deliberate local scatter.
     if target is None and op.kind is None and idx.kind in ROWS:
@@ -141,6 +149,22 @@ def scatter(ctx, eqn, ins) -> Decision:
                 return [operand + complete(delta, a)]
             return Decision((out,), apply, rule, tuple(notes))
 
+        if kind in ("max", "min") and mode == "halo_correction" and not owned:
+            # A ghost row holds this rank's partial extremum (segment_max onto senders): the
+            # owner takes the max / min of its own and its ghosts' rows, then ghosts re-read it.
+            # Both are idempotent, so operand rows that already equal their owner's are safe.
+            def extremum(eqn, invals):
+                (y,) = bind(eqn, invals)
+                return [ctx.runtime.halo_correct(y, a, combine=kind)]
+            return Decision((out,), extremum, f"scatter_{kind}.halo_correction", tuple(notes))
+        if kind in ("set", "mul") and mode == "halo_correction" and not owned:
+            raise DispatchError(
+                f"{name} into per-atom rows by atom indices that may name ghost rows in {where(eqn)}: a "
+                f"{'write' if kind == 'set' else 'product'} this rank makes into a ghost's row never reaches "
+                "the owner, so the result would differ from one device. Scatter onto the list's receivers, "
+                "use .add / .max / .min (whose ghost partials are sent home), or mark a deliberately "
+                "rank-local value with jaxdd.to_local")
+
         def refresh(eqn, invals):
             (y,) = bind(eqn, invals)
             return [ctx.runtime.halo_refresh(y, a)]
@@ -160,6 +184,27 @@ def scatter(ctx, eqn, ins) -> Decision:
         return Decision((out,), _segment_reduce(ctx, kind, rows, upd_scatter[idx.axis], permuted),
                         f"segment_reduce.{kind}", tuple(notes), replicates=True)
     return Decision((out,), notes=tuple(notes))
+
+
+def _own_rows(ctx, eqn, ins) -> Layout | None:
+    """``x.at[jnp.arange(n)].add(u)``: indices ``0 .. n-1`` along the operand's row axis write
+    each row from the same row of the updates, an elementwise op on rows (ghost rows get what
+    their owners get). The rows' layout, or None when the scatter is not that."""
+    op, _, upd = ins
+    dn = eqn.params["dimension_numbers"]
+    if len(dn.scatter_dims_to_operand_dims) != 1 or dn.inserted_window_dims != dn.scatter_dims_to_operand_dims:
+        return None
+    a = dn.scatter_dims_to_operand_dims[0]
+    n = shape_of(eqn.invars[0])[a]
+    ishape = shape_of(eqn.invars[1])
+    if ishape != (n, 1) or not is_iota(ctx, eqn.invars[1], 0, n):
+        return None
+    upd_rows = [d for d in range(len(shape_of(eqn.invars[2]))) if d not in dn.update_window_dims]
+    if op.kind in ROWS and op.axis == a:
+        return op.plain()
+    if upd.kind in ROWS and upd_rows == [upd.axis]:
+        return Layout(upd.kind, a)
+    return None
 
 
 def _rows_in_window(ctx, eqn, ins) -> Layout | None:
@@ -238,6 +283,27 @@ def _segment_reduce(ctx, kind: str, rows: Kind, axis: int, permuted: bool = Fals
         return [collective(y, rt.axis_names)]
 
     return segment_reduce
+
+
+def _bins_of_rows(ctx, eqn, ins, a: int) -> Decision | None:
+    """``jnp.bincount(species, weights, length=k)``, ``jnp.zeros(k).at[species].add(w)``: per-row
+    updates added (or maxed) into bins named by a per-row value that is no row number (a
+    species, a type), in an array with no rows of its own. A row's bin is the same on every rank
+    that holds it, so this is a per-bin total: rows this rank does not own masked, then a
+    collective, as for per-system rows."""
+    op, idx, upd = ins
+    name = eqn.primitive.name
+    kind = name.split("-", 1)[1] if "-" in name else "set"
+    ishape = shape_of(eqn.invars[1])
+    if (kind not in ("add", "max", "min") or op.kind is not None or op.local or idx.kind not in ROWS
+            or idx.index is not None or idx.local or idx.axis >= len(ishape) - 1
+            or ctx.fallback_kind(shape_of(eqn.invars[0])[a]) is not None):
+        return None
+    dn = eqn.params["dimension_numbers"]
+    upd_scatter = [d for d in range(len(shape_of(eqn.invars[2]))) if d not in dn.update_window_dims]
+    permuted = idx.permuted or upd.permuted
+    return Decision((REPLICATED,), _segment_reduce(ctx, kind, idx.kind, upd_scatter[idx.axis], permuted),
+                    f"segment_reduce.{kind}", replicates=True)
 
 
 def _one_group_of_atoms(ctx, eqn, ins, name) -> Decision | None:

@@ -18,7 +18,7 @@ from ..registry import register_rule
 from .elementwise import elementwise
 
 __all__ = ["broadcast_in_dim", "reshape", "squeeze", "transpose", "slice_", "dynamic_slice", "dynamic_update_slice",
-           "concatenate", "stack", "pad", "iota", "sort"]
+           "concatenate", "stack", "pad", "iota", "sort", "is_iota"]
 
 
 @register_rule("broadcast_in_dim")
@@ -225,7 +225,7 @@ def sort(ctx, eqn, ins) -> Decision:
         n = shape_of(eqn.invars[0])[dim]
         outs, confirms = [], []
         for i, (lay, v) in enumerate(zip(ins, eqn.invars)):
-            if not lay.local and _is_iota(ctx, v, dim, n):  # argsort's payload: the permutation
+            if not lay.local and is_iota(ctx, v, dim, n):  # argsort's payload: the permutation
                 outs.append(Layout(Kind.EDGE, dim, Kind.EDGE, permuted=True))
                 confirms.append(i)
             elif lay.kind is Kind.EDGE and lay.axis == dim:
@@ -239,7 +239,7 @@ def sort(ctx, eqn, ins) -> Decision:
         f"sort along the per-{tagged[0].kind.value} axis in {where(eqn)} reorders rows: layout lost",))
 
 
-def _is_iota(ctx, var, dim: int, n: int) -> bool:
+def is_iota(ctx, var, dim: int, n: int) -> bool:
     """Whether ``var`` is the constant ``0, 1, ..., n - 1`` along ``dim``."""
     x = ctx.constant(var)
     if x is None or x.ndim <= dim or x.shape[dim] != n:
