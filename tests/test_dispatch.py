@@ -131,8 +131,16 @@ def scatters_in_program(name):
     return 1 if name == "flax_scan" else MODELS[name][2]
 
 
-@pytest.mark.parametrize("grid", [(2, 2, 2), (3, 2, 1)], ids=["2x2x2", "3x2x1"])
-@pytest.mark.parametrize("name", DEFAULT_MODELS)
+def _halo_cases():
+    """Every default model on (3, 2, 1); on (2, 2, 2) the first four in the default suite (the
+    scatter idioms of the others run there in tests/test_dispatch_idioms.py), the rest slow."""
+    for name in DEFAULT_MODELS:
+        yield pytest.param(name, (3, 2, 1), id=f"{name}-3x2x1")
+        slow = name in ("mpnn_jraph", "custom_vjp_mpnn", "sum_readout")
+        yield pytest.param(name, (2, 2, 2), id=f"{name}-2x2x2", marks=pytest.mark.slow if slow else ())
+
+
+@pytest.mark.parametrize("name, grid", list(_halo_cases()))
 def test_unchanged_model_with_halo_correction_equals_single_device(name, grid):
     dm, got = distributed(name, grid)
     assert_same(got, reference(name))

@@ -733,6 +733,7 @@ def table(results=None) -> str:
 # ----------------------------------------------------------------------------- the tests
 
 
+@pytest.mark.slow
 def test_the_reference_is_jaxdd_compute():
     ref = jaxdd.compute(IdiomModel("segment_max_senders"), system())
     e, f = reference(("segment_max_senders",))

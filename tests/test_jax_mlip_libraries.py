@@ -344,6 +344,19 @@ def test_mlip_padding_graph_equals_one_graph_on_one_device():
     assert_equal(got, one_device("mace", "cubic"), energy_rtol=1e-13, atol=1e-12)
 
 
+@pytest.mark.slow
+def test_the_validator_passes_esen_as_it_is_with_no_deep_halo():
+    """eSEN's edge sort and per-edge Wigner scatters stay rank-local: the validator's first spec
+    passes, and no fix (a deep halo) is tried."""
+    needs("mlip")
+    from jaxdd.validate import trace_and_validate
+
+    report = trace_and_validate(lambda: MlipModel(mlip_force_field("esen")),
+                                periodic_system("cubic"), world_size=4, atol=1e-9, rtol=1e-10)
+    assert report.ok, report.summary()
+    assert report.fix_applied is None and len(report.attempts) == 1, report.summary()
+
+
 def test_mlip_padding_graph_is_refused_showing_the_mask_based_sum():
     """mlip's padding graph counts its nodes from the mask, a count over every rank's rows that
     meets a rank's row numbers: refused naming the line, with the local form to write instead."""
