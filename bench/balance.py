@@ -142,7 +142,8 @@ def equality(steps: int, quick: bool) -> float:
     out = []
     for n, grid, balance in ((8, (2, 2, 2), "dynamic"), (1, (1, 1, 1), None)):
         dm = jaxdd.DistributedModel(model(), jaxdd.DomainConfig(CUTOFF, skin=SKIN, mesh=mesh_of(n), grid=grid,
-                                                                balance=balance, balance_every=50))
+                                                                balance=balance,
+                                                                balance_every=50 if balance == "dynamic" else None))
         md = jaxdd.DomainParallel(dm, jaxdd.VelocityVerlet(DT), kB=1.0)
         state = md.run(md.init(data), steps)
         out.append((np.asarray(md.gather(state).positions), md.last_run))

@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 
 from ..checks import integral
-from .integrators import KB_EV_PER_K, Dynamics, RankState, StepContext, check_number, register_integrator
+from .integrators import (KB_EV_PER_K, Dynamics, RankState, StepContext, check_number, check_period,
+                          register_integrator)
 from .nose_hoover import cell_volume, check_barostat_cell
 
 __all__ = ["CRescale"]
@@ -64,6 +65,8 @@ class CRescale(Dynamics):
         for name in ("dt", "temperature", "t_period", "p_period", "compressibility", "kB"):
             object.__setattr__(self, name, check_number("CRescale", name, getattr(self, name)))
         object.__setattr__(self, "pressure", check_number("CRescale", "pressure", self.pressure, positive=False))
+        for name in ("t_period", "p_period"):
+            check_period("CRescale", name, getattr(self, name), self.dt, barostat=name == "p_period")
         object.__setattr__(self, "seed", integral("CRescale.seed", self.seed, minimum=0))
         if self.couple not in ("iso", "aniso"):
             raise ValueError(f"CRescale.couple must be 'iso' or 'aniso', got {self.couple!r}")

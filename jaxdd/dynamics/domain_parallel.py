@@ -55,7 +55,7 @@ __all__ = ["DomainParallel", "MDState", "RunStats"]
 
 # Why the device loop stopped. _REBUILD: the step just taken outran the plan and was
 # discarded; _AHEAD: the step was kept, and the next one, extrapolated, would outrun it.
-_RUNNING, _REBUILD, _OVERFLOW, _CONVERGED, _NONFINITE, _AHEAD = 0, 1, 2, 3, 4, 5
+_RUNNING, _REBUILD, _OVERFLOW, _CONVERGED, _NONFINITE, _AHEAD, _TOO_FAST = 0, 1, 2, 3, 4, 5, 6
 _REPLICATED = ("cell", "system_mask", "plan_cell")  # the plan's entries every rank holds whole
 
 
@@ -155,6 +155,10 @@ class DomainParallel:
         self.integrator = integrator
         self.kB = float(kB)
         self.threshold = math.inf if self.keeps_plan else float(threshold)
+        #: The longest move one step may make, in Å: the same on one rank and on many (a run
+        #: whose plan never goes stale checks it too, so a time step far too large is refused
+        #: whatever the device count).
+        self.step_limit = float(threshold) if threshold > 0 else math.inf
         # A model that declares a neighbour skin masks by its own cutoff, so its list can be
         # kept (Verlet list) until some atom has moved half that skin.
         self.nl_skin = float(dist_model.model.model_config.neighbor_config.skin)
@@ -323,7 +327,9 @@ class DomainParallel:
         file is new). progress: a progress line with atom-steps per second on stderr.
         observers: objects with an ``every`` (int > 0) attribute, each called as
         ``observer(md, state)`` after every step that is a multiple of its ``every`` (a
-        :class:`~jaxdd.dynamics.HeatFlux`, or one of yours). The input state is not modified.
+        :class:`~jaxdd.dynamics.HeatFlux`, or one of yours); one with a ``check(md)`` method
+        has it called before the first step, to refuse a run it cannot observe. The input
+        state is not modified.
         """
         n_steps = _count("n_steps", n_steps)
         thermo_every = _count("thermo_every", thermo_every)
@@ -336,6 +342,8 @@ class DomainParallel:
             if not callable(obs) or isinstance(every, bool) or not isinstance(every, int) or every <= 0:
                 raise ValueError(f"observers[{i}] must be callable as observer(md, state) and have an int attribute "
                                  f"every > 0 (steps between calls); got {obs!r}")
+            if callable(getattr(obs, "check", None)):
+                obs.check(self)  # before any step runs
         writer = ExtXYZWriter(trajectory) if isinstance(trajectory, (str, Path)) else trajectory
         log = log if log is not None else _print_thermo
         rebalance_every = self.dist_model.config.balance_every if self.dist_model.config.balance == "dynamic" else 0
@@ -387,7 +395,8 @@ class DomainParallel:
         return _loop.lower(
             self.dist_model.model, state.arrays, state.energy, state.extra, state.virial, state.fixed,
             jnp.asarray(state.step, jnp.int32), jnp.asarray(_count("n_steps", n_steps), jnp.int32),
-            self._static(state), self.integrator, self.threshold, self.nl_skin, self._reach()).lowered
+            self._static(state), self.integrator, self.threshold, self.step_limit, self.nl_skin,
+            self._reach()).lowered
 
     def _advance(self, state: MDState, n: int) -> MDState:
         """Take ``n`` steps, leaving the device only to rebuild plans and grow capacities."""
@@ -396,7 +405,7 @@ class DomainParallel:
             arrays, energy, extra, cell, virial, taken, reason, needed = _loop(
                 self.dist_model.model, state.arrays, state.energy, state.extra, state.virial, state.fixed,
                 jnp.asarray(state.step, jnp.int32), jnp.asarray(n, jnp.int32), self._static(state), self.integrator,
-                self.threshold, self.nl_skin, self._reach())
+                self.threshold, self.step_limit, self.nl_skin, self._reach())
             taken = int(taken)
             reason = int(reason)
             state.arrays, state.energy, state.extra, state.virial = arrays, energy, extra, virial
@@ -407,6 +416,13 @@ class DomainParallel:
             n -= taken
             if reason == _CONVERGED:
                 state.converged = True
+            elif reason == _TOO_FAST:
+                raise RuntimeError(
+                    f"step {state.step + 1} would move an atom more than {self.step_limit:.4g} Å (half the skin, or "
+                    "DomainConfig.migration_hysteresis) in one step: the time step is too large for these "
+                    f"velocities and forces ({type(self.integrator).__name__}.dt = "
+                    f"{getattr(self.integrator, 'dt', '?')}); reduce dt, or raise DomainConfig.skin if the "
+                    "steps are meant to be this long")
             elif reason == _OVERFLOW:
                 regrowths += 1
                 if regrowths > self._max_regrowths():
@@ -421,8 +437,8 @@ class DomainParallel:
                         f"an atom moved more than {self.threshold:.4g} Å (half the skin) in one step from a fresh "
                         "plan; the time step is too large for the skin: reduce dt or raise DomainConfig.skin"
                         if reason == _REBUILD else
-                        f"the step is not finite at step {state.step + 1} (energy, forces, positions or "
-                        "velocities), on a plan built from the step before: the model failed on these positions "
+                        f"the step is not finite at step {state.step + 1} (energy, forces, positions, "
+                        "velocities, cell or the integrator's state), on a plan built from the step before: the model failed on these positions "
                         "(atoms too close? a time step too large?); the state passed to run() is unchanged")
                 self._discarded += int(reason != _AHEAD)
                 state = self._rebuild(state)
@@ -560,6 +576,17 @@ class DomainParallel:
             out["pressure"] = 2 * ke / (3 * np.where(volume > 0, volume, 1.0)) - np.trace(sigma, axis1=1, axis2=2) / 3
         return out
 
+    def check_atom_terms(self) -> None:
+        """Raise ValueError unless :meth:`atom_terms` can run here (the halo strategy and a
+        model with an ``atomic_energies`` output); observers call it before the first step."""
+        model = self.dist_model.model
+        if self.node_blocks:
+            raise ValueError("per-atom virials are assigned through each rank's full neighbour list of its owned atoms "
+                             "(the halo strategy); this DistributedModel runs node blocks (graph-parallel). Build it "
+                             "with DomainConfig(strategy='halo') for atom_terms and HeatFlux")
+        if "atomic_energies" not in model.model_config.outputs:
+            raise ValueError(f"{type(model).__name__} has no 'atomic_energies' output; per-atom terms need it")
+
     def atom_terms(self, state: MDState) -> dict:
         """Per-atom energies and virials of the owned rows, on the devices (nothing gathered).
 
@@ -569,12 +596,7 @@ class DomainParallel:
         must output ``atomic_energies`` and see positions only through edge vectors.
         """
         model = self.dist_model.model
-        if self.node_blocks:
-            raise ValueError("per-atom virials are assigned through each rank's full neighbour list of its owned atoms "
-                             "(the halo strategy); this DistributedModel runs node blocks (graph-parallel). Build it "
-                             "with DomainConfig(strategy='halo') for atom_terms and HeatFlux")
-        if "atomic_energies" not in model.model_config.outputs:
-            raise ValueError(f"{type(model).__name__} has no 'atomic_energies' output; per-atom terms need it")
+        self.check_atom_terms()
         static = self.dist_model.program(state.template.n_systems, ("energy", "atomic_energies", "forces"),
                                          state.layout)
         energies, virials = _atom_terms(model, state.arrays, state.fixed, static)
@@ -605,6 +627,7 @@ class DomainParallel:
             **({"cuts": np.asarray(self._cuts)} if self._cuts is not None else {}),
             template={k: np.asarray(v) for k, v in _batch_fields(t).items()},
         )
+        tree, empty = _without_empty(tree)
         checkpointer = ocp.StandardCheckpointer()
         checkpointer.save(path / "arrays", tree)
         checkpointer.wait_until_finished()
@@ -615,7 +638,7 @@ class DomainParallel:
             n_ranks=dm.config.n_ranks, grid=list(self.grid), layout=_layout_json(state.layout),
             halo_capacity=[dm.capacities.owned, list(dm.capacities.exchange)], n_migrate=dm.capacities.migrate,
             nl_capacity=dataclasses.asdict(dm.capacities.neighbors), extra=sorted(state.extra),
-            ghost_width=state.ghost_width, model=_fingerprint(dm.model),
+            ghost_width=state.ghost_width, model=_fingerprint(dm.model), empty=empty,
         )
         if jax.process_index() == 0:  # orbax coordinates the arrays; the small files need one writer
             (path / "md.json").write_text(json.dumps(meta, indent=1))
@@ -641,7 +664,8 @@ class DomainParallel:
         same = meta["n_ranks"] == dm.config.n_ranks and (dm.config.grid is None or list(dm.config.grid) == meta["grid"])
         ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
         replicated = NamedSharding(mesh, P())
-        a = read_md_arrays(path / "arrays", lambda group: ranked if group == "ranked" and same else replicated)
+        sharding_of = (lambda group: ranked if group == "ranked" and same else replicated)  # noqa: E731
+        a = _with_empty(read_md_arrays(path / "arrays", sharding_of), meta.get("empty", {}), sharding_of)
         dtype = np.dtype(meta["dtype"])
         fields = {k: np.asarray(v) for k, v in a["template"].items()}
         template = Batch.unchecked(**{k: jnp.asarray(fields[k], dtype) if k in _FLOAT_FIELDS else jnp.asarray(fields[k])
@@ -712,6 +736,40 @@ def _batch_fields(batch: Batch) -> dict:
     names = ("positions", "atomic_numbers", "cell", "pbc", "batch_idx", "ptr", "atom_mask", "system_mask",
              *_OPTIONAL_FIELDS)
     return {k: getattr(batch, k) for k in names if getattr(batch, k) is not None}
+
+
+def _without_empty(tree: dict) -> tuple[dict, dict]:
+    """(``tree`` without its arrays of no elements, ``{"group/name": [shape, dtype]}`` of them).
+    Orbax cannot save an empty array, and a plan with nothing to send (one rank, node
+    blocks) has empty routing tables; they are written as their shape and dtype."""
+    kept, empty = {}, {}
+    for group, value in tree.items():
+        if isinstance(value, dict):
+            kept[group] = {}
+            for name, x in value.items():
+                if np.size(x) == 0:
+                    empty[f"{group}/{name}"] = [list(np.shape(x)), str(np.dtype(x.dtype))]
+                else:
+                    kept[group][name] = x
+        elif np.size(value) == 0:
+            empty[group] = [list(np.shape(value)), str(np.dtype(value.dtype))]
+        else:
+            kept[group] = value
+    return kept, empty
+
+
+def _with_empty(arrays: dict, empty: dict, sharding_of) -> dict:
+    """``arrays`` read back with the empty ones :func:`_without_empty` took out put back,
+    each placed with ``sharding_of(group)``."""
+    arrays = {k: dict(v) if isinstance(v, dict) else v for k, v in arrays.items()}
+    for key, (shape, dtype) in empty.items():
+        group, _, name = key.partition("/")
+        x = jax.device_put(np.zeros(shape, np.dtype(dtype)), sharding_of(group))
+        if name:
+            arrays.setdefault(group, {})[name] = x
+        else:
+            arrays[group] = x
+    return arrays
 
 
 def _flat_plan(fixed: dict) -> dict:
@@ -923,8 +981,13 @@ def _atom_terms(model, arrays, fixed, static):
 
 
 @eqx.filter_jit
-def _loop(model, arrays, energy, extra, virial, fixed, step0, n, static, integrator, threshold, nl_skin, reach):
+def _loop(model, arrays, energy, extra, virial, fixed, step0, n, static, integrator, threshold, step_limit, nl_skin,
+          reach):
     """Up to ``n`` steps on device; stops early for a rebuild, an overflow or convergence.
+
+    ``threshold``: how far (Å) atoms may move from their plan before it is rebuilt (inf when
+    no plan goes stale). ``step_limit``: how far (Å) one step may move an atom at all (half
+    the skin, on one device as on many): a longer step ends the loop (``_TOO_FAST``).
 
     With ``nl_skin`` > 0 the neighbour list is kept from step to step and rebuilt on device
     when an atom has moved ``nl_skin / 2`` since it was built. ``reach``: for an integrator
@@ -1039,7 +1102,11 @@ def _loop(model, arrays, energy, extra, virial, fixed, step0, n, static, integra
             new = integrator.step(state, ctx, forces_fn)
             # A model may refuse positions that drifted too far from their plan with NaN (the
             # distributed PME mesh does); a new plan fixes that.
-            finite = box["finite"] & jnp.all(jnp.isfinite(new.positions)) & jnp.all(jnp.isfinite(new.velocities))
+            # The integrator's own state too: a diverging chain shows there first (conserved = inf).
+            finite = (box["finite"] & jnp.all(jnp.isfinite(new.positions)) & jnp.all(jnp.isfinite(new.velocities))
+                      & jnp.all(jnp.isfinite(new.cell))
+                      & functools.reduce(jnp.logical_and, [jnp.all(jnp.isfinite(x)) for x in
+                                                           jax.tree_util.tree_leaves(new.extra)], jnp.asarray(True)))
             ref, shrink = carried(a["reference"], plan_cell, box["cell"])
             # Where the next step would take the atoms, this step's move extrapolated: a plan it
             # would outrun is rebuilt now, rather than after a step evaluated in vain (a wrong
@@ -1047,23 +1114,25 @@ def _loop(model, arrays, energy, extra, virial, fixed, step0, n, static, integra
             ahead = 2 * new.positions - state.positions
             # One collective agrees on all three: the largest displacement, the largest one
             # ahead, and whether any rank is not finite.
-            d2, ahead2, broken = jax.lax.pmax(jnp.stack([
+            d2, ahead2, broken, step2 = jax.lax.pmax(jnp.stack([
                 local_shift2(new.positions, ref), local_shift2(ahead, ref),
-                jnp.where(finite, 0.0, 1.0).astype(new.positions.dtype)]), axes)
+                jnp.where(finite, 0.0, 1.0).astype(new.positions.dtype),
+                local_shift2(new.positions, state.positions)]), axes)
             nonfinite = broken > 0
+            too_fast = finite & (step2 > step_limit**2)
             # The plan's shell of W Å is W·shrink Å now; what it must hold beyond the model's
             # reach is twice the displacement.
             allowed = threshold - (1.0 - shrink) * (reach[0] / 2 if moving else 0.0)
             far = (d2 > allowed**2) | (allowed <= 0)
             blowup = nonfinite & ~box["overflow"]
-            bad = far | box["overflow"] | blowup
+            bad = far | box["overflow"] | blowup | too_fast
             soon = ~bad & (ahead2 > allowed**2)
             # A discarded step ends the loop, and the next call builds its list afresh, so
             # only the state needs selecting (the list is large, selecting it costs a copy).
             kept = (jax.tree_util.tree_map(lambda old, nw: jnp.where(bad, old, nw), state, new), box.get("verlet"))
             converged = ~bad & integrator.converged(kept[0], ctx)
-            reason = jnp.where(box["overflow"], _OVERFLOW, jnp.where(far, _REBUILD, jnp.where(
-                blowup, _NONFINITE, jnp.where(converged, _CONVERGED, jnp.where(soon, _AHEAD, _RUNNING)))))
+            reason = jnp.where(box["overflow"], _OVERFLOW, jnp.where(too_fast, _TOO_FAST, jnp.where(far, _REBUILD, jnp.where(
+                blowup, _NONFINITE, jnp.where(converged, _CONVERGED, jnp.where(soon, _AHEAD, _RUNNING))))))
             return (k + jnp.where(bad, 0, 1).astype(jnp.int32), bad | converged | soon, reason.astype(jnp.int32),
                     kept, box["needed"])
 

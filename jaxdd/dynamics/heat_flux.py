@@ -127,6 +127,11 @@ class HeatFlux:
             self._write(step, flux)
         return flux
 
+    def check(self, md) -> None:
+        """Raise ValueError unless ``md`` can give per-atom terms (called by ``run`` before its
+        first step: a graph-parallel run is refused before it has run any)."""
+        md.check_atom_terms()
+
     def compute(self, md, state) -> np.ndarray:
         """J [S, 3] (float64 numpy) of ``state`` without recording it."""
         terms = md.atom_terms(state)

@@ -31,6 +31,7 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..checks import integral
 
@@ -91,13 +92,36 @@ class StepContext:
 
 
 def check_number(owner, name, value, *, positive=True, allow_zero=False):
-    """``value`` as a float, or ValueError naming ``owner.name`` unless it is finite (and > 0,
-    or >= 0 with ``allow_zero``, when ``positive``)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > 0 or (allow_zero and value == 0) or not positive)
+    """``value`` as a float, or ValueError naming ``owner.name`` unless it is a finite real
+    number (a Python or NumPy scalar, or a 0-d array) and, when ``positive``, > 0 (or >= 0
+    with ``allow_zero``)."""
+    ok = _real_scalar(value) and math.isfinite(float(value))
+    ok = ok and (not positive or float(value) > 0 or (allow_zero and float(value) == 0))
     if not ok:
-        raise ValueError(f"{owner}.{name} must be a finite number {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+        bound = "" if not positive else " >= 0" if allow_zero else " > 0"
+        raise ValueError(f"{owner}.{name} must be a finite number{bound}, got {value!r}")
     return float(value)
+
+
+def _real_scalar(value) -> bool:
+    """Whether ``value`` is one integer or floating number (not a bool, not complex)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.generic, np.ndarray, jax.Array)):
+        return False
+    dtype = np.asarray(value).dtype
+    return np.ndim(value) == 0 and (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating))
+
+
+def check_period(owner, name, period: float, dt: float, *, barostat: bool = False, least: float = 10.0):
+    """Refuse a damping time ``period`` (time units, as ``dt``) shorter than ``least`` time
+    steps (ValueError naming ``owner.name``): the chain or the rescaling then overshoots every
+    step and the run diverges (a thermostat's period below dt zeroes the velocities within
+    steps). barostat: the period damps the cell (the suggestion is 1,000 dt, not 100)."""
+    if period < least * dt:
+        suggest = (1000 if barostat else 100) * dt
+        raise ValueError(
+            f"{owner}.{name} = {period:g} is {period / dt:.3g} time steps (dt = {dt:g}); a damping time under "
+            f"{least:g} dt makes the integration unstable. LAMMPS suggests about 100 dt for a thermostat's Tdamp "
+            f"and 1,000 dt for a barostat's Pdamp: e.g. {name}={suggest:g}")
 
 
 class Dynamics:

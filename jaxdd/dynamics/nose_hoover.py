@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..checks import integral
-from .integrators import (KB_EV_PER_K, Dynamics, RankState, StepContext, carry_with_cell, check_number,
+from .integrators import (KB_EV_PER_K, Dynamics, RankState, StepContext, carry_with_cell, check_number, check_period,
                           register_integrator)
 
 __all__ = ["NoseHooverChain", "MTKBarostat", "chain_half_step", "cell_volume", "check_barostat_cell"]
@@ -118,6 +118,7 @@ def _common_checks(self, name: str, period: str):
     object.__setattr__(self, "kB", check_number(name, "kB", self.kB))
     object.__setattr__(self, "chain", integral(f"{name}.chain", self.chain, minimum=1))
     object.__setattr__(self, "loops", integral(f"{name}.loops", self.loops, minimum=1))
+    check_period(name, period, getattr(self, period), self.dt)
 
 
 @register_integrator
@@ -213,6 +214,7 @@ class MTKBarostat(_Thermostat, Dynamics):
     def __post_init__(self):
         _common_checks(self, "MTKBarostat", "t_period")
         object.__setattr__(self, "p_period", check_number("MTKBarostat", "p_period", self.p_period))
+        check_period("MTKBarostat", "p_period", self.p_period, self.dt, barostat=True)
         object.__setattr__(self, "pressure", check_number("MTKBarostat", "pressure", self.pressure, positive=False))
         object.__setattr__(self, "p_chain", integral("MTKBarostat.p_chain", self.p_chain, minimum=1))
         object.__setattr__(self, "p_loops", integral("MTKBarostat.p_loops", self.p_loops, minimum=1))

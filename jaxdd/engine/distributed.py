@@ -130,10 +130,12 @@ class DomainConfig:
     hold equal shares of the atoms, as LAMMPS's ``balance shift``; at every partition, and
     kept through a run of dynamics), ``"dynamic"`` (dynamics places them again every
     ``balance_every`` steps as the atoms move). The halo strategy only. balance_every: steps
-    between rebalancing under ``"dynamic"`` (default 500). balance_by: what the blocks share
+    between rebalancing under ``"dynamic"`` (default 500; refused with another ``balance``,
+    where it would do nothing). balance_by: what the blocks share
     equally: ``"atoms"`` (default) or ``"pairs"`` (each atom weighted by 1 + its neighbour
     count, measured on the devices from the neighbour lists; dynamics only, where those
-    lists exist: a DistributedModel call balances atoms).
+    lists exist: a DistributedModel call balances atoms; ``"pairs"`` without ``balance`` is
+    refused).
     """
 
     cutoff: float
@@ -149,7 +151,7 @@ class DomainConfig:
     memory_limit: int | None = None
     allow_unfollowed: bool = False
     balance: str | None = None
-    balance_every: int = 500
+    balance_every: int | None = None
     balance_by: str = "atoms"
 
     def __post_init__(self):
@@ -207,9 +209,19 @@ class DomainConfig:
         if self.balance is not None and self.strategy == "graph_partition":
             raise ValueError("DomainConfig.balance places spatial blocks; strategy='graph_partition' has node blocks "
                              "of equal size already: leave balance=None")
-        object.__setattr__(self, "balance_every", integral("DomainConfig.balance_every", self.balance_every, minimum=1))
+        if self.balance_every is not None and self.balance != "dynamic":
+            raise ValueError(f"DomainConfig.balance_every={self.balance_every!r} sets how often balance='dynamic' "
+                             f"places the blocks again, but balance={self.balance!r}: pass balance='dynamic' too, "
+                             "or leave balance_every out")
+        every = 500 if self.balance_every is None and self.balance == "dynamic" else self.balance_every
+        if every is not None:
+            every = integral("DomainConfig.balance_every", every, minimum=1)
+        object.__setattr__(self, "balance_every", every)
         if self.balance_by not in ("atoms", "pairs"):
             raise ValueError(f"DomainConfig.balance_by must be 'atoms' or 'pairs', got {self.balance_by!r}")
+        if self.balance_by != "atoms" and self.balance is None:
+            raise ValueError(f"DomainConfig.balance_by={self.balance_by!r} says what balanced blocks share, but "
+                             "balance=None places none: pass balance='static' or 'dynamic' too")
         if self.neighbor_backend == "kernel" and not _kernel_neighbors_possible(mesh):
             raise ValueError(
                 "DomainConfig.neighbor_backend='kernel' needs jaxdd's compiled kernels for the mesh's devices: "

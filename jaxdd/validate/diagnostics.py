@@ -219,10 +219,17 @@ def helper_diagnostics(calls, n_atoms: int, owner: np.ndarray, declared: Iterabl
 
 
 def diagnose(exc: BaseException | None = None, *, nan: bool = False, internal_forces: bool = False,
-             unfollowed: tuple[str, ...] = ()) -> str | None:
+             unfollowed: tuple[str, ...] = (), padding: bool = False) -> str | None:
     """A one-line ``Diagnosis`` with the fix, for an error or a symptom (None when unknown).
     ``unfollowed``: what the dispatch could not follow (each with the user's file and line),
-    in a run whose numbers agreed with one device on this sample."""
+    in a run whose numbers agreed with one device on this sample. ``padding``: the
+    single-device outputs change with the number of padding atom rows."""
+    if padding:
+        return ("the model's per-system outputs change when padding atom rows are appended on one device: its "
+                "readout sums padding rows (atom_mask False), which no rank holds; mask them, e.g. "
+                "jnp.where(data.atom_mask, atomic_energies, 0.0), or sum with "
+                "jax.ops.segment_sum(atomic_energies, data.batch_idx, data.n_systems) (padding rows' batch_idx "
+                "is n_systems, so they are dropped)")
     if unfollowed:
         return (f"the numbers agree on this sample, but the dispatch could not follow {len(unfollowed)} value(s), "
                 f"first: {unfollowed[0]}; DistributedModel refuses such a model by default, since another system "

@@ -21,7 +21,7 @@ from ..checks import integral
 from ..adapters import reference_of, resolve_reference
 from ..data import Batch, as_batch
 from ..dispatch import DispatchReport, DispatchWarning, Runtime, call_model
-from ..driver import compute, default_order, model_config, systems_without_volume
+from ..driver import bucketed_atoms, compute, default_order, model_config, systems_without_volume
 from ..neighbors import neighbor_list
 from ..ops import HaloStoragePolicy, SpecError
 from ..spec import SPEC_MPNN_HALO, MLIPSpec
@@ -148,6 +148,9 @@ def trace_and_validate(
         return a
 
     first = attempt(spec, rationale)
+    if not first.passed and first.error is None and first.diagnosis is None and _reads_padding(
+            model, batch, outputs, reference, atol, rtol):
+        first.diagnosis = diagnose(padding=True)
     fix = None
     if not first.passed and auto_fix:
         program = _program_facts(model, batch, spec)
@@ -408,6 +411,21 @@ def read_result(tmp: Path) -> _Result:
 
 
 # --------------------------------------------------------------------------- judging and fixing
+
+
+def _reads_padding(model, batch: Batch, outputs, reference, atol, rtol) -> bool:
+    """Whether the single-device outputs per system change when more padding atom rows are
+    appended (rows with ``atom_mask`` False): the model then reads them, a value no rank has."""
+    per_system = [k for k in ("energy", "stress") if k in reference]
+    if not per_system:
+        return False
+    try:
+        more = compute(model, batch.pad(2 * bucketed_atoms(batch) + 1), tuple(per_system))
+    except Exception:  # noqa: BLE001 - a probe only: no diagnosis rather than a second failure
+        return False
+    diffs = compare_outputs({k: reference[k] for k in per_system}, {k: np.asarray(more[k]) for k in per_system},
+                            atol, rtol)
+    return not all(d.passed for d in diffs.values())
 
 
 def _judge(spec, rationale, res: _Result, reference, atol, rtol, cfg, calls, batch) -> Attempt:
