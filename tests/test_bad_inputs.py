@@ -200,7 +200,9 @@ def test_a_float32_time_step_runs_as_the_float64_one():
     assert math.isfinite(e1) and abs(e1 - e0) < 5e-3 * abs(e0)
 
 
-@pytest.mark.parametrize("grid, strategy", [((1, 1, 1), None), ((2, 1, 1), "graph_partition"), ((2, 1, 1), None)],
+# A halo grid's checkpoints are also specified in test_dynamics.py: here that case is slow.
+@pytest.mark.parametrize("grid, strategy", [((1, 1, 1), None), ((2, 1, 1), "graph_partition"),
+                                            pytest.param((2, 1, 1), None, marks=pytest.mark.slow)],
                          ids=["one-device", "graph-parallel", "halo"])
 def test_a_checkpoint_restores_bit_for_bit_on_every_run_kind(grid, strategy, tmp_path):
     md = md_of(NoseHooverChain(**NVT), grid, strategy)
@@ -212,6 +214,7 @@ def test_a_checkpoint_restores_bit_for_bit_on_every_run_kind(grid, strategy, tmp
     np.testing.assert_array_equal(np.asarray(md.thermo(resumed)["conserved"]), np.asarray(md.thermo(straight)["conserved"]))
 
 
+@pytest.mark.slow
 def test_a_balanced_run_restores_bit_for_bit(tmp_path):
     md = DomainParallel(dist_model((2, 1, 1), balance="dynamic", balance_every=3), VelocityVerlet(DT), kB=1.0)
     half = md.run(md.init(melt()), 4)
