@@ -21,10 +21,19 @@ Conventions, jax-md beside jaxdd (``docs/porting.md``):
 
 The box reaches the displacement as ``energy_fn(R, neighbor, box=box)`` — how jax-md passes a
 changing box (NPT, strain) — so stress follows from the cell jaxdd differentiates.
+
+The list holds the pairs closer than ``cutoff``; a potential reaching further would lose the
+rest of its pairs. A ``cutoff`` shorter than the potential's own range is refused where the
+range can be read: from the arguments of one of jax-md's factories (:data:`RANGES`), given as
+the factory itself or a ``functools.partial`` of it, or declared as ``interaction_range=``. A
+lambda or a factory of the user's own hides its arguments until it runs: its range is not
+read, nor guessed, and ``cutoff`` is taken as given.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -34,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 try:
-    from jax_md import partition
+    from jax_md import energy, partition
 except ImportError as exc:  # an optional library: say how to get it
     raise ImportError("jaxdd.interop.jax_md wraps jax-md potentials and needs jax-md: pip install 'jax-md>=0.2.29' "
                       "(it is among jaxdd's test dependencies: pip install -e '.[test]')") from exc
@@ -42,7 +51,7 @@ except ImportError as exc:  # an optional library: say how to get it
 from ..model import BaseModel, ModelConfig, NeighborConfig
 from ..neighbors import NeighborListFormat
 
-__all__ = ["JaxMDModel", "FORMATS", "displacement"]
+__all__ = ["JaxMDModel", "FORMATS", "RANGES", "displacement", "read_interaction_range"]
 
 #: jax-md's neighbour formats and the jaxdd list each is made from: (format, half_list).
 FORMATS = {
@@ -50,6 +59,97 @@ FORMATS = {
     partition.NeighborListFormat.OrderedSparse: (NeighborListFormat.COO, True),
     partition.NeighborListFormat.Dense: (NeighborListFormat.MATRIX, False),
 }
+
+
+def _number(x) -> float:
+    return float(np.max(np.asarray(x, dtype=np.float64)))
+
+
+def _nequip_r_max(cfg) -> float:
+    return float((energy.nequip.default_config() if cfg is None else cfg).r_max)
+
+
+#: jax-md's neighbour-list factories whose interaction range jaxdd reads from their arguments,
+#: as jax_md/energy.py (0.2.29) defines it — the radius of the neighbour list each builds, beyond
+#: which its energy is zero: ``{factory: (how, factors(arguments))}``, the range the product of
+#: the factors. Lennard-Jones' ``r_cutoff`` (and ``r_onset``) count the largest σ; Morse's
+#: ``r_cutoff`` is a distance, whatever σ is; soft spheres end at σ (a per-species matrix: its largest).
+RANGES: dict[Callable, tuple[str, Callable[[Mapping[str, Any]], tuple[float, ...]]]] = {
+    energy.lennard_jones_neighbor_list: ("r_cutoff × max(sigma)",
+                                         lambda a: (_number(a["r_cutoff"]), _number(a["sigma"]))),
+    energy.morse_neighbor_list: ("r_cutoff", lambda a: (_number(a["r_cutoff"]),)),
+    energy.soft_sphere_neighbor_list: ("max(sigma)", lambda a: (_number(a["sigma"]),)),
+    energy.bks_neighbor_list: ("cutoff", lambda a: (_number(a["cutoff"]),)),
+    energy.bks_silica_neighbor_list: ("cutoff", lambda a: (_number(a["cutoff"]),)),
+    energy.nequip_neighbor_list: ("cfg.r_max", lambda a: (_nequip_r_max(a["cfg"]),)),
+}
+
+#: A cutoff short of the range by less than this fraction is rounding (jax-md may compute
+#: ``r_cutoff × σ`` in float32), not a shorter list.
+_ROUNDING = 1e-6
+
+
+def read_interaction_range(factory: Callable) -> tuple[float, str] | None:
+    """The interaction range of a jax-md factory, read from its arguments, and how it was read.
+
+    Args:
+        factory: one of :data:`RANGES` (with its defaults), or a ``functools.partial`` of one
+            with its arguments (``partial(energy.lennard_jones_neighbor_list, sigma=...,
+            r_cutoff=...)``).
+    Returns:
+        ``(range, how)``, ``how`` naming the factory and the arguments; None where the range
+        cannot be read (a lambda, a factory of the user's own, a factory not in :data:`RANGES`):
+        it is never guessed.
+    """
+    func, args, kwargs = factory, (), {}
+    if isinstance(factory, functools.partial):  # partials of partials are flattened by functools
+        func, args, kwargs = factory.func, factory.args, factory.keywords
+    try:
+        rule = RANGES.get(func)
+    except TypeError:  # an unhashable callable
+        return None
+    if rule is None:
+        return None
+    how, read = rule
+    try:
+        bound = inspect.signature(func).bind_partial(None, None, *args, **kwargs)  # displacement_fn, box
+        bound.apply_defaults()
+        factors = read(bound.arguments)
+    except (TypeError, ValueError, KeyError, AttributeError):  # arguments jax-md itself would refuse
+        return None
+    value = float(np.prod(factors))
+    if not np.isfinite(value):
+        return None
+    shown = " × ".join(f"{f:.10g}" for f in factors)
+    return value, f"energy.{func.__name__}: {how} = {shown}"
+
+
+def _check_cutoff(factory: Callable, cutoff: float, declared: float | None) -> float | None:
+    """The potential's range, read or declared, after refusing a ``cutoff`` shorter than it."""
+    if declared is not None:
+        declared = float(declared)
+        if not declared > 0.0 or not np.isfinite(declared):
+            raise ValueError(f"interaction_range must be a positive distance, got {declared!r}")
+    read = read_interaction_range(factory)
+    if read is not None and declared is not None and abs(declared - read[0]) > _ROUNDING * read[0]:
+        raise ValueError(
+            f"interaction_range={declared:.10g} disagrees with the range read from the factory's arguments, "
+            f"{read[0]:.10g} ({read[1]}): drop interaction_range= (it is for factories whose range cannot be read)"
+        )
+    if read is not None:
+        reach, how = read
+    elif declared is not None:
+        reach, how = declared, f"declared as interaction_range={declared:.10g}"
+    else:
+        return None
+    if cutoff < reach * (1.0 - _ROUNDING):
+        raise ValueError(
+            f"cutoff={cutoff:.10g} is shorter than the jax-md potential's own interaction range, {reach:.10g} "
+            f"({how}): its pairs between {cutoff:.10g} and {reach:.10g} would be missing from the energy, forces "
+            f"and stress. Pass cutoff >= {reach:.10g}; jax-md's pair potentials reach r_cutoff × max(sigma) "
+            "(lennard_jones), r_cutoff (morse) or max(sigma) (soft_sphere), the radius of their own neighbour list"
+        )
+    return reach
 
 
 def displacement(Ra, Rb, box=None, *, periodic: bool, fractional_coordinates: bool, perturbation=None, **unused):
@@ -127,8 +227,17 @@ class JaxMDModel(eqx.Module, BaseModel):
         factory: ``factory(displacement_fn, box) -> (neighbor_fn, energy_fn)``, or
             ``(neighbor_fn, init_fn, energy_fn)`` whose ``energy_fn(params, R, neighbor)``
             takes ``params`` first (``energy.nequip_neighbor_list``). Called once, here.
-        cutoff: the potential's interaction range (Å): the neighbour list holds every pair
-            closer than this (plus ``skin``); jax-md's ``r_cutoff`` times σ for its pair potentials.
+            Given as one of jax-md's factories in :data:`RANGES` or a ``functools.partial`` of
+            one (``partial(energy.lennard_jones_neighbor_list, sigma=..., r_cutoff=...)``), its
+            interaction range is read from its arguments; a lambda or a factory of your own
+            hides them, and its range is neither read nor guessed (declare it with
+            ``interaction_range=`` to have ``cutoff`` checked).
+        cutoff: the neighbour list holds every pair closer than this (plus ``skin``); it must
+            be at least the potential's interaction range: ``r_cutoff × max(sigma)`` for
+            ``lennard_jones_neighbor_list`` (its ``r_cutoff`` counts σ), ``r_cutoff`` for
+            ``morse_neighbor_list`` (a distance), ``max(sigma)`` for ``soft_sphere_neighbor_list``.
+            A shorter one is refused (ValueError) where the range is read or declared; where it
+            is not, it is taken as given, and a short one silently drops pairs.
         format: the jax-md neighbour format handed to ``energy_fn``: ``partition.Sparse``
             (default), ``partition.OrderedSparse`` or ``partition.Dense`` (or their names).
         periodic: ``True`` for ``space.periodic`` / ``space.periodic_general`` (every axis
@@ -143,6 +252,13 @@ class JaxMDModel(eqx.Module, BaseModel):
         params: the weights of a three-function factory (a pytree; traced, never baked in).
         skin: extra neighbour range (Å) beyond ``cutoff``.
         energy_kwargs: further keyword arguments for every ``energy_fn`` call.
+        interaction_range: the potential's own range, for a factory whose range cannot be read
+            (a lambda, your own): ``cutoff`` is then checked against it. Where the range is
+            read, a declared one must agree with it.
+
+    Attributes:
+        interaction_range: the range ``cutoff`` was checked against, read or declared; None
+            where it could not be read and none was declared.
 
     Outputs ``energy [1]`` (eV), and ``forces [N, 3]`` and ``stress [1, 3, 3]`` from its derivatives.
     """
@@ -156,12 +272,14 @@ class JaxMDModel(eqx.Module, BaseModel):
     species: tuple[int, ...] | None = eqx.field(static=True)
     species_as: str = eqx.field(static=True)
     takes_params: bool = eqx.field(static=True)
+    interaction_range: float | None = eqx.field(static=True)
     model_config: ModelConfig = eqx.field(static=True)
 
     def __init__(self, factory: Callable, *, cutoff: float, format=partition.NeighborListFormat.Sparse,
                  periodic: bool = True, fractional_coordinates: bool = False,
                  species: Sequence[int] | None = None, species_as: str = "species", params: Any = None,
-                 skin: float = 0.0, energy_kwargs: Mapping[str, Any] | None = None):
+                 skin: float = 0.0, energy_kwargs: Mapping[str, Any] | None = None,
+                 interaction_range: float | None = None):
         self.format = _format(format)
         self.periodic = bool(periodic)
         self.fractional_coordinates = bool(fractional_coordinates)
@@ -183,6 +301,9 @@ class JaxMDModel(eqx.Module, BaseModel):
             neighbor_config=NeighborConfig(cutoff=cutoff, skin=skin, format=jaxdd_format, half_list=half),
             padding_atoms=False,
         )
+        # refused before the factory runs: a cutoff short of the potential's own range drops pairs
+        self.interaction_range = _check_cutoff(factory, float(self.model_config.neighbor_config.cutoff),
+                                               interaction_range)
 
         # The box a factory sees is only for its neighbor_fn, which jaxdd never calls: a cube
         # wide enough for any cell list it may size. jax-md probes the displacement's output

@@ -42,9 +42,23 @@ from ..nequip import polynomial_envelope
 from . import irreps as ir
 from .layers import Linear, TensorProduct, conv_tp_irreps, normalized_silu_constant, radial_mlp, split, \
     symmetric_basis, symmetric_contraction, symmetrize_basis
-from .torch_import import INTERACTIONS, UnsupportedModel, load_export, read, save_export
+from .torch_import import INTERACTIONS, UnsupportedModel, is_export, load_export, read, save_export
 
 __all__ = ["MACE", "INTERACTIONS", "export_torch"]
+
+
+def _float_dtype(dtype, owner):
+    """``dtype`` as a numpy dtype; ValueError naming ``dtype`` unless it is a floating one."""
+    try:
+        dt = None if dtype is None else np.dtype(dtype)
+    except TypeError:
+        dt = None
+    # The weights are cast to it: an integer or bool dtype would truncate them without a word.
+    if dt is None or not jnp.issubdtype(dt, jnp.floating):
+        got = dt.name if dt is not None else repr(dtype)
+        raise ValueError(f"{owner} dtype must be a floating dtype (float32 or float64), got {got}; "
+                         "the weights are cast to it, and an integer or bool dtype would truncate them")
+    return dt
 
 
 class _Layer:
@@ -125,6 +139,7 @@ class MACE(eqx.Module, BaseModel):
                  scale: float = 1.0, shift: float = 0.0, skin: float = 0.0, seed: int = 0,
                  dtype=jnp.float64, _weights=None, _act_constant=None):
         owner = "MACE"
+        dtype = _float_dtype(dtype, owner)
         self.species = species_lib.check_species(species, owner)
         r_max = species_lib.check_cutoff(r_max, owner)
         self.num_bessel = integral(f"{owner} num_bessel", num_bessel, minimum=1)
@@ -218,10 +233,18 @@ class MACE(eqx.Module, BaseModel):
         :func:`export_torch` (needs no torch). Variants that are not MACE as described above
         (other interaction blocks, gates, radial bases, heads, ...) are refused by name
         (:class:`~jaxdd.models.mace.UnsupportedModel`). config: for a state-dict file only, the
-        keyword arguments mace-torch's model was built with. skin: as in the constructor.
-        dtype: of the weights.
+        keyword arguments mace-torch's model was built with (refused otherwise). skin: as in the
+        constructor. dtype: of the weights, floating. A file that cannot be a model (missing,
+        empty, truncated, of another kind) raises FileNotFoundError or ValueError naming it.
         """
-        if isinstance(source, (str, os.PathLike)) and os.fspath(source).endswith(".npz"):
+        dtype = _float_dtype(dtype, "MACE.from_torch")
+        if isinstance(source, (str, os.PathLike)) and is_export(source):
+            if config is not None:
+                # config holds mace-torch constructor arguments, for a state dict only; the
+                # export's own configuration is complete and in jaxdd's terms.
+                raise ValueError(f"MACE.from_torch: config is for a mace-torch state-dict file only; "
+                                 f"{os.fspath(source)!r} is a .npz export, which carries its own "
+                                 "configuration: drop config=")
             settings, state, act_constant = load_export(source)
         else:
             settings, state, act_constant = read(source, config)
@@ -351,6 +374,8 @@ def export_torch(source, path, config=None) -> str:
     """Write a mace-torch model's configuration and weights to ``path`` (``.npz``), which
     :meth:`MACE.from_torch` reads without torch. source, config: as for ``from_torch``. The
     model is checked (variants refused) before anything is written. Returns the path."""
+    if not os.fspath(path).endswith(".npz"):  # before the (slow) read, not after it
+        raise ValueError(f"export_torch: path must name a .npz file; got {os.fspath(path)!r}")
     settings, state, act_constant = read(source, config)
     _weights_from_state_dict(MACE, settings, state)  # refuse here, not on the machine that loads it
     return save_export(path, settings, state, act_constant)

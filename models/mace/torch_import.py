@@ -4,16 +4,22 @@ with. Variants MACE here does not implement are refused by name.
 torch is imported only to read a torch object or file; :func:`save_export` writes what was
 read to a ``.npz`` that :func:`load_export` reads without torch (e.g. on a machine that runs
 JAX only). Mapping the state dict onto MACE's weights is :meth:`MACE.from_torch`'s.
+
+A file that cannot be a model (missing, a directory, empty, cut short, of another kind) is
+refused with an error naming it and what is wrong: from its bytes where they tell, before torch
+or numpy read it; otherwise their own error is chained to ours, not shown raw.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import zipfile
+from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["INTERACTIONS", "UnsupportedModel", "read", "load_export", "save_export"]
+__all__ = ["INTERACTIONS", "UnsupportedModel", "read", "is_export", "load_export", "save_export"]
 
 #: Interaction blocks MACE can be built with (mace-torch class names).
 INTERACTIONS = ("RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock")
@@ -31,25 +37,138 @@ def _refuse(what, name, hint=""):
                            + (f"; {hint}" if hint else ""))
 
 
+def _cause(exc: BaseException) -> str:
+    """``Type: message`` of an error from torch, numpy or zipfile, for a message that chains it."""
+    # On one line: torch puts what went wrong under a heading line ("Error(s) in loading ...").
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    text = text if len(text) <= 300 else text[:300] + " ..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _check_file(source) -> str:
+    """``source`` as a path str when it names a non-empty file; FileNotFoundError or ValueError
+    naming it and what is wrong otherwise."""
+    path = os.fspath(source)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"MACE model file {path!r} does not exist")
+    if os.path.isdir(path):
+        raise ValueError(f"{path!r} is a directory, not a MACE model file (a mace-torch model saved with "
+                         "torch.save, or a .npz written by export_torch)")
+    try:
+        with open(path, "rb") as f:
+            empty = not f.read(1)
+    except OSError as e:
+        raise ValueError(f"MACE model file {path!r} cannot be read ({_cause(e)})") from e
+    if empty:
+        raise ValueError(f"MACE model file {path!r} is empty (0 bytes); its write was probably interrupted")
+    return path
+
+
+def _zip_names(path: str):
+    """Member names of the zip archive ``path`` (.npz and torch files are both zips); None when
+    it is not one."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return z.namelist()
+    except Exception as e:  # zipfile raises several kinds on a damaged archive
+        with open(path, "rb") as f:
+            head = f.read(4)
+        # A zip archive keeps its table of contents at the end: one that starts like a zip but
+        # cannot be opened was cut short (or overwritten), whatever reads it next.
+        if head == b"PK\x03\x04":
+            raise ValueError(f"MACE model file {path!r} is truncated or damaged: it starts as a zip archive "
+                             f"(as .npz and torch files do) but is not a complete one ({_cause(e)})") from e
+        return None
+
+
+def is_export(source) -> bool:
+    """Whether the path ``source`` is (meant as) an export: a ``.npz`` name, or a zip archive
+    holding an export's configuration whatever its name."""
+    path = os.fspath(source)
+    if path.lower().endswith(".npz"):
+        return True
+    try:
+        with zipfile.ZipFile(path) as z:
+            return "__config__.npy" in z.namelist()
+    except Exception:  # not a readable zip: the torch reader's checks say what it is
+        return False
+
+
+def _state_dict_model(path, obj, config):
+    """The mace-torch model ``config`` describes, with the state dict ``obj`` (read from ``path``)."""
+    import torch
+
+    if not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        keys = ", ".join(map(repr, list(obj)[:5])) + (", ..." if len(obj) > 5 else "")
+        raise ValueError(f"{path!r} holds a dict with keys {keys}, not a mace-torch model or its state dict "
+                         "(a training checkpoint keeps the state dict under one of its keys)")
+    if config is None:
+        raise ValueError(f"{path!r} holds a state dict, which does not record the model's "
+                         "configuration (avg_num_neighbors, interaction classes, ...); pass "
+                         "config=dict(...) with the keyword arguments mace-torch's ScaleShiftMACE (or MACE, "
+                         "with config['model'] = 'MACE') was built with, or save the model object instead")
+    if not isinstance(config, Mapping):
+        raise ValueError(f"config must be a dict of the keyword arguments the mace-torch model of {path!r} "
+                         f"was built with, got {type(config).__name__}")
+    from mace import modules
+
+    config = dict(config)
+    name = config.pop("model", "ScaleShiftMACE")
+    if not isinstance(name, str) or not hasattr(modules, name):
+        raise ValueError(f"config['model'] must name a mace-torch model class (e.g. 'ScaleShiftMACE'), got {name!r}")
+    try:
+        model = getattr(modules, name)(**config)
+    except Exception as e:
+        raise ValueError(f"config does not build a mace-torch {name} for the state dict of {path!r} "
+                         f"({_cause(e)})") from e
+    try:
+        model.load_state_dict(obj)
+    except Exception as e:
+        raise ValueError(f"the state dict in {path!r} does not fit the {name} that config builds "
+                         f"({_cause(e)})") from e
+    return model
+
+
 def _load(source, config):
     """A mace-torch model object from an object, a ``torch.save``'d model or a state dict."""
     if not isinstance(source, (str, os.PathLike)):
+        if config is not None:
+            raise ValueError("config is for a state-dict file only; a mace-torch model object records its own "
+                             "configuration: drop config=")
         return source
-    import torch
-
-    obj = torch.load(os.fspath(source), map_location="cpu", weights_only=False)
+    path = _check_file(source)
+    names = _zip_names(path)
+    if path.lower().endswith(".npz") or (names is not None and "__config__.npy" in names):
+        raise ValueError(f"{path!r} is a .npz file (a jaxdd MACE export, or meant as one), not a mace-torch "
+                         "model; load an export with MACE.from_torch(path); export_torch reads mace-torch "
+                         "models (torch.save'd .model files or model objects)")
+    # Every torch zip holds its pickle as <folder>/data.pkl; other zips are not torch files.
+    if names is not None and not any(n.rsplit("/", 1)[-1] == "data.pkl" for n in names):
+        raise ValueError(f"{path!r} is a zip archive but not a torch file (it has no data.pkl); a mace-torch "
+                         "model file is written by torch.save(model, path) (mace's .model files)")
+    try:
+        import torch
+    except ImportError as e:
+        raise ModuleNotFoundError(f"reading {path!r} as a mace-torch model needs torch and mace-torch "
+                                  "(pip install torch mace-torch); where they are installed, export_torch(model, "
+                                  "'model.npz') writes an export that loads without them", name="torch") from e
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(f"reading {path!r} needs the module {e.name!r}, which its pickle refers to "
+                                  "(a mace-torch model needs mace-torch: pip install mace-torch)",
+                                  name=e.name) from e
+    except Exception as e:  # torch.load fails in many ways on a file it cannot read
+        raise ValueError(f"MACE model file {path!r} cannot be read by torch.load: it is not a torch file, is "
+                         f"damaged, or was saved by an incompatible torch or mace version ({_cause(e)})") from e
     if isinstance(obj, dict):
-        if config is None:
-            raise ValueError(f"{os.fspath(source)!r} holds a state dict, which does not record the model's "
-                             "configuration (avg_num_neighbors, interaction classes, ...); pass "
-                             "config=dict(...) with the keyword arguments mace-torch's ScaleShiftMACE (or MACE, "
-                             "with config['model'] = 'MACE') was built with, or save the model object instead")
-        from mace import modules
-
-        config = dict(config)
-        model = getattr(modules, config.pop("model", "ScaleShiftMACE"))(**config)
-        model.load_state_dict(obj)
-        return model
+        return _state_dict_model(path, obj, config)
+    if config is not None:
+        raise ValueError(f"config is for a state-dict file only; {path!r} holds a whole "
+                         f"{type(obj).__name__}, which records its own configuration: drop config=")
+    if not isinstance(obj, torch.nn.Module):
+        raise ValueError(f"{path!r} holds a {type(obj).__name__}, not a mace-torch model "
+                         "(torch.save(model, path)) or its state dict")
     return obj
 
 
@@ -137,18 +256,35 @@ def _read_object(m):
 def read(source, config=None):
     """``(config, state_dict, act_constant)`` of a mace-torch model object or a file saved from
     one (config: for a state-dict file, the keyword arguments the model was built with)."""
-    return _read_object(_load(source, config))
+    model = _load(source, config)
+    if not isinstance(source, (str, os.PathLike)):
+        return _read_object(model)
+    try:
+        return _read_object(model)
+    except UnsupportedModel as e:  # say which file holds the model
+        raise UnsupportedModel(f"{os.fspath(source)!r}: {e}") from e
 
 
 def load_export(path):
     """``(config, state_dict, act_constant)`` from a ``.npz`` written by :func:`save_export`."""
-    with np.load(os.fspath(path)) as f:
-        if "__config__" not in f.files:
-            raise ValueError(f"{os.fspath(path)!r} is not a MACE export (it has no configuration); write one with "
-                             "jaxdd.models.mace.export_torch(model, path) where torch and mace-torch are installed")
-        config = json.loads(str(f["__config__"]))
-        state = {k: f[k] for k in f.files if not k.startswith("__")}
-    return config, state, config.pop("__act_constant__")
+    path = _check_file(path)
+    names = _zip_names(path)
+    if names is None:
+        raise ValueError(f"{path!r} is not a .npz archive (not a zip archive at all), so not a MACE export; "
+                         "write one with jaxdd.models.mace.export_torch(model, path) where torch and mace-torch "
+                         "are installed")
+    if "__config__.npy" not in names:
+        raise ValueError(f"{path!r} is not a MACE export (it has no configuration); write one with "
+                         "jaxdd.models.mace.export_torch(model, path) where torch and mace-torch are installed")
+    try:
+        with np.load(path) as f:
+            config = json.loads(str(f["__config__"]))
+            state = {k: f[k] for k in f.files if not k.startswith("__")}
+        act_constant = config.pop("__act_constant__")
+    except Exception as e:  # a damaged member: zlib, zipfile, numpy or JSON errors
+        raise ValueError(f"MACE export {path!r} is damaged: its arrays or configuration cannot be read "
+                         f"({_cause(e)}); write it again with export_torch") from e
+    return config, state, act_constant
 
 
 def save_export(path, config, state, act_constant) -> str:
