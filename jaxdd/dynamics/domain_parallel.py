@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 from ..checks import integral
 from ..data import AtomicData, Batch, as_batch
 from ..dispatch import DispatchReport
-from ..engine.capacity import Capacities
+from ..neighbors.capacity import Capacities
 from ..engine.distributed import DistributedModel
 from ..engine.rank_program import (neighbor_needs, neighbor_stats, on_ranks, place_ranked, rank_evaluate,
                             rank_neighbors)

@@ -4,7 +4,6 @@
 - :mod:`~jaxdd.engine.halo` — the ghost shell of every rank and the exchanges that fill it.
 - :mod:`~jaxdd.engine.replan` — migration and the halo plan again, on the devices (dynamics).
 - :mod:`~jaxdd.engine.graph_partition` — contiguous node blocks, no ghost shell.
-- :mod:`~jaxdd.engine.capacity` — static capacities and the one rule that grows them.
 - :mod:`~jaxdd.engine.rank_program` — one rank's program, its inputs, the ``shard_map`` wrapper.
 - :mod:`~jaxdd.engine.guardrail` — each rank's share before compiling: warn or refuse an oversized halo.
 - :mod:`~jaxdd.engine.distributed` — ``DomainConfig`` and ``DistributedModel``.
@@ -14,4 +13,4 @@ the same module object.
 """
 
 #: The engine's modules, by name.
-MODULES = ("partition", "halo", "replan", "graph_partition", "capacity", "rank_program", "distributed")
+MODULES = ("partition", "halo", "replan", "graph_partition", "rank_program", "distributed")

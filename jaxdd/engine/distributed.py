@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 
 from .. import programs, virials
 from ..checks import integral
-from .capacity import Capacities, factors, headroom
+from ..neighbors.capacity import Capacities, factors, headroom
 from ..data import AtomicData, Batch, as_batch, is_concrete
 from ..dispatch import DispatchError, DispatchReport, Kind, unfollowed_error, warn_fallbacks
 from ..driver import bucketed_atoms, check_stress_cells, model_config, requested_outputs, unpad_atoms

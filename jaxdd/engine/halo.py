@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .capacity import headroom
+from ..neighbors.capacity import headroom
 from .partition import Partition, rank_coords, rank_of
 
 __all__ = ["Exchange", "HaloLayout", "HaloRouting", "HaloPlan", "build_halo_plan", "build_rank_plans", "halo_forward",

@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..adapters import AdapterRegistry
-from .capacity import Capacities
+from ..neighbors.capacity import Capacities
 from ..context import DDContext, dd_scope
 from ..data import Batch
 from ..dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model, unfollowed_error

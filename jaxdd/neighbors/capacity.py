@@ -17,7 +17,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported for annotations only: neighbors imports this module
-    from ..neighbors import NeighborCapacity
+    from . import NeighborCapacity
 
 __all__ = ["Capacities", "headroom", "grow", "factors", "DEFAULT_CAPACITY_FACTOR", "DEFAULT_GROWTH_FACTOR"]
 

@@ -36,12 +36,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import programs
-from .checks import integral
-from .engine.capacity import DEFAULT_GROWTH_FACTOR, grow
-from .engine.capacity import headroom as with_headroom
-from .data import is_concrete
-from .periodic import wrap_fractional
+from .. import programs
+from ..checks import integral
+from .capacity import DEFAULT_GROWTH_FACTOR, grow
+from .capacity import headroom as with_headroom
+from ..data import is_concrete
+from ..periodic import wrap_fractional
 
 __all__ = [
     "NeighborListFormat",
@@ -686,7 +686,7 @@ def local_neighbor_list(positions, batch_idx, atom_mask, *, n_systems: int, cuto
             batch_idx, atom_mask, cutoff=cutoff, capacity=capacity, half=half, format=format, n_receivers=n_receivers,
             order=order)
         return dataclasses.replace(nl, zero_shifts=True)
-    from .ffi.neighbors import cell_list
+    from ..ffi.neighbors import cell_list
 
     _check_cutoff(cutoff)
     format = NeighborListFormat(format)
