@@ -43,7 +43,7 @@ import equinox as eqx  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxdd  # noqa: E402
-from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh  # noqa: E402
+from jaxdd.engine import DistributedModel, DomainConfig, default_mesh  # noqa: E402
 from jaxdd.driver import _run as compute_program  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
 from jaxdd.models.mpnn import SchNet  # noqa: E402

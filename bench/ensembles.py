@@ -133,7 +133,7 @@ def run_jaxdd(kind: str, atoms, steps: int, sample_every: int, shift: bool = Fal
     """jaxdd ``DomainParallel`` with ``NoseHooverChain`` / ``MTKBarostat`` on one device: the
     same dict as :func:`run_lammps` (``seconds``: the timed run, after a short compiling run)."""
     import jaxdd
-    from jaxdd.distributed import default_mesh
+    from jaxdd.engine import default_mesh
 
     if path == "auto":
         path = "fused" if _fused_available() else "jnp"

@@ -44,7 +44,7 @@ import numpy as np  # noqa: E402
 
 import jaxdd  # noqa: E402
 from jaxdd.data import Batch  # noqa: E402
-from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh  # noqa: E402
+from jaxdd.engine import DistributedModel, DomainConfig, default_mesh  # noqa: E402
 from jaxdd.models.mpnn import SchNet  # noqa: E402
 from jaxdd.systems import fcc_lattice  # noqa: E402
 

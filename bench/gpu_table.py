@@ -132,7 +132,7 @@ def mlip_jaxdd(name: str, n: int, steps: int, dtype: str = "float32") -> dict:
     from ase.units import fs
 
     import jaxdd
-    from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh
+    from jaxdd.engine import DistributedModel, DomainConfig, default_mesh
     from jaxdd.dynamics import DomainParallel, VelocityVerlet
 
     atoms = mace_md.system(n)

@@ -116,7 +116,7 @@ def run_jaxdd(n: int, cores: int, dtype: str, steps: int, with_torch: bool) -> d
     from ase.units import fs
 
     import jaxdd
-    from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh
+    from jaxdd.engine import DistributedModel, DomainConfig, default_mesh
     from jaxdd.dynamics import DomainParallel, VelocityVerlet
 
     atoms = system(n)

@@ -60,7 +60,7 @@ jax.config.update("jax_enable_x64", True)
 import numpy as np  # noqa: E402
 
 import jaxdd  # noqa: E402
-from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh  # noqa: E402
+from jaxdd.engine import DistributedModel, DomainConfig, default_mesh  # noqa: E402
 from jaxdd.dynamics import DomainParallel, VelocityVerlet  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
 from jaxdd.systems import LAMMPS_MELT_ENERGY_PER_ATOM, lj_melt_data  # noqa: E402

@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 
 import jaxdd  # noqa: E402
 from jaxdd.data import AtomicData, as_batch  # noqa: E402
-from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh  # noqa: E402
+from jaxdd.engine import DistributedModel, DomainConfig, default_mesh  # noqa: E402
 from jaxdd.pme_grid import mesh_problems  # noqa: E402
 from jaxdd.models.pme import PME  # noqa: E402
 

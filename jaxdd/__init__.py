@@ -2,7 +2,8 @@
 
 The public surface lives here; subpackages named for one concept hold the rest
 (``jaxdd.data``, ``jaxdd.neighbors``, ``jaxdd.model``, ``jaxdd.driver``, ``jaxdd.models`` ...); the
-decomposition engine (partition, halo plans, rank programs, ``DistributedModel``) is ``jaxdd.engine``.
+layers of the decomposition are ``jaxdd.decomposition`` (partition, halo plans, migration, node
+blocks, the rank helpers) and above the dispatch ``jaxdd.engine`` (rank programs, ``DistributedModel``).
 """
 
 from .engine.distributed import DistributedModel, DomainConfig
@@ -21,21 +22,16 @@ from .checkpoint import CheckpointError
 from . import ase  # noqa: E402  (jaxdd.ase.Calculator; the module imports ase, a core dependency)
 from . import ffi  # noqa: E402  (custom FFI kernels as named ops; the compiled library loads on first use)
 from . import engine  # noqa: E402
+from . import _moved  # noqa: E402
 
 
-def _engine_aliases() -> None:
-    """Make ``jaxdd.halo``, ``jaxdd.distributed``, ... the engine's modules (their import
-    paths before the engine had a package of its own), so every existing import keeps working."""
-    import importlib
-    import sys
-
-    for name in engine.MODULES:
-        module = importlib.import_module(f"{__name__}.engine.{name}")
-        sys.modules.setdefault(f"{__name__}.{name}", module)
-        globals().setdefault(name, module)
+_moved.install()
 
 
-_engine_aliases()
+def __getattr__(name: str):
+    """Earlier submodule paths (``jaxdd.decomposition.halo``, ``jaxdd.engine.distributed``, ...): see :mod:`jaxdd._moved`."""
+    return _moved.moved_attribute(__name__, name)
+
 
 __version__ = "0.1.0"
 

@@ -151,7 +151,7 @@ def validate(devices, dtype: str):
 
 def melt_dynamics(devices):
     """A ``DomainParallel`` of the melt's model: velocity Verlet, LJ units, on ``devices``."""
-    from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh
+    from jaxdd.engine import DistributedModel, DomainConfig, default_mesh
     from jaxdd.dynamics import DomainParallel, VelocityVerlet
     from jaxdd.models.lj import LennardJones
 

@@ -38,7 +38,8 @@ from ase.calculators.lj import LennardJones as AseLJ  # noqa: E402
 from ase.stress import full_3x3_to_voigt_6_stress  # noqa: E402
 
 import jaxdd  # noqa: E402
-from jaxdd import distributed, driver, programs  # noqa: E402
+from jaxdd import driver, programs
+from jaxdd.engine import distributed  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
 
 SIGMA, EPSILON, CUTOFF = 3.4, 0.0104, 8.5

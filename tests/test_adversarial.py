@@ -37,7 +37,7 @@ from ase.calculators.lj import LennardJones as AseLJ
 from jax.sharding import AxisType, Mesh
 
 import jaxdd
-from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.dynamics import DomainParallel, VelocityVerlet
 from jaxdd.models.lj import LennardJones
 from jaxdd.models.lj_kernel import LennardJonesKernel

@@ -23,7 +23,7 @@ from ase.optimize import LBFGS
 import jaxdd
 import jaxdd.ase
 from jaxdd.ase import Calculator
-from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh
+from jaxdd.engine import DistributedModel, DomainConfig, default_mesh
 from jaxdd.models.lj import LennardJones
 from jaxdd.systems import fcc_lattice, maxwell_boltzmann_velocities
 

@@ -16,7 +16,7 @@ import pytest
 from jax.sharding import AxisType, Mesh
 
 import jaxdd
-from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.dynamics import (FIRE, CRescale, DomainParallel, HeatFlux, Langevin, MTKBarostat, NoseHooverChain,
                             VelocityVerlet)
 from jaxdd.models.lj import LennardJones

@@ -21,11 +21,11 @@ from jax.sharding import AxisType, Mesh
 
 import jaxdd
 from jaxdd.data import as_batch
-from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.dynamics import DomainParallel, VelocityVerlet
-from jaxdd.engine.halo import build_halo_plan
-from jaxdd.engine.partition import balanced_cuts, partition
-from jaxdd.engine.replan import ReplanConfig, frame_of, replan
+from jaxdd.decomposition.halo import build_halo_plan
+from jaxdd.decomposition.partition import balanced_cuts, partition
+from jaxdd.decomposition.replan import ReplanConfig, frame_of, replan
 from jaxdd.models.lj import LennardJones
 from jaxdd.systems import lj_droplet, lj_slab
 

@@ -35,7 +35,7 @@ import pytest
 import jaxdd
 from jaxdd import BaseModel, ModelConfig, NeighborConfig, edge_vectors
 from jaxdd.dispatch import DispatchWarning
-from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.engine import DistributedModel, DomainConfig
 
 # A 10 Å cell on 8 ranks: every rank's ghost shell reaches round the cell (said by a RuntimeWarning).
 pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")

@@ -17,7 +17,7 @@ import pytest
 from jax.sharding import AxisType, Mesh
 
 import jaxdd
-from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.models.composite import SumModel
 from jaxdd.models.dftd3 import DFTD3
 from jaxdd.models.ewald import Ewald

@@ -26,7 +26,7 @@ import plain_models
 from jaxdd import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.adapters import AdapterRegistry, MethodAdapter, PythonAdapter
 from jaxdd.dispatch import DispatchError, DispatchWarning, Dispatcher, DispatchReport, Kind, Layout, REPLICATED, TOTAL
-from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.neighbors import edge_vectors
 from jaxdd.ops import HaloRefreshPolicy, HaloStoragePolicy
 from jaxdd.spec import SPEC_MPNN_HALO, MLIPSpec

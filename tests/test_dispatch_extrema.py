@@ -20,7 +20,7 @@ import pytest
 import jaxdd
 from jaxdd import BaseModel, ModelConfig, NeighborConfig, edge_vectors
 from jaxdd.dispatch import DispatchWarning
-from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.engine import DistributedModel, DomainConfig
 
 CUTOFF = 3.0
 

@@ -16,7 +16,7 @@ import pytest
 
 import jaxdd
 from jaxdd import BaseModel, ModelConfig, NeighborConfig, edge_vectors
-from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.engine import DistributedModel, DomainConfig
 
 CUTOFF = 2.2
 

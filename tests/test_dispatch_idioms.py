@@ -44,7 +44,7 @@ import pytest
 import jaxdd
 from jaxdd import BaseModel, ModelConfig, NeighborConfig, edge_vectors
 from jaxdd.data import as_batch
-from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.neighbors import build_neighbor_list, neighbor_capacity
 
 CUTOFF = 2.2

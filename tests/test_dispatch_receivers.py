@@ -18,7 +18,7 @@ import pytest
 import jaxdd
 from jaxdd import AtomicData, BaseModel, ModelConfig, NeighborConfig, ffi
 from jaxdd.dispatch import Dispatcher, DispatchReport, Kind, Layout
-from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh
+from jaxdd.engine import DistributedModel, DomainConfig, default_mesh
 from jaxdd.neighbors import build_neighbor_list, local_neighbor_list, neighbor_capacity
 from jaxdd.segments import per_system_sum
 from jaxdd.systems import fcc_lattice

@@ -13,7 +13,7 @@ import pytest
 
 import jaxdd
 from jaxdd import AtomicData, BaseModel, ModelConfig, NeighborConfig
-from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh
+from jaxdd.engine import DistributedModel, DomainConfig, default_mesh
 from jaxdd.segments import per_system_sum
 from jaxdd.systems import fcc_lattice
 from plain_helpers import density_energies

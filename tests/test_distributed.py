@@ -23,12 +23,12 @@ from jax.sharding import AxisType, Mesh
 import jaxdd
 from jaxdd import ffi
 from jaxdd import AtomicData, Batch, NeighborCapacity
-from jaxdd.capacity import Capacities
+from jaxdd.neighbors.capacity import Capacities
 from jaxdd.data import as_batch
-from jaxdd.distributed import DistributedModel, DomainConfig, PartitionHealth, default_mesh
-from jaxdd.halo import build_halo_plan
+from jaxdd.engine import DistributedModel, DomainConfig, PartitionHealth, default_mesh
+from jaxdd.decomposition.halo import build_halo_plan
 from jaxdd.models.lj import LennardJones
-from jaxdd.partition import partition
+from jaxdd.decomposition.partition import partition
 from jaxdd.systems import fcc_lattice
 
 LATTICE = 1.6796

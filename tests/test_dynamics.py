@@ -21,7 +21,7 @@ import pytest
 from jax.sharding import AxisType, Mesh
 
 import jaxdd
-from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.dynamics import FIRE, DomainParallel, Langevin, VelocityVerlet
 from jaxdd.models.lj import LennardJones
 from jaxdd.systems import lj_melt, lj_melt_data

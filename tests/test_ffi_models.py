@@ -15,7 +15,7 @@ from jax.sharding import AxisType, Mesh
 
 import jaxdd
 from jaxdd import ffi
-from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.models.graph_transformer import SPEC_GRAPH_TRANSFORMER_HALO, GraphTransformer
 from jaxdd.models.lj import LennardJones
 from jaxdd.models.lj_kernel import SPEC_LJ_KERNEL_HALO, LennardJonesKernel

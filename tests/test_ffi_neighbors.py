@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from jaxdd import ffi
-from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh
+from jaxdd.engine import DistributedModel, DomainConfig, default_mesh
 from jaxdd.models.lj import LennardJones
 from jaxdd.neighbors import (NeighborCapacity, NeighborListFormat, build_neighbor_list, local_neighbor_list,
                              neighbor_capacity)

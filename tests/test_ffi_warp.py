@@ -16,7 +16,7 @@ from jax.test_util import check_grads
 
 import jaxdd
 from jaxdd import DistributedModel, DomainConfig
-from jaxdd.distributed import default_mesh
+from jaxdd.engine import default_mesh
 from jaxdd.ffi import warp
 from jaxdd.models.lj import LennardJones
 from jaxdd.systems import fcc_lattice

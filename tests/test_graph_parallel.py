@@ -25,7 +25,7 @@ from test_zoo_models import reference as zoo_reference
 import jaxdd
 from jaxdd import DistributedModel, DomainConfig, ffi
 from jaxdd.data import Batch
-from jaxdd.graph_partition import block_neighbor_list, node_blocks
+from jaxdd.decomposition.graph_partition import block_neighbor_list, node_blocks
 from jaxdd.models.lj import LennardJones
 from jaxdd.neighbors import neighbor_capacity, neighbor_list
 from jaxdd.spec import SPEC_MPNN_GP, SPEC_MPNN_HALO, SPEC_UMA_HALO

@@ -1,4 +1,4 @@
-"""Specification of jaxdd.halo: ghost-shell plans and the two halo exchanges.
+"""Specification of jaxdd.decomposition.halo: ghost-shell plans and the two halo exchanges.
 
 Plans are checked on the host against a brute-force enumeration of every periodic image;
 the exchanges run inside ``jax.shard_map`` over a mesh of virtual CPU devices, one rank
@@ -19,9 +19,9 @@ from jax.sharding import PartitionSpec as P
 from scipy.optimize import lsq_linear
 
 from jaxdd import Batch
-from jaxdd.distributed import default_mesh
-from jaxdd.halo import HaloLayout, build_halo_plan, build_rank_plans, halo_forward, halo_reverse
-from jaxdd.partition import partition
+from jaxdd.engine import default_mesh
+from jaxdd.decomposition.halo import HaloLayout, build_halo_plan, build_rank_plans, halo_forward, halo_reverse
+from jaxdd.decomposition.partition import partition
 from jaxdd.systems import fcc_lattice
 
 LATTICE = 1.6796

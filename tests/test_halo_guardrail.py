@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import jaxdd
-from jaxdd.distributed import DistributedModel, DomainConfig
-from jaxdd.engine.guardrail import HaloSizeWarning, halo_size
+from jaxdd.engine import DistributedModel, DomainConfig
+from jaxdd.decomposition.guardrail import HaloSizeWarning, halo_size
 from jaxdd.models.lj import LennardJones
 
 CUTOFF = 3.0

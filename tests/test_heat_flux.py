@@ -25,7 +25,7 @@ import pytest
 from jax.sharding import AxisType, Mesh
 
 import jaxdd
-from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.dynamics import DomainParallel, VelocityVerlet
 from jaxdd.dynamics.heat_flux import HeatFlux, heat_flux
 from jaxdd.models.lj import LennardJones

@@ -17,7 +17,7 @@ from jax_md import energy, partition, quantity, space  # noqa: E402
 from jax_md._nn import nequip  # noqa: E402
 
 import jaxdd  # noqa: E402
-from jaxdd.distributed import DistributedModel, DomainConfig  # noqa: E402
+from jaxdd.engine import DistributedModel, DomainConfig  # noqa: E402
 from jaxdd.interop.jax_md import JaxMDModel  # noqa: E402
 
 # jax-md's own neighbour search casts int64 into int32 arrays (its references, not jaxdd).

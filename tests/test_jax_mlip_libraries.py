@@ -47,7 +47,7 @@ import pytest
 import jaxdd
 from jaxdd import BaseModel, ModelConfig, NeighborConfig, edge_vectors
 from jaxdd.dispatch import DispatchWarning
-from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh
+from jaxdd.engine import DistributedModel, DomainConfig, default_mesh
 
 pytestmark = [
     # a 8.8 Å cell on 4 or 6 ranks: ghost shells reach round the cell (said by a RuntimeWarning)

@@ -23,7 +23,7 @@ import pytest
 
 import jaxdd
 from jaxdd import DistributedModel, DomainConfig
-from jaxdd.distributed import default_mesh
+from jaxdd.engine import default_mesh
 from jaxdd.launch import initialize
 from jaxdd.models.lj import LennardJones
 

@@ -27,7 +27,7 @@ import pytest
 from jax.sharding import AxisType, Mesh
 
 import jaxdd
-from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.dynamics import CRescale, DomainParallel, MTKBarostat, NoseHooverChain, VelocityVerlet, register_integrator
 from jaxdd.models.lj import LennardJones
 from jaxdd.models.mpnn import SchNet

@@ -1,4 +1,4 @@
-"""Specification of jaxdd.partition: the block grid of ranks and the owner of every atom.
+"""Specification of jaxdd.decomposition.partition: the block grid of ranks and the owner of every atom.
 
 Host-side only (numpy); nothing here compiles. Expectations are computed independently of
 the library: fractional coordinates by solving against the cell, block surfaces from the
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxdd import Batch
-from jaxdd.partition import choose_grid, grids_of, partition, rank_coords, rank_of
+from jaxdd.decomposition.partition import choose_grid, grids_of, partition, rank_coords, rank_of
 from jaxdd.systems import fcc_lattice
 
 LATTICE = 1.6796

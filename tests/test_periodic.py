@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxdd.data import wrap_positions
-from jaxdd.partition import partition
+from jaxdd.decomposition.partition import partition
 from jaxdd.periodic import wrap_fractional
 
 EDGES = [0.0, -0.0, -1e-17, -1e-300, -5e-324, 1e-300, np.nextafter(1.0, 0.0), 1.0, -1.0, 1.0 + 1e-16,

@@ -19,7 +19,7 @@ from jax.test_util import check_grads
 
 import jaxdd
 from jaxdd import Batch
-from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.driver import neighbor_list_for
 from jaxdd.pme_grid import mesh_problems
 from jaxdd.models.ewald import Ewald
@@ -161,7 +161,7 @@ def two_rank_mesh_sums():
 
     from jaxdd import pme_grid as mesh
     from jaxdd.dispatch import Runtime
-    from jaxdd.halo import HaloLayout
+    from jaxdd.decomposition.halo import HaloLayout
     from jaxdd.models.ewald import reciprocal
     from jaxdd.ops import HaloStoragePolicy
 

@@ -20,7 +20,7 @@ from jax.interpreters import ad, mlir
 import jaxdd
 from jaxdd import BaseModel, ModelConfig, NeighborConfig, edge_vectors, register_rule
 from jaxdd.dispatch import REPLICATED, Decision, DispatchError, DispatchReport, Dispatcher, Kind, Layout
-from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh
+from jaxdd.engine import DistributedModel, DomainConfig, default_mesh
 
 CUTOFF = 3.0
 

@@ -1,4 +1,4 @@
-"""Names keep working across the package reorganisation: ``jaxdd.mesh`` (now
+"""Names keep working across the package reorganisations: moved modules (``jaxdd.mesh``, now
 ``jaxdd.pme_grid``, a deprecated alias), ``jaxdd.ops`` (now a package) and
 ``jaxdd.dispatch`` (now a package)."""
 
@@ -8,6 +8,7 @@ import importlib
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -56,3 +57,19 @@ def test_no_module_of_the_dispatch_package_names_pme():
     for path in folder.rglob("*.py"):
         text = path.read_text().lower()
         assert "pme" not in text and "jaxdd.mesh" not in text, path
+
+
+@pytest.mark.parametrize("earlier", sorted(__import__("jaxdd._moved", fromlist=["MOVED"]).MOVED))
+def test_an_earlier_module_path_imports_the_present_module_and_warns_once(earlier):
+    from jaxdd import _moved
+
+    present = importlib.import_module(_moved.MOVED[earlier])
+    sys.modules.pop(earlier, None)
+    _moved._warned.discard(earlier)
+    with pytest.warns(DeprecationWarning, match=_moved.MOVED[earlier].replace(".", r"\.")):
+        module = importlib.import_module(earlier)
+    assert module is present and module.__name__ == present.__spec__.name == _moved.MOVED[earlier]
+    sys.modules.pop(earlier, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert importlib.import_module(earlier) is present  # once: the second import is quiet

@@ -1,4 +1,4 @@
-"""Specification of jaxdd.replan: plan rebuilds on the devices.
+"""Specification of jaxdd.decomposition.replan: plan rebuilds on the devices.
 
 A rebuild on the devices (atoms migrate over ``ppermute``, each rank plans its own halo)
 must give exactly the plan the host computes from the moved atoms: the same owned rows in
@@ -12,10 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-from jaxdd.distributed import default_mesh
-from jaxdd.halo import build_halo_plan
-from jaxdd.partition import partition
-from jaxdd.replan import ReplanConfig, frame_of, replan
+from jaxdd.engine import default_mesh
+from jaxdd.decomposition.halo import build_halo_plan
+from jaxdd.decomposition.partition import partition
+from jaxdd.decomposition.replan import ReplanConfig, frame_of, replan
 from jaxdd import Batch
 from test_halo import CASES, case, cluster
 

@@ -19,9 +19,9 @@ import pytest
 
 import jaxdd
 from jaxdd import AtomicData, BaseModel, ModelConfig, NeighborConfig
-from jaxdd.capacity import Capacities
+from jaxdd.neighbors.capacity import Capacities
 from jaxdd.data import as_batch
-from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh
+from jaxdd.engine import DistributedModel, DomainConfig, default_mesh
 from jaxdd.models.lj import LennardJones
 from jaxdd.segments import per_system_sum
 from jaxdd.spec import SPEC_LJ_HALO, CompilePolicy, DistributionSpec, MLIPSpec, OutputKind, SpecError

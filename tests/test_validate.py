@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxdd
-from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.spec import SPEC_MPNN_HALO, OutputKind
 from jaxdd.validate import ModelFactoryError, diagnose, diff, halo_completeness, trace_and_validate
 from test_dispatch import CUTOFF, SYSTEM, Plain, mesh_for, random_system

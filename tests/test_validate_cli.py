@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxdd
-from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.spec import MLIPSpec
 from jaxdd.validate.__main__ import main
 from jaxdd.validate.examples import SAMPLES

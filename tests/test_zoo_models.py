@@ -30,7 +30,7 @@ from jax.sharding import AxisType, Mesh
 
 import jaxdd
 from jaxdd import Batch, neighbor_capacity
-from jaxdd.distributed import DistributedModel, DomainConfig
+from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.models.bp import BehlerParrinello
 from jaxdd.models.mpnn import SchNet
 from jaxdd.models.nequip import NequIP

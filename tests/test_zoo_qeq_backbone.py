@@ -13,7 +13,7 @@ from ase.build import molecule
 import jaxdd
 from jaxdd import checkpoint
 from jaxdd.dispatch import DispatchError, DispatchWarning
-from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh
+from jaxdd.engine import DistributedModel, DomainConfig, default_mesh
 from jaxdd.models.qeq import ChargeEquilibration
 from jaxdd.models.uma_like import InternalGraphBackbone
 from jaxdd.spec import SPEC_MPNN_HALO, OutputKind

@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 
 import jaxdd  # noqa: E402
 from jaxdd import checkpoint  # noqa: E402
-from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh  # noqa: E402
+from jaxdd.engine import DistributedModel, DomainConfig, default_mesh  # noqa: E402
 from jaxdd.models.bp import BehlerParrinello  # noqa: E402
 from jaxdd.systems import fcc_lattice  # noqa: E402
 from jaxdd.validate import trace_and_validate  # noqa: E402

@@ -33,7 +33,7 @@ jax.config.update("jax_enable_x64", True)
 import numpy as np  # noqa: E402
 
 import jaxdd  # noqa: E402
-from jaxdd.distributed import DistributedModel, DomainConfig, default_mesh  # noqa: E402
+from jaxdd.engine import DistributedModel, DomainConfig, default_mesh  # noqa: E402
 from jaxdd.models.graph_transformer import GraphTransformer  # noqa: E402
 from jaxdd.ops import ScatterOutputs  # noqa: E402
 from jaxdd.spec import SPEC_MPNN_HALO, MLIPSpec, OpAdapter  # noqa: E402

@@ -43,7 +43,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import jaxdd  # noqa: E402
-from jaxdd.distributed import DistributedModel, DomainConfig  # noqa: E402
+from jaxdd.engine import DistributedModel, DomainConfig  # noqa: E402
 from jaxdd.models.mpnn import SchNet  # noqa: E402
 from jaxdd.systems import fcc_lattice  # noqa: E402
 

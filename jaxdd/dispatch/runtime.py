@@ -14,7 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ..engine import halo
+from ..decomposition import halo
 from ..ops import GraphParallelPolicy, HaloRefreshPolicy, HaloStoragePolicy, SpecError
 from .layouts import Kind
 from .report import DispatchError

@@ -7,7 +7,7 @@ and advances the owned atoms. After each step the ranks agree (``pmax``) on the 
 displacement since the plan was built; when it passes ``min(migration_hysteresis, skin/2)``
 the ghost shell may no longer hold every neighbour, so that step is discarded and the loop
 exits. The devices then migrate the atoms (each goes to the rank whose block holds it, over
-``ppermute``) and every rank plans its halo again (:mod:`jaxdd.replan`); the host reads a
+``ppermute``) and every rank plans its halo again (:mod:`jaxdd.decomposition.replan`); the host reads a
 few sizes, and plans itself only when the blocks changed beyond what the plan's exchanges
 cover. The loop resumes from the discarded step. A plan with nothing to outrun (node
 blocks; one rank that searches its periodic images itself) is kept: the loop runs through.
@@ -42,11 +42,11 @@ from ..data import AtomicData, Batch, as_batch
 from ..dispatch import DispatchReport
 from ..neighbors.capacity import Capacities
 from ..engine.distributed import DistributedModel
-from ..engine.rank_program import (neighbor_needs, neighbor_stats, on_ranks, place_ranked, rank_evaluate,
-                            rank_neighbors)
-from ..engine.halo import Exchange, HaloLayout, HaloRouting, halo_forward
+from ..engine.rank_program import neighbor_needs, neighbor_stats, rank_evaluate, rank_neighbors
+from ..decomposition.halo import Exchange, HaloLayout, HaloRouting, halo_forward
+from ..decomposition.ranks import on_ranks, place_ranked
 from ..neighbors import NeighborCapacity
-from ..engine.replan import ReplanConfig, frame_of, rank_replan
+from ..decomposition.replan import ReplanConfig, frame_of, rank_replan
 from ..virials import refuse_broken
 from .integrators import INTEGRATORS, KB_EV_PER_K, RankState, StepContext, cell_map
 from .io import ExtXYZWriter, Progress, host_array, read_md_arrays, read_md_json
@@ -1153,7 +1153,7 @@ def _carried(local: Batch) -> tuple[str, ...]:
 
 @functools.partial(jax.jit, static_argnames=("cfg", "mesh", "fields"))
 def _replanned(arrays, cell, system_mask, frame, cfg: ReplanConfig, mesh, fields: tuple[str, ...], pbc):
-    """A rebuild on the devices (:func:`jaxdd.replan.rank_replan`) and the plan's local rows:
+    """A rebuild on the devices (:func:`jaxdd.decomposition.replan.rank_replan`) and the plan's local rows:
     (arrays, plan) laid out as :meth:`DomainParallel._place` lays them out (the plan's
     ``local`` batch, ``owned_rows`` and ``routing``). Inputs depend on the owned rows only,
     so one program serves every rebuild of a layout. fields: the optional per-atom fields the local batch carries.

@@ -1,16 +1,19 @@
-"""The decomposition engine: how a system is cut, what each rank holds, and how it runs.
+"""The engine above the dispatch: one rank's program and the model that runs it on every rank.
 
-- :mod:`~jaxdd.engine.partition` — spatial blocks of a rank grid (host).
-- :mod:`~jaxdd.engine.halo` — the ghost shell of every rank and the exchanges that fill it.
-- :mod:`~jaxdd.engine.replan` — migration and the halo plan again, on the devices (dynamics).
-- :mod:`~jaxdd.engine.graph_partition` — contiguous node blocks, no ghost shell.
-- :mod:`~jaxdd.engine.rank_program` — one rank's program, its inputs, the ``shard_map`` wrapper.
-- :mod:`~jaxdd.engine.guardrail` — each rank's share before compiling: warn or refuse an oversized halo.
+- :mod:`~jaxdd.engine.rank_program` — one rank's program, its inputs, and the evaluation on a rank.
 - :mod:`~jaxdd.engine.distributed` — ``DomainConfig`` and ``DistributedModel``.
 
-Each module is also importable by its earlier name (``jaxdd.halo``, ``jaxdd.distributed``, ...):
-the same module object.
+How a system is cut and what each rank holds (partition, halo plans, migration, node blocks,
+the ``shard_map`` wrapper) is the layer below, :mod:`jaxdd.decomposition`.
 """
 
-#: The engine's modules, by name.
-MODULES = ("partition", "halo", "replan", "graph_partition", "rank_program", "distributed")
+from .distributed import DistributedModel, DomainConfig, PartitionHealth, default_mesh
+
+__all__ = ["DistributedModel", "DomainConfig", "PartitionHealth", "default_mesh"]
+
+
+def __getattr__(name: str):
+    """Earlier submodule paths (``jaxdd.decomposition.halo``, ...): see :mod:`jaxdd._moved`."""
+    from .._moved import moved_attribute
+
+    return moved_attribute(__name__, name)

@@ -1,9 +1,9 @@
 """Domain decomposition: ``DomainConfig`` and ``DistributedModel``.
 
 ``DistributedModel(model, DomainConfig(cutoff))`` runs a single-device wrapper over a device
-mesh: the host partitions the batch into spatial blocks (:mod:`jaxdd.partition`) and plans
-the ghost shell (:mod:`jaxdd.halo`), or, with ``strategy="graph_partition"``, into contiguous
-node blocks with no ghost shell (:mod:`jaxdd.graph_partition`); inside ``shard_map`` every rank refreshes its ghost
+mesh: the host partitions the batch into spatial blocks (:mod:`jaxdd.decomposition.partition`) and plans
+the ghost shell (:mod:`jaxdd.decomposition.halo`), or, with ``strategy="graph_partition"``, into contiguous
+node blocks with no ghost shell (:mod:`jaxdd.decomposition.graph_partition`); inside ``shard_map`` every rank refreshes its ghost
 positions with ``halo_forward``, builds its neighbour list with its owned atoms as the only
 receivers, calls the model, and sums its owned per-atom energies. The energy is the
 ``psum`` of those sums; forces and stress are ``jax.grad`` of it, taken with the ghost
@@ -34,16 +34,17 @@ from ..neighbors.capacity import Capacities, factors, headroom
 from ..data import AtomicData, Batch, as_batch, is_concrete
 from ..dispatch import DispatchError, DispatchReport, Kind, unfollowed_error, warn_fallbacks
 from ..driver import bucketed_atoms, check_stress_cells, model_config, requested_outputs, unpad_atoms
-from .graph_partition import STRATEGIES, block_capacity, node_blocks
-from .guardrail import check_halo, device_memory, halo_size
-from .halo import HaloLayout, HaloPlan, build_halo_plan, build_rank_plans
+from ..decomposition.graph_partition import STRATEGIES, block_capacity, node_blocks
+from ..decomposition.guardrail import check_halo, device_memory, halo_size
+from ..decomposition.halo import HaloLayout, HaloPlan, build_halo_plan, build_rank_plans
 from ..model import ModelOutputs
 from ..neighbors import (NEIGHBOR_BACKENDS, NeighborCapacity, NeighborListFormat, NeighborStats, capacity_bucket,
                         neighbor_capacity)
 from ..ops import GraphParallelPolicy, HaloRefreshPolicy, HaloStoragePolicy
-from .partition import Partition, imbalance, partition
-from .rank_program import (RankInputs, RankProgram, ReportSink, agree_max, half_list_order, neighbor_needs,
-                           neighbor_stats, on_ranks, own_ranks, rank_evaluate)
+from ..decomposition.partition import Partition, imbalance, partition
+from ..decomposition.ranks import agree_max, on_ranks, own_ranks
+from .rank_program import (RankInputs, RankProgram, ReportSink, half_list_order, neighbor_needs, neighbor_stats,
+                           rank_evaluate)
 from ..spec import SPEC_MPNN_HALO, MLIPSpec, OutputKind
 
 __all__ = ["DomainConfig", "DistributedModel", "PartitionHealth", "default_mesh"]
@@ -102,10 +103,10 @@ class DomainConfig:
     grid: rank grid (Px, Py, Pz) whose product is the mesh's device count (default: the one
     with the least halo surface). strategy: ``"halo"`` (spatial
     domains with a ghost shell) or ``"graph_partition"`` (contiguous node blocks, node
-    features all-gathered per layer; see :mod:`jaxdd.graph_partition`); None (default):
+    features all-gathered per layer; see :mod:`jaxdd.decomposition.graph_partition`); None (default):
     graph_partition when the spec's policy is :class:`~jaxdd.ops.GraphParallelPolicy`, else halo.
     capacity_factor: headroom of the static capacities (>= 1; None, the default: the spec's
-    ``CompilePolicy.capacity_factor``, else 1.2; see :mod:`jaxdd.capacity`). migration_hysteresis: how far
+    ``CompilePolicy.capacity_factor``, else 1.2; see :mod:`jaxdd.neighbors.capacity`). migration_hysteresis: how far
     an atom may leave its block before it migrates (default skin / 2; used by dynamics).
     require_nondegenerate: raise instead of warning when the ghost shell covers every atom.
     neighbor_backend: how each rank searches its rows for neighbours: ``"kernel"`` (the
@@ -117,7 +118,7 @@ class DomainConfig:
     (:meth:`DistributedModel.search_pbc`); ``"kernel"`` keeps explicit images on every axis.
     memory_limit: bytes one rank may use (None, the default: what its device reports, none
     on CPU); a halo whose rows and neighbour list alone need more is refused before
-    compiling (:mod:`jaxdd.engine.guardrail`).
+    compiling (:mod:`jaxdd.decomposition.guardrail`).
     allow_unfollowed: run a model whose values the dispatch could not follow (it had to guess a
     layout by shape, or leave an operation over atoms rank-local). By default that is a
     :class:`~jaxdd.DispatchError` naming each place, since the result may be wrong; True is for
@@ -406,7 +407,7 @@ class DistributedModel:
 
     @property
     def last_program(self) -> RankProgram | None:
-        """The :class:`~jaxdd.rank_program.RankProgram` the last call or :meth:`prepare` built (None before)."""
+        """The :class:`~jaxdd.engine.rank_program.RankProgram` the last call or :meth:`prepare` built (None before)."""
         return self._last_program
 
     @property
@@ -424,7 +425,7 @@ class DistributedModel:
         bucketed: round the owned rows and exchange slots up to capacity buckets
         (:func:`~jaxdd.neighbors.capacity_bucket`), as calls of the model do (halo strategy
         only: node blocks keep their exact size). cuts: relative block boundaries to keep
-        ([S, 3, max(grid) + 1], :mod:`jaxdd.engine.partition`); None: equal slices, or
+        ([S, 3, max(grid) + 1], :mod:`jaxdd.decomposition.partition`); None: equal slices, or
         balanced ones when ``DomainConfig.balance`` is set, by atoms or by ``weights`` [V]
         (a cost per atom)."""
         cfg = self.config
@@ -521,7 +522,7 @@ class DistributedModel:
         """The rows every rank reads for ``batch`` under ``plan``, on the host.
 
         Returns:
-          (inputs, local_positions): a :class:`~jaxdd.rank_program.RankInputs` of host arrays
+          (inputs, local_positions): a :class:`~jaxdd.engine.rank_program.RankInputs` of host arrays
           (``program`` unset; place it with :meth:`RankInputs.place`) and every rank's local
           rows' positions ``[P, n_local, 3]`` Å, ghost images included (to size neighbour lists).
         """
@@ -692,7 +693,7 @@ class DistributedModel:
         return part, plan, dataclasses.replace(inputs.place(self.config.mesh, plan.ranks), program=program)
 
     def _check_halo_size(self, part: Partition, plan: HaloPlan, edges: int, dtype) -> None:
-        """The guardrail (:mod:`jaxdd.engine.guardrail`), before anything compiles; a ghost
+        """The guardrail (:mod:`jaxdd.decomposition.guardrail`), before anything compiles; a ghost
         shell that covers every atom has its own warning (:meth:`plan`)."""
         if self.strategy == "graph_partition" or part.n_ranks == 1:
             return
@@ -712,14 +713,14 @@ class DistributedModel:
           outputs: output keys (default: the model's active outputs).
 
         Returns:
-          A :class:`~jaxdd.rank_program.RankInputs` (a pytree) for :meth:`apply`; its
+          A :class:`~jaxdd.engine.rank_program.RankInputs` (a pytree) for :meth:`apply`; its
           ``program`` holds the static program (layout, capacities, outputs).
         """
         return self._prepare(data, outputs, size=True)[2]
 
     def program(self, n_systems: int, outputs: tuple[str, ...], layout: HaloLayout,
                 neighbors: NeighborCapacity | None = None) -> RankProgram:
-        """The :class:`~jaxdd.rank_program.RankProgram` of this model for ``n_systems`` systems,
+        """The :class:`~jaxdd.engine.rank_program.RankProgram` of this model for ``n_systems`` systems,
         ``outputs`` and a halo ``layout``, with the neighbour capacity ``neighbors`` (default:
         that of :attr:`capacities`)."""
         nc = model_config(self.model).neighbor_config

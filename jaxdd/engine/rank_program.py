@@ -4,8 +4,6 @@
   search, the storage policy and the outputs; equal programs share one compiled program.
 - :class:`RankInputs` (a pytree): every rank's rows stacked on a leading ``[P]`` axis, the
   arrays the program reads, with its :class:`RankProgram` as static metadata.
-- :func:`on_ranks`: the one ``shard_map`` wrapper every distributed program goes through
-  (``DistributedModel``, ``DomainParallel``, the validator).
 - :func:`rank_evaluate`: one rank's share of an evaluation (energy, its gradients).
 """
 
@@ -24,16 +22,17 @@ from ..neighbors.capacity import Capacities
 from ..context import DDContext, dd_scope
 from ..data import Batch
 from ..dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model, unfollowed_error
-from .graph_partition import block_neighbor_list, gathered_inputs
-from .halo import HaloLayout, halo_forward
+from ..decomposition.graph_partition import block_neighbor_list, gathered_inputs
+from ..decomposition.halo import HaloLayout, halo_forward
+from ..decomposition.ranks import place_ranked
 from ..neighbors import (NeighborCapacity, NeighborListFormat, NeighborStats, build_neighbor_list, edge_vectors,
                          local_neighbor_list)
 from ..segments import per_system_sum
 from ..spec import MLIPSpec
 from ..virials import atomic_virials, enforce_sum_rule
 
-__all__ = ["RankProgram", "RankInputs", "ReportSink", "on_ranks", "rank_evaluate", "rank_neighbors",
-           "neighbor_needs", "neighbor_stats", "place_ranked", "own_ranks", "agree_max"]
+__all__ = ["RankProgram", "RankInputs", "ReportSink", "rank_evaluate", "rank_neighbors", "neighbor_needs",
+           "neighbor_stats"]
 
 
 class ReportSink:
@@ -149,55 +148,6 @@ class RankInputs:
         return dataclasses.replace(self, **placed)
 
 
-def on_ranks(fn, mesh: Mesh, ranked: tuple = (), replicated: tuple = (), replicated_out=None):
-    """Call ``fn(*ranked_blocks, *replicated)`` on every rank of ``mesh`` inside ``shard_map``.
-
-    Args:
-      fn: one rank's function; returns a pytree of arrays.
-      ranked: pytrees whose leaves have a leading ``[P]`` axis; each rank sees its block
-        without that axis.
-      replicated: pytrees the same on every rank (a model's parameters, the cell).
-      replicated_out: a pytree prefix of ``fn``'s outputs, True where the output is the
-        same on every rank (default: none is).
-
-    Returns:
-      ``fn``'s outputs: ranked ones ``[P, ...]`` (each rank's value stacked), replicated
-      ones as rank 0 computed them, replicated over the mesh.
-
-    Every input and output crosses the ``shard_map`` boundary split over the ranks (a
-    replicated input is broadcast to ``[P, ...]`` first, a replicated output is rank 0's
-    block), so differentiating the wrapped program from outside (parameter gradients) only
-    transposes splits and broadcasts: the cotangents of the ranks' copies of a parameter
-    are summed by the broadcast's transpose. ``check_vma=False``: a single-device model
-    traced on per-rank types would have to mark its own loop carries as varying; jaxdd
-    instead differentiates sums of per-rank terms, for which exact transposes of the
-    collectives are right (see docs/dispatch.md).
-    """
-    axes = tuple(mesh.axis_names)
-    n = int(mesh.size)
-
-    def spread(x):
-        x = jnp.asarray(x)
-        return jnp.broadcast_to(x[None], (n,) + x.shape)
-
-    def body(ranked, replicated):
-        drop = lambda x: x[0]  # noqa: E731
-        out = fn(*jax.tree_util.tree_map(drop, ranked), *jax.tree_util.tree_map(drop, replicated))
-        return jax.tree_util.tree_map(lambda x: jnp.asarray(x)[None], out)
-
-    out = jax.shard_map(body, mesh=mesh, in_specs=P(axes), out_specs=P(axes), check_vma=False)(
-        tuple(ranked), jax.tree_util.tree_map(spread, tuple(replicated)))
-    if replicated_out is None:
-        return out
-    whole = NamedSharding(mesh, P())
-
-    def pick(flag, sub):
-        take = lambda x: jax.lax.with_sharding_constraint(x[0], whole)  # noqa: E731
-        return jax.tree_util.tree_map(take, sub) if flag else sub
-
-    return jax.tree_util.tree_map(pick, replicated_out, out, is_leaf=lambda x: isinstance(x, bool))
-
-
 def neighbor_stats(needed: dict) -> NeighborStats:
     """The :class:`~jaxdd.neighbors.NeighborStats` of the sizes :func:`neighbor_needs` returned."""
     return NeighborStats(
@@ -267,7 +217,7 @@ def rank_neighbors(positions, local, program: RankProgram, cell=None, routing=No
 def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, system_mask, program: RankProgram,
                   report: DispatchReport, *, forces: bool = True, stress: bool = False, virials: bool = False,
                   neighbors=None):
-    """One rank's share of a distributed evaluation; call inside :func:`on_ranks` on one rank's rows.
+    """One rank's share of a distributed evaluation; call inside :func:`~jaxdd.decomposition.ranks.on_ranks` on one rank's rows.
 
     Args:
       own_pos: [n_owned, 3] Å owned positions (in the partition's wrapped frame).
@@ -373,42 +323,3 @@ def _call_model(model, batch: Batch, runtime: Runtime, report: DispatchReport, p
     with dd_scope(ctx), ctx.adapters.installed(program.spec.distribution.third_party_helpers):
         model.distributed_setup(ctx)
         return call_model(model, batch, runtime, report)
-
-
-def place_ranked(tree, mesh: Mesh, ranks=None):
-    """Per-rank host blocks ``[len(ranks), ...]`` (a pytree) as global ``[P, ...]`` arrays
-    split over the mesh; ranks None: the blocks of every rank. Only this process's devices
-    are written, so a process never builds or sends another process's rows."""
-    ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
-    if ranks is None:
-        return jax.device_put(tree, ranked)
-    where = {int(r): i for i, r in enumerate(ranks)}
-    n_ranks = int(mesh.size)
-
-    def put(x):
-        x = np.asarray(x)
-        shape = (n_ranks,) + x.shape[1:]
-        pieces = [jax.device_put(x[where[idx[0].start]:where[idx[0].start] + 1], device)
-                  for device, idx in ranked.addressable_devices_indices_map(shape).items()]
-        return jax.make_array_from_single_device_arrays(shape, ranked, pieces)
-
-    return jax.tree_util.tree_map(put, tree)
-
-
-def own_ranks(mesh: Mesh):
-    """The ranks (blocks of the ``[P, ...]`` arrays) on this process's devices, in order, or
-    None when this process drives every device."""
-    if jax.process_count() == 1:
-        return None
-    ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
-    return tuple(sorted(idx[0].start for idx in ranked.addressable_devices_indices_map((int(mesh.size),)).values()))
-
-
-def agree_max(values) -> np.ndarray:
-    """The elementwise maximum of an integer vector over every process (itself with one)."""
-    values = np.asarray(values, np.int64)
-    if jax.process_count() == 1:
-        return values
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(values)).reshape(-1, values.size).max(axis=0)

@@ -103,7 +103,7 @@ class NeighborCapacity:
 
     def grown(self, needed: "NeighborStats", factor: float = DEFAULT_GROWTH_FACTOR) -> "NeighborCapacity":
         """A capacity that fits ``needed``: each slot count that is too small grown by
-        :func:`jaxdd.capacity.grow` (never smaller than self)."""
+        :func:`jaxdd.neighbors.capacity.grow` (never smaller than self)."""
         return NeighborCapacity(
             max_edges=grow(self.max_edges, needed.edges, factor),
             max_neighbors=grow(self.max_neighbors, needed.neighbors, factor),

@@ -76,7 +76,7 @@ class Capacities:
 
     @property
     def halo(self) -> tuple[int, tuple[int, ...]]:
-        """(owned rows, exchange slots): the capacity argument of :func:`~jaxdd.halo.build_halo_plan`."""
+        """(owned rows, exchange slots): the capacity argument of :func:`~jaxdd.decomposition.halo.build_halo_plan`."""
         return self.owned, self.exchange
 
     def grown(self, factor: float, *, owned: int = 0, exchange=(), neighbors=None, migrate: int = 0) -> Capacities:

@@ -9,8 +9,8 @@ own halo, so a rebuild never gathers the system on a host.
    ``pmin``/``pmax``) and sends the atoms that left over ``ppermute``, axis by axis, one
    block per axis as LAMMPS does (an atom further away is reported, not dropped);
 3. sorts the owned rows by global id, as the host partition does;
-4. selects the ghosts of every exchange of the plan's :class:`~jaxdd.halo.HaloLayout` from
-   what the rank holds, exactly as :func:`jaxdd.halo.build_halo_plan` does on the host
+4. selects the ghosts of every exchange of the plan's :class:`~jaxdd.decomposition.halo.HaloLayout` from
+   what the rank holds, exactly as :func:`jaxdd.decomposition.halo.build_halo_plan` does on the host
    (the same bounds, stages and row order), and routes them.
 
 Capacities are static: when the atoms no longer fit (owned rows, migration slots or an
@@ -32,7 +32,7 @@ from ..neighbors import effective_cell
 from ..periodic import wrap_fractional
 from .halo import HaloLayout, HaloRouting
 from .partition import rank_coords, rank_of
-from .rank_program import on_ranks
+from .ranks import on_ranks
 
 __all__ = ["Frame", "ReplanConfig", "frame_of", "hops_per_axis", "rank_replan", "replan"]
 
@@ -40,12 +40,12 @@ __all__ = ["Frame", "ReplanConfig", "frame_of", "hops_per_axis", "rank_replan", 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Frame:
-    """The partition frame of a batch (replicated arrays; see :mod:`jaxdd.partition`).
+    """The partition frame of a batch (replicated arrays; see :mod:`jaxdd.decomposition.partition`).
 
     cell: [S, 3, 3] Å. inv: [S, 3, 3] positions (Å) → frame coordinates (fractions on
     periodic axes, Å along the effective cell's unit vectors on open ones). pbc: [S, 3].
     reach: [S, 3] the ghost width in frame units. cuts: [S, 3, max(grid) + 1] relative
-    block boundaries of a balanced partition (:func:`jaxdd.engine.partition.balanced_cuts`),
+    block boundaries of a balanced partition (:func:`jaxdd.decomposition.partition.balanced_cuts`),
     or None for equal slices.
     """
 
@@ -58,7 +58,7 @@ class Frame:
 
 def frame_of(cell, pbc, ghost_width: float, dtype, cuts=None) -> Frame:
     """The :class:`Frame` of cells ``[S, 3, 3]`` Å with ``pbc`` [S, 3] (and a balanced
-    partition's ``cuts``), computed on the host as :func:`jaxdd.partition.partition` does."""
+    partition's ``cuts``), computed on the host as :func:`jaxdd.decomposition.partition.partition` does."""
     cell = np.asarray(cell, np.float64).reshape(-1, 3, 3)
     pbc = np.asarray(pbc, bool).reshape(-1, 3)
     ceff = np.where(pbc[:, :, None], cell, np.asarray(effective_cell(cell, pbc), np.float64))

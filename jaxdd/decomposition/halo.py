@@ -10,7 +10,7 @@ images of a rank's own atoms when the cell is thinner than the shell (or, with
 its periodic images themselves, as one device does). Bounds are inclusive
 and include the receiver's own block, so an atom that sits inside a neighbour's block while
 still owned elsewhere reaches that neighbour too. :func:`build_rank_plans` plans chosen ranks
-only (one process's); :mod:`jaxdd.replan` computes the same plan on the devices.
+only (one process's); :mod:`jaxdd.decomposition.replan` computes the same plan on the devices.
 
 Layout of every per-atom array on a rank: ``[owned (n_owned) | ghosts of exchange 0 |
 ghosts of exchange 1 | ...]``, each region of static capacity. The static part of a plan
