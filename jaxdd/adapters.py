@@ -23,7 +23,15 @@ __all__ = ["AdapterRegistry", "HelperAdapter", "PythonAdapter", "JitAdapter", "M
 
 
 def resolve_reference(ref: str, what: str = "replacement") -> Any:
-    """Import ``"package.module:qualified.name"``; SpecError naming what failed."""
+    """Import ``"package.module:qualified.name"``; SpecError naming what failed.
+
+    Args:
+      ref: ``"module:qualname"``, an absolute module path and a dotted name in it.
+      what: what the reference is, for the error message.
+
+    Returns:
+      The object ``ref`` names.
+    """
     if not isinstance(ref, str) or ref.count(":") != 1 or not all(ref.split(":")) or ref.startswith("."):
         raise SpecError(f"{what} must be an absolute 'module:qualname' reference, got {ref!r}")
     module_name, qualname = ref.split(":")
@@ -88,6 +96,10 @@ class HelperAdapter:
         return getattr(self, "_reference", None) or reference_of(self.replacement)
 
     def to_dict(self) -> dict:
+        """The JSON form: ``kind``, the target's names and the replacement's reference.
+
+        Raises SpecError when the replacement cannot be imported by name (a lambda or local function).
+        """
         ref = self.replacement_ref
         if ref is None:
             raise SpecError(
@@ -98,6 +110,7 @@ class HelperAdapter:
 
     @property
     def target(self) -> str:
+        """The dotted name of what is replaced (``module.attr``, ``Class.method`` ...)."""
         return ".".join(getattr(self, n) for n in self._names)
 
 
@@ -196,6 +209,11 @@ class AdapterRegistry:
         self._active: list[_Installed] = []
 
     def install(self, *adapters: HelperAdapter) -> None:
+        """Install ``adapters``, all or none: on a failure those installed by this call are put back.
+
+        Args:
+          adapters: the helper adapters to install, in order.
+        """
         done: list[_Installed] = []
         try:
             for adapter in adapters:
@@ -218,6 +236,7 @@ class AdapterRegistry:
         self._active.extend(done)
 
     def restore(self) -> None:
+        """Put back every original, in reverse order of installation."""
         while self._active:
             _put_back(self._active.pop())
 

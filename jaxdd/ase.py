@@ -92,6 +92,11 @@ class Calculator(_AseCalculator):
 
         results: ``energy``, ``free_energy`` (float, eV); ``forces`` [N, 3] eV/Å;
         ``stress`` [6] eV/Å³ (Voigt xx, yy, zz, yz, xz, xy); ``energies`` [N] eV.
+
+        Args:
+          atoms: the ASE ``Atoms`` (None: the calculator's own).
+          properties: the names wanted, among ``implemented_properties``.
+          system_changes: what changed since the last call (ASE's list); any change clears the results.
         """
         super().calculate(atoms, properties, system_changes)
         atoms = self.atoms

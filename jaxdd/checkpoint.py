@@ -141,7 +141,13 @@ def restore_arrays(folder: Path, target):
 def save(path: str | Path, model, spec: MLIPSpec | None = None) -> Path:
     """Write ``model``'s parameters and its spec (default: ``model.distribution_spec``) under ``path``.
 
-    ``path`` must not exist yet or be an empty folder (a checkpoint is never overwritten).
+    Args:
+      path: the checkpoint folder; it must not exist yet or be empty (a checkpoint is never overwritten).
+      model: the model wrapper whose array leaves are saved.
+      spec: the MLIPSpec saved beside them (None: ``model.distribution_spec``, if any).
+
+    Returns:
+      ``path`` as an absolute ``Path``.
     """
     import orbax.checkpoint as ocp
 
@@ -163,8 +169,14 @@ def save(path: str | Path, model, spec: MLIPSpec | None = None) -> Path:
 def load(path: str | Path, like):
     """(model, spec) from a checkpoint written by :func:`save`.
 
-    like: a wrapper built with the same configuration (its parameter values are replaced).
-    spec is None when the checkpoint holds none. Shapes and dtypes must match ``like``'s.
+    Args:
+      path: the checkpoint folder.
+      like: a wrapper built with the same configuration (its parameter values are replaced);
+        shapes and dtypes must match ``like``'s.
+
+    Returns:
+      ``(model, spec)``: ``like`` with the stored parameters, and the stored MLIPSpec (None
+      when the checkpoint holds none).
     """
     path = Path(path).absolute()
     if not (path / "params").exists():

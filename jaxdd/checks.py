@@ -51,6 +51,15 @@ def integral(name: str, value: Any, *, minimum: int | None = None, error: type[E
 
     Integers (numpy's too), whole finite floats and 0-d arrays of either are accepted; fractional
     or non-finite floats, bools, strings and the rest are refused, as is a value below ``minimum``.
+
+    Args:
+      name: what ``value`` is, for the error message.
+      value: the number to check.
+      minimum: the smallest value accepted (None: no bound).
+      error: the exception class raised on a refusal.
+
+    Returns:
+      ``value`` as a Python ``int``.
     """
     whole = _whole(value)
     if whole is None or (minimum is not None and whole < minimum):
@@ -72,6 +81,15 @@ def integral_array(name: str, values: Any, *, what: str = "entries", error: type
     whole numbers come back as a numpy int64 array. Otherwise ``error`` names ``name``, the
     offending ``what`` (e.g. ``"atoms"``) and their values. A traced float array cannot be
     checked and is refused by its dtype; bool and non-numeric arrays are refused too.
+
+    Args:
+      name: what ``values`` is, for the error message.
+      values: the array-like to check.
+      what: what one entry is (``"atoms"``, ``"entries"``), for the error message.
+      error: the exception class raised on a refusal.
+
+    Returns:
+      ``values`` itself when of an integer dtype, else an int64 numpy array.
     """
     dtype = getattr(values, "dtype", None)
     if dtype is None:

@@ -49,7 +49,13 @@ def model_config(model) -> ModelConfig:
 
 
 def neighbor_list_for(model, batch: Batch, capacity: NeighborCapacity):
-    """Build (traceable) the neighbour list ``model`` asks for, or None if it needs none."""
+    """Build (traceable) the neighbour list ``model`` asks for, or None if it needs none.
+
+    Args:
+      model: the wrapper whose ``neighbor_config`` sets cutoff, half list and format.
+      batch: the Batch to search.
+      capacity: the NeighborCapacity of the list.
+    """
     nc = model_config(model).neighbor_config
     if nc is None:
         return None
@@ -70,9 +76,17 @@ def energy_and_derivatives(model, batch: Batch, outputs: tuple[str, ...], virial
                            ) -> ModelOutputs:
     """Call ``model`` on ``batch`` (neighbours attached) and add the autograd outputs.
 
-    virial_key: the key under which per-atom virials are derived when requested
-    (:mod:`jaxdd.virials`; the spec's ``node_virial_key``). Traceable; the caller builds the
-    neighbour list. Returns only the requested keys.
+    Traceable; the caller builds the neighbour list.
+
+    Args:
+      model: the wrapper (``BaseModel``).
+      batch: the Batch, ``neighbors`` attached.
+      outputs: the keys to return.
+      virial_key: the key under which per-atom virials are derived when requested
+        (:mod:`jaxdd.virials`; the spec's ``node_virial_key``), or None.
+
+    Returns:
+      ModelOutputs with only the requested keys.
     """
     cfg = model_config(model)
     want_forces = "forces" in outputs and "forces" in cfg.autograd_outputs
@@ -165,17 +179,21 @@ def compute(
 ) -> ModelOutputs:
     """Evaluate ``model`` on one device.
 
-    model: a wrapper (``BaseModel``) whose parameters are pytree leaves.
-    data: an AtomicData or a (possibly padded) Batch.
-    outputs: keys to return; each must be in the model's ``ModelConfig.outputs``
+    Args:
+      model: a wrapper (``BaseModel``) whose parameters are pytree leaves.
+      data: an AtomicData or a (possibly padded) Batch.
+      outputs: keys to return; each must be in the model's ``ModelConfig.outputs``
         (default: its ``active_outputs``).
-    capacity: a starting neighbour-list capacity (sized from the data when None).
-    spec: the :class:`~jaxdd.spec.MLIPSpec` whose ``node_virial_key`` names per-atom virials
+      capacity: a starting neighbour-list capacity (sized from the data when None).
+      max_rebuilds: how many times an overflowing neighbour list is grown and rebuilt before
+        giving up.
+      spec: the :class:`~jaxdd.spec.MLIPSpec` whose ``node_virial_key`` names per-atom virials
         that may be requested beside the model's outputs ([V, 3, 3] eV, :mod:`jaxdd.virials`;
         default: the model's ``distribution_spec``).
 
-    Returns ModelOutputs with ``energy [S]``, ``forces [V, 3]``, ``stress [S, 3, 3]``,
-    ... as requested; rows of padding atoms and systems are zero.
+    Returns:
+      ModelOutputs with ``energy [S]``, ``forces [V, 3]``, ``stress [S, 3, 3]``,
+      ... as requested; rows of padding atoms and systems are zero.
     """
     cfg = model_config(model)
     spec = spec if spec is not None else getattr(model, "distribution_spec", None)

@@ -75,8 +75,14 @@ VERBS = ("jaxdd::system_sum", "jaxdd::system_sum_local", "jaxdd::refresh_neighbo
 def system_sum(values, index, n: int, scope: Scope | str = Scope.OWNED):
     """Per-system sums of per-atom (or per-edge) values.
 
-    values: [n_rows, *F]. index: [n_rows] int system of each row (rows with index >= n are
-    dropped). n: number of systems. Returns [n, *F].
+    Args:
+      values: [n_rows, *F] per-row values.
+      index: [n_rows] int system of each row (rows with index >= n are dropped).
+      n: number of systems.
+      scope: OWNED (each atom once, summed over ranks) or LOCAL (this rank's share) under decomposition.
+
+    Returns:
+      [n, *F] sums.
     """
     scope = Scope(scope)
     fn = _system_sum_owned if scope is Scope.OWNED else _system_sum_local
@@ -84,20 +90,20 @@ def system_sum(values, index, n: int, scope: Scope | str = Scope.OWNED):
 
 
 def refresh_neighbors(x):
-    """Per-atom values [n_rows, *F] with ghost rows re-read from their owners."""
+    """Per-atom values ``x`` [n_rows, *F] with ghost rows re-read from their owners."""
     return _refresh(x)
 
 
 def scatter_to_owners(x):
-    """Per-atom partial sums [n_rows, *F]: ghost rows added into their owners, then refreshed."""
+    """Per-atom partial sums ``x`` [n_rows, *F]: ghost rows added into their owners, then refreshed."""
     return _scatter_home(x)
 
 
 def to_local(x):
-    """This rank's rows as a plain array; the dispatch stops tracking its layout."""
+    """This rank's rows of ``x`` as a plain array; the dispatch stops tracking its layout."""
     return _to_local(x)
 
 
 def autograd_target(x):
-    """Mark the positions forces are taken with respect to (an identity in jaxdd)."""
+    """Mark ``x`` as the positions forces are taken with respect to (an identity in jaxdd)."""
     return _autograd_target(x)

@@ -75,13 +75,21 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                initialization_timeout_s: int = 300) -> bool:
     """Join this process to a multi-process run; call before any JAX computation.
 
-    coordinator_address: ``host:port`` of process 0's coordination service. num_processes,
-    process_id: the run's size and this process's index (0-based). local_device_ids: the
-    devices this process drives (default: all it sees; one GPU per process on a pod). Unset
-    values come from ``JAXDD_*`` variables, then JAX's cluster detection (module docstring).
-    heartbeat_timeout_s: how long a silent peer is waited for before every process is ended.
-    Returns False (doing nothing) when no multi-process setting is found, so a script runs
-    unchanged on one process; True once joined. Calling it again is harmless.
+    Unset values come from ``JAXDD_*`` variables, then JAX's cluster detection (module
+    docstring). Calling it again is harmless.
+
+    Args:
+      coordinator_address: ``host:port`` of process 0's coordination service.
+      num_processes: the run's size.
+      process_id: this process's index (0-based).
+      local_device_ids: the devices this process drives (default: all it sees; one GPU per
+        process on a pod).
+      heartbeat_timeout_s: how long a silent peer is waited for before every process is ended, s.
+      initialization_timeout_s: how long joining waits for every process to arrive, s.
+
+    Returns:
+      False (doing nothing) when no multi-process setting is found, so a script runs
+      unchanged on one process; True once joined.
 
     Once joined, a process that fails (uncaught exception, ``sys.exit(n)`` with ``n != 0``,
     Ctrl-C) leaves at once with its status instead of waiting in JAX's shutdown barrier, so
@@ -355,6 +363,14 @@ def _module_flag(argv: list[str]) -> int | None:
 
 
 def main(argv=None) -> int:
+    """``python -m jaxdd.launch``: start the processes of a script or module on this machine.
+
+    Args:
+      argv: the command line without the program name (None: ``sys.argv[1:]``).
+
+    Returns:
+      The exit status: 0 when every process succeeded, else the first failure's.
+    """
     p = argparse.ArgumentParser(prog="python -m jaxdd.launch",
                                 description="Run a jaxdd script (or -m module) as several processes on this machine.")
     p.add_argument("-n", "--processes", type=int, required=True, help="processes to start (>= 1)")

@@ -152,6 +152,7 @@ class ModelConfig:
         object.__setattr__(self, "padding_atoms", bool(self.padding_atoms))
 
     def with_active_outputs(self, keys: Iterable[str]) -> "ModelConfig":
+        """A copy computing ``keys`` by default (``active_outputs``)."""
         return dataclasses.replace(self, active_outputs=frozenset(keys))
 
     def check_outputs(self, keys: Iterable[str]) -> tuple[str, ...]:
@@ -196,6 +197,7 @@ class ModelOutputs(Mapping):
         raise AttributeError("ModelOutputs is immutable; use .replace(**items)")
 
     def replace(self, **items) -> "ModelOutputs":
+        """A copy with the keys of ``items`` added or replaced."""
         return ModelOutputs({**self._data, **items})
 
     def __repr__(self):
@@ -203,10 +205,12 @@ class ModelOutputs(Mapping):
         return f"ModelOutputs({body})"
 
     def tree_flatten(self):
+        """The pytree children (the arrays) and aux data (the keys, in order)."""
         return tuple(self._data.values()), tuple(self._data)
 
     @classmethod
     def tree_unflatten(cls, keys, values):
+        """Rebuild from the ``keys`` of :meth:`tree_flatten` and their ``values``."""
         return cls(zip(keys, values))
 
 
@@ -237,9 +241,26 @@ class BaseModel:
     model_config: ModelConfig
 
     def adapt_input(self, data, **kwargs) -> dict:
+        """The inner model's keyword arguments for a Batch.
+
+        Args:
+          data: the Batch (neighbours attached when the model asks for a list).
+          kwargs: keyword arguments passed to the wrapper's call, for the subclass to use.
+
+        Returns:
+          A dict of the inputs :meth:`forward` takes.
+        """
         raise NotImplementedError(f"{type(self).__name__} must implement adapt_input(data) -> dict of model inputs")
 
     def forward(self, **inputs):
+        """Run the inner model (by default the callable ``self.model``).
+
+        Args:
+          inputs: the keyword arguments :meth:`adapt_input` returns.
+
+        Returns:
+          The inner model's raw output, for :meth:`adapt_output`.
+        """
         inner = getattr(self, "model", None)
         if inner is None or not callable(inner):
             raise NotImplementedError(
@@ -248,6 +269,15 @@ class BaseModel:
         return inner(**inputs)
 
     def adapt_output(self, raw, data) -> ModelOutputs:
+        """Turn the inner model's return into ModelOutputs.
+
+        Args:
+          raw: what :meth:`forward` returned (by default a mapping ``key -> array``).
+          data: the Batch it was computed on.
+
+        Returns:
+          ModelOutputs with the model's keys (``energy [S]`` eV, ...).
+        """
         return raw if isinstance(raw, ModelOutputs) else ModelOutputs(raw)
 
     def __call__(self, data, **kwargs) -> ModelOutputs:
@@ -270,10 +300,11 @@ class BaseModel:
         return self.adapt_output(self.forward(**inputs), data)
 
     def validate_input(self, data) -> None:
-        """Host-side checks of a concrete Batch; raise ValueError naming the atom or field."""
+        """Host-side checks of a concrete Batch ``data``; raise ValueError naming the atom or field."""
 
     @property
     def cutoff(self) -> float | None:
+        """The interaction range of the model's neighbour list (Å), or None if it builds none."""
         nc = self.model_config.neighbor_config
         return None if nc is None else nc.cutoff
 

@@ -53,8 +53,13 @@ __all__ = ["bspline_weights", "bspline_moduli", "check_order", "spread", "pme_en
 def bspline_weights(u, order: int):
     """Cardinal B-spline weights of scaled coordinates ``u [..., 3]`` (mesh units).
 
-    Returns ``(base [..., 3] int32, w [..., 3, order])``: the value spread onto mesh point
-    ``base - j`` along an axis has weight ``w[..., j] = M_order(u - base + j)``.
+    Args:
+      u: [..., 3] scaled fractional coordinates K·frac.
+      order: the B-spline order p.
+
+    Returns:
+      ``(base [..., 3] int32, w [..., 3, order])``: the value spread onto mesh point
+      ``base - j`` along an axis has weight ``w[..., j] = M_order(u - base + j)``.
     """
     base = jnp.floor(u)
     t = (u - base)[..., None]
@@ -71,7 +76,15 @@ def bspline_weights(u, order: int):
 
 
 def bspline_moduli(size: int, order: int) -> np.ndarray:
-    """|b(m)|² of smooth PME (Essmann et al. 1995, eq. 4.4) for m = 0 .. size-1 (numpy, float64)."""
+    """|b(m)|² of smooth PME (Essmann et al. 1995, eq. 4.4) for m = 0 .. size-1 (numpy, float64).
+
+    Args:
+      size: the mesh points K along the axis.
+      order: the B-spline order p.
+
+    Returns:
+      [size] float64 moduli.
+    """
     vals = _bspline_integer_values(order)  # M_order(k + 1), k = 0 .. order-2
     m = np.arange(size)[:, None]
     k = np.arange(order - 1)[None, :]
@@ -118,7 +131,15 @@ def _scatter(values, weights, rows, system, dims):
 def spread(values, weights, base, system, n_systems: int, shape):
     """Values [n] (e.g. charges, e) spread on a periodic ``[n_systems, *shape]`` mesh.
 
-    weights, base: from :func:`bspline_weights`; system: [n] int system of each row.
+    Args:
+      values: [n] values to spread (e.g. charges, e).
+      weights, base: from :func:`bspline_weights`.
+      system: [n] int system of each row.
+      n_systems: S.
+      shape: the mesh (K1, K2, K3).
+
+    Returns:
+      [n_systems, *shape] mesh.
     """
     shape = tuple(int(k) for k in shape)
     p = weights.shape[-1]
@@ -138,8 +159,17 @@ def influence(m1, m2, m3, recip, volume, alpha, moduli):
     """Smooth-PME influence function on wave-vector indices (per axis, int arrays).
 
     G(m) = exp(-π² |m|² / α²) / |m|² · |b1(m1)|² |b2(m2)|² |b3(m3)|² / (2π V), and 0 at m = 0,
-    with m = m1 b1 + m2 b2 + m3 b3 (b_a: rows of ``recip`` [S, 3, 3], Å⁻¹ without 2π),
-    volume [S] Å³, α Å⁻¹. Returns [S, len(m1), len(m2), len(m3)] (Å).
+    with m = m1 b1 + m2 b2 + m3 b3 (b_a the rows of ``recip``).
+
+    Args:
+      m1, m2, m3: int wave-vector indices along each axis.
+      recip: [S, 3, 3] reciprocal vectors as rows (Å⁻¹, without 2π).
+      volume: [S] Å³.
+      alpha: Ewald splitting α (Å⁻¹).
+      moduli: (|b1|² [K1], |b2|² [K2], |b3|² [K3]) from :func:`bspline_moduli`.
+
+    Returns:
+      [S, len(m1), len(m2), len(m3)] (Å).
     """
     b1, b2, b3 = (jnp.asarray(b) for b in moduli)
     s1, s2, s3 = (_signed(m, b.shape[0]).astype(recip.dtype) for m, b in zip((m1, m2, m3), moduli))
@@ -158,7 +188,15 @@ def influence(m1, m2, m3, recip, volume, alpha, moduli):
 
 
 def pme_sum(mesh, recip, volume, alpha, moduli):
-    """Σ_m G(m) |F(Q)(m)|² per system [S] (e²/Å) of a full mesh ``[S, K1, K2, K3]``."""
+    """Σ_m G(m) |F(Q)(m)|² per system [S] (e²/Å) of a full mesh ``[S, K1, K2, K3]``.
+
+    Args:
+      mesh: [S, K1, K2, K3] spread charges (e).
+      recip, volume, alpha, moduli: as for :func:`pme_energy`.
+
+    Returns:
+      [S] sums (e²/Å).
+    """
     # Three 1-D transforms, in the order the distributed FFT takes them (the same numbers,
     # and XLA's cost analysis counts them alike).
     f = jnp.fft.fft(jnp.fft.fft(jnp.fft.fft(mesh, axis=3), axis=2), axis=1)
@@ -182,11 +220,19 @@ def pme_energy(values, weights, base, system, recip, volume, alpha, moduli):
     """Smooth-PME reciprocal sum Σ_m G(m) |F(Q)(m)|² per system, [S] (e²/Å; times the
     Coulomb constant it is the reciprocal energy).
 
-    values: [n] charges (e; zero for rows to leave out); weights, base: [n, 3, p], [n, 3]
-    from :func:`bspline_weights` of the scaled coordinates K·frac; system: [n] int in
-    [0, S); recip: [S, 3, 3] reciprocal vectors as rows (Å⁻¹, no 2π); volume: [S] Å³;
-    alpha: Ewald splitting α (Å⁻¹); moduli: (|b1|² [K1], |b2|² [K2], |b3|² [K3]), whose
-    lengths are the mesh shape. A verb: under decomposition the mesh is distributed.
+    A verb: under decomposition the mesh is distributed.
+
+    Args:
+      values: [n] charges (e; zero for rows to leave out).
+      weights, base: [n, 3, p], [n, 3] from :func:`bspline_weights` of the scaled coordinates K·frac.
+      system: [n] int in [0, S).
+      recip: [S, 3, 3] reciprocal vectors as rows (Å⁻¹, no 2π).
+      volume: [S] Å³.
+      alpha: Ewald splitting α (Å⁻¹).
+      moduli: (|b1|² [K1], |b2|² [K2], |b3|² [K3]), whose lengths are the mesh shape.
+
+    Returns:
+      [S] sums (e²/Å).
     """
     b1, b2, b3 = (jnp.asarray(b, recip.dtype) for b in moduli)
     return _pme_energy_verb(values, weights, base, system, recip, volume, jnp.asarray(alpha, recip.dtype), b1, b2, b3)
@@ -210,6 +256,13 @@ def mesh_problems(shape, grid) -> list[str]:
     """Why a mesh ``shape`` (K1, K2, K3) cannot be distributed over a rank ``grid`` (empty if it can).
 
     Blocks need K_a divisible by P_a; the transposes split K2 by Px and by Py·Pz, and K3 by Py·Pz.
+
+    Args:
+      shape: the mesh (K1, K2, K3).
+      grid: the ranks (Px, Py, Pz).
+
+    Returns:
+      The problems as sentences; empty if the mesh can be distributed.
     """
     k1, k2, k3 = shape
     px, py, pz = grid
@@ -269,9 +322,17 @@ def _transpose(x, split_axis: int, concat_axis: int, groups, axes):
 def distributed_pme_energy(runtime, values, weights, base, system, recip, volume, alpha, b1, b2, b3):
     """:func:`pme_energy` on one rank of a decomposition (inside ``shard_map``); see the module docstring.
 
-    runtime: the dispatch's :class:`~jaxdd.dispatch.Runtime` (rank grid, mesh axes, owned
-    rows). The per-atom inputs are this rank's local rows; only owned rows are spread.
-    Returns the same [S] sums on every rank.
+    Args:
+      runtime: the dispatch's :class:`~jaxdd.dispatch.Runtime` (rank grid, mesh axes, owned rows).
+      values, weights, base, system: as for :func:`pme_energy`, this rank's local rows; only
+        owned rows are spread.
+      recip: [S, 3, 3] reciprocal vectors as rows (Å⁻¹, no 2π).
+      volume: [S] Å³.
+      alpha: Ewald splitting α (Å⁻¹).
+      b1, b2, b3: the moduli |b_a|² [K_a] of each axis.
+
+    Returns:
+      The same [S] sums on every rank.
     """
     if isinstance(runtime.policy, GraphParallelPolicy) or runtime.layout is None:
         raise ValueError("the distributed PME mesh follows the spatial domains; under graph parallelism use "
@@ -340,7 +401,16 @@ def distributed_pme_energy(runtime, values, weights, base, system, recip, volume
 def pme_energy_rule(ctx, eqn, ins) -> Decision:
     """The dispatch rule of the :func:`pme_energy` verb: per-atom inputs in, per-system sums
     out, the same on every rank; :func:`distributed_pme_energy` owns the mesh exchange and
-    the distributed FFT."""
+    the distributed FFT.
+
+    Args:
+      ctx: the :class:`~jaxdd.dispatch.interpreter.Dispatcher`.
+      eqn: the verb's equation.
+      ins: the layout of each input.
+
+    Returns:
+      The Decision.
+    """
 
     def apply(eqn, invals):
         return [distributed_pme_energy(ctx.runtime, *invals)]

@@ -17,6 +17,14 @@ def per_system_sum(values: jax.Array, batch_idx: jax.Array, n_systems: int) -> j
     """Sum per-atom ``values [V, ...]`` into ``[n_systems, ...]`` by ``batch_idx [V]``.
 
     Rows whose ``batch_idx`` is outside ``[0, n_systems)`` (padding) are dropped.
+
+    Args:
+      values: [V, ...] per-atom values.
+      batch_idx: [V] int system of each atom.
+      n_systems: S.
+
+    Returns:
+      [S, ...] sums.
     """
     if n_systems <= _DENSE_MAX_SYSTEMS:
         onehot = batch_idx[None, :] == jnp.arange(n_systems, dtype=batch_idx.dtype)[:, None]  # [S, V]

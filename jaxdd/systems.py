@@ -78,10 +78,14 @@ def _cells(n_cells) -> tuple[int, int, int]:
 def fcc_lattice(n_cells, lattice_constant: float, symbol: str = "Ar"):
     """A fully periodic cubic fcc supercell.
 
-    n_cells: conventional cells per axis, an int or 3 ints. lattice_constant: edge a of
-    the conventional cell (Å, or σ in reduced units). Returns ``ase.Atoms`` with
-    4 · n_x · n_y · n_z atoms, cell diag(n_x a, n_y a, n_z a), nearest-neighbour distance
-    a / sqrt(2); masses are ASE's defaults for ``symbol``.
+    Args:
+      n_cells: conventional cells per axis, an int or 3 ints.
+      lattice_constant: edge a of the conventional cell (Å, or σ in reduced units).
+      symbol: the chemical symbol of every atom.
+
+    Returns:
+      ``ase.Atoms`` with 4 · n_x · n_y · n_z atoms, cell diag(n_x a, n_y a, n_z a),
+      nearest-neighbour distance a / sqrt(2); masses are ASE's defaults for ``symbol``.
     """
     import ase
 
@@ -107,6 +111,14 @@ def maxwell_boltzmann_velocities(masses: np.ndarray, temperature: float, seed: i
 
     Gaussian draws of variance T/m, the centre-of-mass velocity removed, then rescaled so that
     sum(m v²) / (3N - 3) = T (LAMMPS's count of degrees of freedom for ``compute temp``).
+
+    Args:
+      masses: [N] atom masses.
+      temperature: the temperature T (k_B = 1: in the units of m v²).
+      seed: the seed of numpy's random stream.
+
+    Returns:
+      [N, 3] velocities.
     """
     masses = np.asarray(masses, dtype=np.float64)
     n = masses.shape[0]
@@ -122,16 +134,18 @@ def maxwell_boltzmann_velocities(masses: np.ndarray, temperature: float, seed: i
 def lj_melt(n_cells=20, density: float = LJ_MELT_DENSITY, temperature: float | None = None, seed: int = 0):
     """The LAMMPS LJ melt in reduced units: an fcc lattice of unit-mass atoms.
 
-    n_cells: fcc cells per axis (int or 3 ints; 20 gives the benchmark's 32,000 atoms).
-    density: number density ρ (σ⁻³); lattice constant (4/ρ)^(1/3) σ.
-    temperature: if given (ε/k_B, e.g. 3.0 as in ``velocity all create 3.0 87287``), the
-    atoms get Maxwell-Boltzmann velocities (σ/τ) with zero net momentum, rescaled to exactly
-    this temperature over 3N - 3 degrees of freedom. The random stream is numpy's from
-    ``seed``, not LAMMPS's, so the velocities differ from a LAMMPS run with the same seed.
-    seed: non-negative int.
+    Args:
+      n_cells: fcc cells per axis (int or 3 ints; 20 gives the benchmark's 32,000 atoms).
+      density: number density ρ (σ⁻³); lattice constant (4/ρ)^(1/3) σ.
+      temperature: if given (ε/k_B, e.g. 3.0 as in ``velocity all create 3.0 87287``), the
+        atoms get Maxwell-Boltzmann velocities (σ/τ) with zero net momentum, rescaled to exactly
+        this temperature over 3N - 3 degrees of freedom. The random stream is numpy's from
+        ``seed``, not LAMMPS's, so the velocities differ from a LAMMPS run with the same seed.
+      seed: non-negative int.
 
-    Returns ``ase.Atoms`` (symbol Ar, masses 1). Velocities are in reduced units: ASE's
-    ``get_temperature()`` (kelvin, eV-based) does not apply to them.
+    Returns:
+      ``ase.Atoms`` (symbol Ar, masses 1). Velocities are in reduced units: ASE's
+      ``get_temperature()`` (kelvin, eV-based) does not apply to them.
     """
     counts = _cells(n_cells)
     a = melt_lattice_constant(density)
@@ -147,7 +161,12 @@ def lj_melt(n_cells=20, density: float = LJ_MELT_DENSITY, temperature: float | N
 
 def lj_melt_data(n_cells=20, density: float = LJ_MELT_DENSITY, temperature: float | None = None,
                  seed: int = 0, dtype=None):
-    """:func:`lj_melt` as an :class:`~jaxdd.AtomicData` of float ``dtype`` (JAX's default when None)."""
+    """:func:`lj_melt` as an :class:`~jaxdd.AtomicData` of float ``dtype`` (JAX's default when None).
+
+    Args:
+      n_cells, density, temperature, seed: as for :func:`lj_melt`.
+      dtype: the float dtype of the arrays.
+    """
     from .data import AtomicData
 
     return AtomicData.from_ase(lj_melt(n_cells, density, temperature, seed), dtype=dtype)
@@ -157,9 +176,14 @@ def lj_slab(n_cells=(6, 6, 4), vacuum: float = 0.6, pbc=(True, True, False), den
             temperature: float | None = None, seed: int = 0):
     """A film of the LJ melt lattice in a cell whose upper ``vacuum`` fraction along z is empty.
 
-    n_cells: fcc cells of the film (int or 3 ints). vacuum: fraction of the cell's height
-    above the film, in [0, 1). pbc: periodic axes (default a (T, T, F) slab). Other
-    arguments as :func:`lj_melt`. Returns ``ase.Atoms`` (reduced units, masses 1).
+    Args:
+      n_cells: fcc cells of the film (int or 3 ints).
+      vacuum: fraction of the cell's height above the film, in [0, 1).
+      pbc: periodic axes (default a (T, T, F) slab).
+      density, temperature, seed: as for :func:`lj_melt`.
+
+    Returns:
+      ``ase.Atoms`` (reduced units, masses 1).
     """
     if isinstance(vacuum, bool) or not isinstance(vacuum, numbers.Real) or not 0 <= vacuum < 1:
         raise ValueError(f"vacuum must be a fraction in [0, 1), got {vacuum!r}")
@@ -173,10 +197,19 @@ def lj_slab(n_cells=(6, 6, 4), vacuum: float = 0.6, pbc=(True, True, False), den
 
 def lj_droplet(radius: float = 6.0, box: float = 24.0, density: float = LJ_MELT_DENSITY,
                temperature: float | None = None, seed: int = 0, jitter: float = 0.1, centre=(0.5, 0.5, 0.5)):
-    """A sphere of the LJ melt lattice (``radius`` σ) in a periodic cubic box of edge ``box``
-    σ, centred at the fractional position ``centre``, each atom displaced at random by about
-    ``jitter`` σ (a liquid drop has no lattice planes). Other arguments as :func:`lj_melt`.
-    Returns ``ase.Atoms`` (positions wrapped into the box)."""
+    """A sphere of the LJ melt lattice in a periodic cubic box, each atom displaced at random
+    (a liquid drop has no lattice planes).
+
+    Args:
+      radius: the sphere's radius (σ), below ``box / 2``.
+      box: the edge of the cubic box (σ).
+      density, temperature, seed: as for :func:`lj_melt`.
+      jitter: the typical random displacement of an atom (σ).
+      centre: the sphere's centre as a fractional position in the box.
+
+    Returns:
+      ``ase.Atoms`` (positions wrapped into the box).
+    """
     radius, box = _positive_float("radius", radius), _positive_float("box", box)
     if 2 * radius >= box:
         raise ValueError(f"a droplet of radius {radius} does not fit a box of {box}: radius must be below box / 2")

@@ -27,12 +27,18 @@ __all__ = ["atomic_virials", "enforce_sum_rule", "tolerance", "check_supported",
 
 def tolerance(dtype) -> float:
     """Largest relative difference between the summed per-atom virials and the strain
-    derivative that is still round-off: 1e-8 in float64, 1e-3 in float32."""
+    derivative that is still round-off, for ``dtype``: 1e-8 in float64, 1e-3 in float32."""
     return 1e-8 if jnp.dtype(dtype) == jnp.float64 else 1e-3
 
 
 def refuse_broken(values, model_name: str, key: str) -> None:
-    """Raise ValueError when per-atom virials (host values) came back NaN: they broke the sum rule."""
+    """Raise ValueError when per-atom virials (host values) came back NaN: they broke the sum rule.
+
+    Args:
+      values: [V, 3, 3] per-atom virials (eV), on the host.
+      model_name: the model, for the message.
+      key: the output key of the virials, for the message.
+    """
     import numpy as np
 
     if np.isnan(np.asarray(values)).any():
