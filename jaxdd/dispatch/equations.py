@@ -26,17 +26,17 @@ def bind(eqn, invals) -> list:
 
 
 def is_literal(v) -> bool:
-    """True for a constant written into the jaxpr (it has no layout of its own)."""
+    """True when ``v`` is a constant written into the jaxpr (it has no layout of its own)."""
     return isinstance(v, jcore.Literal)
 
 
 def shape_of(v) -> tuple[int, ...]:
-    """The static shape of a jaxpr variable (``()`` for scalars and tokens)."""
+    """The static shape of a jaxpr variable ``v`` (``()`` for scalars and tokens)."""
     return tuple(getattr(v.aval, "shape", ()))
 
 
 def sub_jaxpr(closed_or_open, consts=None):
-    """``(jaxpr, consts)`` of a sub-jaxpr parameter (closed or open)."""
+    """``(jaxpr, consts)`` of a sub-jaxpr parameter ``closed_or_open`` (an open one takes ``consts``)."""
     if hasattr(closed_or_open, "jaxpr") and hasattr(closed_or_open, "consts"):
         return closed_or_open.jaxpr, closed_or_open.consts
     return closed_or_open, (consts or ())
@@ -44,8 +44,8 @@ def sub_jaxpr(closed_or_open, consts=None):
 
 def scan_counts(params) -> tuple[int, int]:
     """``(consts, carry)``: how many of a ``scan`` equation's inputs are loop constants and how
-    many the carry; the scanned inputs follow. JAX before 0.11 names the counts
-    (``num_consts``, ``num_carry``); from 0.11 they are the first two groups of ``ft_in``."""
+    many the carry, read from its ``params``; the scanned inputs follow. JAX before 0.11 names the
+    counts (``num_consts``, ``num_carry``); from 0.11 they are the first two groups of ``ft_in``."""
     if "num_consts" in params:
         return int(params["num_consts"]), int(params["num_carry"])
     consts, carry, _ = params["ft_in"].unpack()

@@ -63,12 +63,12 @@ class Dispatcher:
     # ---------------------------------------------------------------- entry points
 
     def run_closed(self, closed, args: Sequence, layouts: Sequence[Layout]) -> list:
-        """Evaluate a ClosedJaxpr on ``args`` tagged with ``layouts``; its outputs."""
+        """Evaluate a ClosedJaxpr ``closed`` on ``args`` tagged with ``layouts``; its outputs."""
         self._top = closed.jaxpr
         return self.eval(closed.jaxpr, closed.consts, args, tuple(layouts))
 
     def out_layouts(self, closed, layouts: Sequence[Layout]) -> tuple[Layout, ...]:
-        """Layouts of a ClosedJaxpr's outputs for inputs tagged with ``layouts``."""
+        """Layouts of the outputs of a ClosedJaxpr ``closed`` for inputs tagged with ``layouts``."""
         self._top = closed.jaxpr
         return self.analyse(closed.jaxpr, tuple(layouts), closed.consts).outs
 
@@ -177,7 +177,8 @@ class Dispatcher:
                                    notes=notes, resolves=True)
 
     def decide(self, eqn, ins: tuple[Layout, ...]) -> Decision:
-        """The registered rule's :class:`Decision` for ``eqn`` (the default rule if none is registered)."""
+        """The registered rule's :class:`Decision` for ``eqn`` with input layouts ``ins`` (the default
+        rule if none is registered)."""
         rule = rule_for(eqn.primitive.name)
         if rule is not None:
             with enclosing(eqn):
@@ -195,8 +196,8 @@ class Dispatcher:
         return d
 
     def default(self, eqn, ins: tuple[Layout, ...]) -> Decision:
-        """The rule of elementwise and unregistered primitives: a tag survives where an
-        output keeps the tagged axis."""
+        """The rule of elementwise and unregistered primitives, for ``eqn`` with input layouts ``ins``:
+        a tag survives where an output keeps the tagged axis."""
         return elementwise(self, eqn, ins)
 
     def fallback_kind(self, length: int) -> Kind | None:
@@ -348,10 +349,17 @@ def _neighbor_layouts(nl, senders: Kind = Kind.NODE, receivers: Kind = Kind.NODE
 def call_model(model, batch, runtime: Runtime | None, report: DispatchReport):
     """``model(batch)`` traced on this rank's values and evaluated through the dispatch.
 
-    model: a wrapper (its array leaves are parameters, replicated); batch: the rank's local
-    :class:`~jaxdd.Batch` with its neighbour list. Call inside ``shard_map`` (and inside the
-    DD scope, so the model can read :func:`~jaxdd.current_dd_context`). Returns the outputs
-    and a matching pytree of their :class:`Layout`.
+    Call inside ``shard_map`` (and inside the DD scope, so the model can read
+    :func:`~jaxdd.current_dd_context`).
+
+    Args:
+      model: a wrapper (its array leaves are parameters, replicated).
+      batch: the rank's local :class:`~jaxdd.Batch` with its neighbour list.
+      runtime: the rank's :class:`Runtime`; None to analyse layouts only.
+      report: the :class:`DispatchReport` where rules and fallbacks are recorded.
+
+    Returns:
+      The outputs and a matching pytree of their :class:`Layout`.
     """
     import equinox as eqx
 

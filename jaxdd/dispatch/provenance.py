@@ -98,7 +98,13 @@ def _slices_rows_at(ctx, eqn, ins, positions) -> bool:
 
 
 def meeting(ctx, eqn, ins: tuple[Layout, ...]) -> str | None:
-    """Where a total meets a rank's row numbers in ``eqn`` (a message), or None."""
+    """Where a total meets a rank's row numbers in ``eqn`` (a message), or None.
+
+    Args:
+      ctx: the :class:`~jaxdd.dispatch.interpreter.Dispatcher`.
+      eqn: the jaxpr equation.
+      ins: the :class:`Layout` of each input.
+    """
     totals = [i for i, lay in enumerate(ins) if lay.total]
     if not totals:
         return None
@@ -180,6 +186,16 @@ def propagate(ctx, eqn, ins: tuple[Layout, ...], d, outs: list[Layout]) -> list[
     mixed input, makes every output mixed; a collective over rows, or arithmetic on totals
     alone, gives a total; the atom mask stays the mask through casts and ``!= 0``; rows of a
     kind some input had permuted stay permuted.
+
+    Args:
+      ctx: the :class:`~jaxdd.dispatch.interpreter.Dispatcher`.
+      eqn: the jaxpr equation.
+      ins: the :class:`Layout` of each input.
+      d: the rule's :class:`~jaxdd.dispatch.decision.Decision`.
+      outs: the output layouts the decision gives.
+
+    Returns:
+      ``outs`` with their index-space fields set.
     """
     if d.resolves:
         return outs
@@ -209,7 +225,8 @@ def propagate(ctx, eqn, ins: tuple[Layout, ...], d, outs: list[Layout]) -> list[
 
 
 def mixed_error(lay: Layout, what: str, model_name: str) -> DispatchError:
-    """The refusal of a model whose output ``what`` was computed from a mixed value."""
+    """The refusal of a model (``model_name``) whose output ``what`` was computed from a mixed value
+    (its layout ``lay``)."""
     return DispatchError(
         f"{model_name} under decomposition: {lay.mixed}, so {what} would come out silently wrong; refused "
         f"(even with allow_unfollowed=True).\n{LOCAL_FORM} (docs/dispatch.md, \"Index spaces\").")

@@ -38,9 +38,11 @@ class DispatchReport:
     fallbacks: list = dataclasses.field(default_factory=list)
 
     def count(self, rule: str) -> None:
+        """Count one application of ``rule`` (its name, e.g. ``"reduce.sum"``)."""
         self.counts[rule] += 1
 
     def note(self, message: str) -> None:
+        """Record ``message`` as a fallback (once)."""
         if message not in self.fallbacks:
             self.fallbacks.append(message)
 
@@ -63,7 +65,12 @@ _WHAT_TO_DO = ("Say what they are: an intent verb (jaxdd.system_sum for a per-sy
 
 def unfollowed_error(report: DispatchReport, model_name: str) -> DispatchError:
     """The error refusing a program whose values the dispatch could not follow: each place
-    with the user's file and line, and what to declare."""
+    with the user's file and line, and what to declare.
+
+    Args:
+      report: the program's DispatchReport (its ``fallbacks``).
+      model_name: the model, for the message.
+    """
     listing = "".join(f"\n  - {m}" for m in report.fallbacks)
     return DispatchError(
         f"{model_name} under decomposition: the dispatch could not follow these values, so the result could "
@@ -74,7 +81,12 @@ def unfollowed_error(report: DispatchReport, model_name: str) -> DispatchError:
 
 def warn_fallbacks(report: DispatchReport, model_name: str) -> None:
     """One :class:`DispatchWarning` listing the fallbacks of a traced program (none if there are
-    none); for a model run with ``DomainConfig(allow_unfollowed=True)``."""
+    none); for a model run with ``DomainConfig(allow_unfollowed=True)``.
+
+    Args:
+      report: the program's DispatchReport (its ``fallbacks``).
+      model_name: the model, for the message.
+    """
     if report.fallbacks:
         listing = "\n  ".join(report.fallbacks)
         warnings.warn(f"{model_name} under decomposition (allow_unfollowed=True): the dispatch had to guess or leave "

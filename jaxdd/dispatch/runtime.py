@@ -53,18 +53,22 @@ class Runtime:
 
     @property
     def n_owned(self) -> int:
+        """Rows this rank owns (they come first among its local rows)."""
         return self.layout.n_owned if self.layout is not None else int(self.owned_rows.shape[0])
 
     @property
     def n_padded(self) -> int:
+        """This rank's local rows, owned, ghost and padding."""
         return int(self.owned_rows.shape[0])
 
     @property
     def n_edges(self) -> int:
+        """Edge slots of this rank's neighbour list (0 when there is none)."""
         return 0 if self.edge_owned is None else int(self.edge_owned.shape[0])
 
     @property
     def scatter_mode(self) -> str:
+        """How a scatter onto local rows is completed: ``"refresh"``, ``"halo_correction"`` or ``"local"``."""
         if isinstance(self.policy, HaloRefreshPolicy):
             return "refresh"
         if isinstance(self.policy, HaloStoragePolicy):
@@ -80,7 +84,7 @@ class Runtime:
 
     def all_nodes(self, x, axis: int = 0):
         """Per-node ``x`` with every rank's node rows, stacked in rank order, in place of this
-        rank's; rows beyond the node rows (e.g. an appended padding row) follow unchanged."""
+        rank's along ``axis``; rows beyond the node rows (e.g. an appended padding row) follow unchanged."""
         x = jnp.moveaxis(x, axis, 0)
         n = self.n_padded
         if x.shape[0] < n:
@@ -92,8 +96,8 @@ class Runtime:
         return jnp.moveaxis(full, 0, axis)
 
     def reduce_scatter(self, delta, axis: int = 0):
-        """Inverse of :meth:`all_nodes` for sums: stacked rows summed over ranks, this rank's
-        block kept; rows beyond the stacked node rows stay as they are."""
+        """Inverse of :meth:`all_nodes` for sums: stacked rows of ``delta`` along ``axis`` summed
+        over ranks, this rank's block kept; rows beyond the stacked node rows stay as they are."""
         delta = jnp.moveaxis(delta, axis, 0)
         n_all = self.n_all
         own = jax.lax.psum_scatter(delta[:n_all], self.axis_names, scatter_dimension=0, tiled=True)
@@ -143,8 +147,8 @@ class Runtime:
         return jnp.moveaxis(out, 0, axis)
 
     def halo_correct(self, x, axis: int = 0, combine: str = "add"):
-        """Ghost partials combined into owners (summed, or the max / min with ``combine``),
-        owners' results copied back to ghosts."""
+        """Ghost partials of ``x`` (rows along ``axis``) combined into owners (summed, or the max / min
+        with ``combine``), owners' results copied back to ghosts."""
         if self.layout is None or not self.layout.exchanges:
             return x
         return self._exchange(x, axis, lambda y: halo.halo_forward(
@@ -152,7 +156,7 @@ class Runtime:
             self.routing, self.axis_names).astype(y.dtype))
 
     def halo_refresh(self, x, axis: int = 0):
-        """Ghost rows re-read from their owners."""
+        """``x`` with its ghost rows (along ``axis``) re-read from their owners."""
         if self.layout is None or not self.layout.exchanges:
             return x
         n_owned = self.layout.n_owned
@@ -160,7 +164,7 @@ class Runtime:
             y[:n_owned], self.layout, self.routing, self.axis_names).astype(y.dtype))
 
     def gather_full(self, x):
-        """Owned rows of every rank, stacked in rank order, then one zero padding row:
+        """Owned rows of ``x`` of every rank, stacked in rank order, then one zero padding row:
         [n_ranks * n_owned + 1, *F] (the ``GatherInputsFull`` transform)."""
         full = jax.lax.all_gather(x[: self.n_owned], self.axis_names, tiled=True)
         return jnp.concatenate([full, jnp.zeros((1,) + full.shape[1:], full.dtype)])
@@ -168,16 +172,18 @@ class Runtime:
     def all_reduce_sum(self, y, replicated_consumer: bool = False):
         """``y`` summed over ranks (the ``AllReduceSum`` transform).
 
-        replicated_consumer: every rank uses the sum identically, so every rank's cotangent
-        is the same and the backward pass is ``n_ranks`` times it, with no collective
-        (see :class:`~jaxdd.ops.AllReduceSum`). Differentiable in reverse mode only then.
+        Args:
+          y: this rank's partial.
+          replicated_consumer: every rank uses the sum identically, so every rank's cotangent
+            is the same and the backward pass is ``n_ranks`` times it, with no collective
+            (see :class:`~jaxdd.ops.AllReduceSum`). Differentiable in reverse mode only then.
         """
         if not replicated_consumer:
             return jax.lax.psum(y, self.axis_names)
         return _psum_replicated_consumer(y, self.axis_names)
 
     def gather_inputs(self, x):
-        """Owned rows [n_owned, *F] → local rows [n_padded, *F]."""
+        """Owned rows ``x`` [n_owned, *F] → local rows [n_padded, *F] (ghosts read from their owners)."""
         if self.layout is None:
             return x
         return halo.halo_forward(x[: self.layout.n_owned], self.layout, self.routing, self.axis_names)

@@ -67,7 +67,12 @@ for _name in sorted(ELEMENTWISE_PRIMITIVES):
 
 
 def identity(ctx, eqn, ins) -> Decision:
-    """An identity on values: each output has its input's layout, index meaning included."""
+    """An identity on values: each output has its input's layout, index meaning included.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     return Decision(tuple(ins))
 
 
@@ -78,7 +83,12 @@ register_rule("optimization_barrier", identity)
 @register_rule("split")
 def split(ctx, eqn, ins) -> Decision:
     """``jnp.split``: each piece as a ``slice`` of it. Across the distributed axis every piece
-    keeps the rows (and index columns cut with it); along it only the first piece does."""
+    keeps the rows (and index columns cut with it); along it only the first piece does.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     (lay,) = ins
     axis, sizes = eqn.params["axis"], tuple(eqn.params["sizes"])
     offsets = np.cumsum((0,) + sizes[:-1])
@@ -105,7 +115,12 @@ def split(ctx, eqn, ins) -> Decision:
 @register_rule("unstack")
 def unstack(ctx, eqn, ins) -> Decision:
     """Each piece ``x[i]`` along ``axis``, that axis gone. Across the distributed axis every
-    piece keeps the rows (and the index an index row held); along it the rows are taken apart."""
+    piece keeps the rows (and the index an index row held); along it the rows are taken apart.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     (lay,) = ins
     axis, n = eqn.params["axis"], len(eqn.outvars)
     if lay.kind is None:
@@ -145,7 +160,12 @@ def _couples_rows(eqn, what: str, kind: Kind) -> tuple[str, ...]:
 @register_rule("lu")
 def lu(ctx, eqn, ins) -> Decision:
     """An LU factorisation, once per matrix of a batch: a batch axis of rows stays; a matrix
-    whose rows or columns are atoms couples every rank's rows (recorded)."""
+    whose rows or columns are atoms couples every rank's rows (recorded).
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     (lay,) = ins
     ndim = len(shape_of(eqn.invars[0]))
     n_out = len(eqn.outvars)
@@ -161,7 +181,12 @@ def lu(ctx, eqn, ins) -> Decision:
 @register_rule("triangular_solve")
 def triangular_solve(ctx, eqn, ins) -> Decision:
     """``a x = b`` (or ``x a = b``) with ``a`` triangular: each right-hand side, and each matrix
-    of a batch, on its own. The solution keeps ``b``'s rows unless they are the axis solved along."""
+    of a batch, on its own. The solution keeps ``b``'s rows unless they are the axis solved along.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     a, b = ins
     nd_a, nd_b = len(shape_of(eqn.invars[0])), len(shape_of(eqn.invars[1]))
     along = nd_b - 2 if eqn.params["left_side"] else nd_b - 1  # b's axis the solve runs along
@@ -181,7 +206,12 @@ def custom_linear_solve(ctx, eqn, ins) -> Decision:
     """``lax.custom_linear_solve`` (``jnp.linalg.solve``): the solution ``x`` has the layout of
     ``b``, as long as the operator and its solvers need no rule — applied to per-row values they
     then act on each row alone. An operator that does need one (a sum over atoms: a system
-    coupling every rank's rows) is recorded and left rank-local; the equation is bound as traced."""
+    coupling every rank's rows) is recorded and left rank-local; the equation is bound as traced.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     lengths, jaxprs = eqn.params["const_lengths"], eqn.params["jaxprs"]
     n_consts = sum(lengths)
     b = tuple(ins[n_consts:])

@@ -23,7 +23,13 @@ __all__ = ["custom_op", "custom_op_graph_parallel"]
 
 
 def custom_op(ctx, adapter, eqn, ins) -> Decision:
-    """A named op with an :class:`~jaxdd.spec.OpAdapter`: its argument and output transforms."""
+    """A named op with an :class:`~jaxdd.spec.OpAdapter`: its argument and output transforms.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+      adapter: the op's OpAdapter.
+    """
     jaxpr, _ = sub_jaxpr(eqn.params["jaxpr"])
     plan = ctx.analyse(jaxpr, ins)
     outs = list(plan.outs)
@@ -86,7 +92,14 @@ def custom_op_graph_parallel(ctx, adapter, eqn, ins, outs) -> Decision:
     and receivers agree. Per-atom results in that frame come back as this rank's block:
     ``ScatterOutputs`` sums every rank's partials (reduce-scatter), an untransformed one
     is sliced. ``SliceOwned``, ``GatherInputsFull``, ``SliceOutputsOwned`` and
-    ``AllReduceSum`` keep their meaning."""
+    ``AllReduceSum`` keep their meaning.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+      adapter: the op's OpAdapter.
+      outs: the layouts of the op's outputs.
+    """
     rt = ctx.runtime
     shapes = [shape_of(v) for v in eqn.invars]
     out_rows = [shape_of(v)[:1] for v in eqn.outvars]

@@ -28,6 +28,13 @@ __all__ = ["gather", "scatter", "scatter_all_nodes", "uniform_along"]
 
 @register_rule("gather")
 def gather(ctx, eqn, ins) -> Decision:
+    """``x[idx]``: rows gathered by atom or edge indices keep the indices' layout; graph-parallel
+    senders read from every rank's rows; a gather along untouched axes keeps the operand's layout.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     op, idx = ins
     dn = eqn.params["dimension_numbers"]
     oshape = shape_of(eqn.outvars[0])
@@ -74,6 +81,14 @@ def gather(ctx, eqn, ins) -> Decision:
 
 @register_rule("scatter*")
 def scatter(ctx, eqn, ins) -> Decision:
+    """``x.at[idx].add / set / max / min / mul``: by what the indices point at (owned rows, local
+    rows, graph-parallel senders), the scatter is bound locally, its ghost partials sent home, or
+    its rows refreshed; indices of unknown provenance are left rank-local and recorded.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     name = eqn.primitive.name
     if len(ins) != 3:
         return elementwise(ctx, eqn, ins)
@@ -242,7 +257,8 @@ def _rows_in_window(ctx, eqn, ins) -> Layout | None:
 def uniform_along(ctx, var, axis: int, depth: int = 8) -> bool:
     """Whether ``var`` is the same at every position along ``axis``: a literal, a broadcast that
     adds that axis (``jnp.zeros``), or such a value written by a scatter whose indices leave
-    that axis whole and whose updates are themselves the same along it (``d.at[:, 0, 0].set(1.0)``)."""
+    that axis whole and whose updates are themselves the same along it (``d.at[:, 0, 0].set(1.0)``),
+    as far as the dispatcher ``ctx`` traces producers back (``depth`` equations)."""
     eqn = ctx.producer(var)
     if depth <= 0 or eqn is None:
         return is_literal(var)
@@ -338,7 +354,14 @@ def _one_group_of_atoms(ctx, eqn, ins, name) -> Decision | None:
 
 def scatter_all_nodes(ctx, eqn, kind: str, a: int, notes) -> Decision:
     """A scatter into per-node rows by graph-parallel sender indices: made on every
-    rank's rows stacked, combined across ranks, this rank's block kept."""
+    rank's rows stacked, combined across ranks, this rank's block kept.
+
+    Args:
+      ctx, eqn: the dispatcher and the scatter's equation.
+      kind: ``"add"``, ``"max"`` or ``"min"`` (any other is refused).
+      a: the operand's axis of node rows.
+      notes: fallback messages recorded with the decision.
+    """
     if kind not in ("add", "max", "min"):
         raise DispatchError(
             f"{eqn.primitive.name} into per-atom rows by neighbour-list senders in {where(eqn)}: under the "

@@ -54,7 +54,12 @@ def across_ranks(op: str, x, axes: tuple[int, ...], axis_names):
 
 @register_rule("reduce_*")
 def reduce(ctx, eqn, ins) -> Decision:
-    """``reduce_<op>`` over some axes: a collective when a rank-row axis is among them."""
+    """``reduce_<op>`` over some axes: a collective when a rank-row axis is among them.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     if "axes" not in eqn.params:  # reduce_precision and the like: elementwise
         return elementwise(ctx, eqn, ins)
     (lay,) = ins[:1]
@@ -104,7 +109,12 @@ def reduce(ctx, eqn, ins) -> Decision:
 
 @register_rule("cum*")
 def cumulative(ctx, eqn, ins) -> Decision:
-    """``cumsum`` and friends along rank rows: left rank-local and recorded."""
+    """``cumsum`` and friends along rank rows: left rank-local and recorded.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     lay = ins[0]
     if lay.kind in ROWS and eqn.params.get("axis") == lay.axis:
         return Decision((lay.plain(),), notes=(
@@ -114,7 +124,12 @@ def cumulative(ctx, eqn, ins) -> Decision:
 
 
 def arg(ctx, eqn, ins) -> Decision:
-    """``argmax``/``argmin``: over rank rows a local row index (recorded); else the axis moves."""
+    """``argmax``/``argmin``: over rank rows a local row index (recorded); else the axis moves.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     lay = ins[0]
     if lay.kind in ROWS and lay.axis in tuple(eqn.params["axes"]):
         return Decision((REPLICATED,), notes=(
@@ -132,7 +147,12 @@ register_rule("argmin", arg)
 
 @register_rule("dot_general")
 def dot_general(ctx, eqn, ins) -> Decision:
-    """A contraction: over a rank-row axis it is a reduction over atoms (masked, ``psum``)."""
+    """A contraction: over a rank-row axis it is a reduction over atoms (masked, ``psum``).
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lhs, rhs = ins
     lshape, rshape = shape_of(eqn.invars[0]), shape_of(eqn.invars[1])

@@ -23,6 +23,12 @@ __all__ = ["broadcast_in_dim", "reshape", "squeeze", "transpose", "slice_", "dyn
 
 @register_rule("broadcast_in_dim")
 def broadcast_in_dim(ctx, eqn, ins) -> Decision:
+    """A tagged axis keeps its tag where the broadcast keeps its length.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     lay = ins[0]
     if lay.kind is None:
         return Decision((Layout(None, 0, lay.index),))
@@ -36,6 +42,12 @@ def broadcast_in_dim(ctx, eqn, ins) -> Decision:
 
 @register_rule("reshape")
 def reshape(ctx, eqn, ins) -> Decision:
+    """The tagged axis keeps its tag where the reshape leaves it whole; merged or split, the layout is lost.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     lay = ins[0]
     if lay.kind is None:
         return Decision((Layout(None, 0, lay.index),))
@@ -52,6 +64,12 @@ def reshape(ctx, eqn, ins) -> Decision:
 
 @register_rule("squeeze")
 def squeeze(ctx, eqn, ins) -> Decision:
+    """The tagged axis keeps its tag, renumbered past the squeezed axes.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     lay = ins[0]
     dims = tuple(eqn.params["dimensions"])
     if lay.kind is None or lay.axis in dims:
@@ -61,6 +79,12 @@ def squeeze(ctx, eqn, ins) -> Decision:
 
 @register_rule("transpose")
 def transpose(ctx, eqn, ins) -> Decision:
+    """The tagged axis keeps its tag at its new position.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     lay = ins[0]
     if lay.kind is None:
         return Decision((lay,))
@@ -69,7 +93,12 @@ def transpose(ctx, eqn, ins) -> Decision:
 
 @register_rule("slice")
 def slice_(ctx, eqn, ins) -> Decision:
-    """A prefix of the rows keeps every row where it was; any other slice renumbers them."""
+    """A prefix of the rows keeps every row where it was; any other slice renumbers them.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     lay = ins[0]
     if lay.kind is None:
         return Decision((Layout(None, 0, lay.index),))
@@ -93,6 +122,12 @@ def slice_(ctx, eqn, ins) -> Decision:
 
 @register_rule("dynamic_slice")
 def dynamic_slice(ctx, eqn, ins) -> Decision:
+    """A slice that keeps the whole tagged axis keeps its layout; any other picks rank-local rows.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     lay = ins[0]
     if lay.kind is None:
         return Decision((Layout(None, 0, lay.index),))
@@ -106,13 +141,24 @@ def dynamic_slice(ctx, eqn, ins) -> Decision:
 
 @register_rule("dynamic_update_slice")
 def dynamic_update_slice(ctx, eqn, ins) -> Decision:
+    """The operand's layout.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     return Decision((ins[0],))
 
 
 @register_rule("concatenate")
 def concatenate(ctx, eqn, ins) -> Decision:
     """Rows appended after tagged rows keep their place; index columns side by side keep
-    what each column points at."""
+    what each column points at.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     dim = eqn.params["dimension"]
     first = ins[0]
     oshape = shape_of(eqn.outvars[0])
@@ -163,7 +209,12 @@ def _shared_index(ins, eqn) -> tuple[Kind | None, tuple[str, ...]]:
 def stack(ctx, eqn, ins) -> Decision:
     """``jnp.stack``: each input gains a new axis, then they sit side by side along it. Index
     arrays stacked as the last axis (``jnp.stack([senders, receivers], -1)``) keep what each
-    column points at; stacked as rows they keep their index kind when all inputs share it."""
+    column points at; stacked as rows they keep their index kind when all inputs share it.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     axis = eqn.params["axis"]
     oshape = shape_of(eqn.outvars[0])
     grown = [lay if lay.kind is None else Layout(lay.kind, lay.axis + (lay.axis >= axis), lay.index, columns=None)
@@ -188,6 +239,12 @@ def stack(ctx, eqn, ins) -> Decision:
 
 @register_rule("pad")
 def pad(ctx, eqn, ins) -> Decision:
+    """Padding after the tagged rows keeps them in place; any other shifts them and the layout is lost.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     lay = ins[0]
     if lay.kind is None:
         return Decision((REPLICATED,))
@@ -199,7 +256,12 @@ def pad(ctx, eqn, ins) -> Decision:
 
 @register_rule("iota")
 def iota(ctx, eqn, ins) -> Decision:
-    """An ``iota`` as long as the local rows (or edges) is taken for their indices: a recorded guess."""
+    """An ``iota`` as long as the local rows (or edges) is taken for their indices: a recorded guess.
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     shape, dim = tuple(eqn.params["shape"]), eqn.params["dimension"]
     kind = ctx.fallback_kind(shape[dim])
     if kind is None:
@@ -215,7 +277,12 @@ def sort(ctx, eqn, ins) -> Decision:
     this rank's edges in another order (``permuted``), index values still pointing where they
     did, and an ``iota`` sorted with them (``argsort``'s payload) the permutation. Outside a
     deep halo that is all: a sum over permuted edges counts every row, since each is this
-    rank's own. Along atom rows, or in a deep halo, the layout is lost (recorded)."""
+    rank's own. Along atom rows, or in a deep halo, the layout is lost (recorded).
+
+    Args:
+      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
+        (:func:`~jaxdd.dispatch.register_rule`).
+    """
     dim = eqn.params["dimension"]
     tagged = [lay for lay in ins if lay.kind in ROWS and lay.axis == dim]
     if not tagged:
@@ -240,7 +307,7 @@ def sort(ctx, eqn, ins) -> Decision:
 
 
 def is_iota(ctx, var, dim: int, n: int) -> bool:
-    """Whether ``var`` is the constant ``0, 1, ..., n - 1`` along ``dim``."""
+    """Whether ``var`` is the constant ``0, 1, ..., n - 1`` along ``dim`` (a constant the dispatcher ``ctx`` knows)."""
     x = ctx.constant(var)
     if x is None or x.ndim <= dim or x.shape[dim] != n:
         return False
