@@ -12,6 +12,13 @@ class SpecError(ValueError):
 
 
 def check_choice(owner: str, field: str, value: Any, choices: tuple[str, ...]) -> None:
-    """Raise a :class:`SpecError` naming ``owner.field`` unless ``value`` is one of ``choices``."""
+    """Raise a :class:`SpecError` naming ``owner.field`` unless ``value`` is one of ``choices``.
+
+    Args:
+      owner: the class or spec section, for the message.
+      field: the field checked, for the message.
+      value: the value given.
+      choices: the values allowed.
+    """
     if value not in choices:
         raise SpecError(f"{owner}.{field} must be one of {list(choices)}, got {value!r}")

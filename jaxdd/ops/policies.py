@@ -21,6 +21,7 @@ class StoragePolicy:
     kind: ClassVar[str] = ""
 
     def to_dict(self) -> dict:
+        """The JSON form of the policy: its ``kind`` and its fields."""
         return {"kind": self.kind}
 
 

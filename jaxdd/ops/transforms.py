@@ -21,6 +21,7 @@ class Transform:
     type: ClassVar[str] = ""
 
     def to_dict(self) -> dict:
+        """The JSON form of the transform: its ``type`` and its fields."""
         return {"type": self.type}
 
 

@@ -19,6 +19,7 @@ class KeyDiff:
     passed: bool
 
     def to_dict(self) -> dict:
+        """The JSON form: ``abs``, ``rel`` and ``passed``."""
         return {"abs": self.abs, "rel": self.rel, "passed": self.passed}
 
 
@@ -33,6 +34,13 @@ def diff(ref, got) -> tuple[float, float]:
 
     Elementwise, and also with the rows of each sorted lexicographically, so outputs that
     match up to a reordering of equivalent rows still compare equal; the smaller counts.
+
+    Args:
+      ref: the reference array.
+      got: the array compared with it.
+
+    Returns:
+      ``(abs, rel)``: the largest absolute and relative differences.
     """
     ref = np.asarray(ref, np.float64)
     got = np.asarray(got, np.float64)
@@ -48,7 +56,14 @@ def diff(ref, got) -> tuple[float, float]:
 
 
 def compare_outputs(ref: dict, got: dict, atol: float, rtol: float) -> dict[str, KeyDiff]:
-    """One :class:`KeyDiff` per key of ``ref`` (a key missing from ``got`` fails)."""
+    """One :class:`KeyDiff` per key of ``ref`` (a key missing from ``got`` fails).
+
+    Args:
+      ref: key → reference array.
+      got: key → the array compared with it.
+      atol: the absolute tolerance.
+      rtol: the relative tolerance; a key passes when either difference is within its tolerance.
+    """
     out = {}
     for key in ref:
         if key not in got:

@@ -43,9 +43,12 @@ def _edge_sets(receivers, senders, shifts, owned: Iterable[int]) -> dict[int, Co
 def halo_completeness(dist, batch: Batch) -> HaloCompleteness:
     """Compare, atom by atom, each owned atom's neighbours on its rank with one device.
 
-    dist: a :class:`~jaxdd.DistributedModel`; batch: the batch it runs. Neighbours are
-    matched by identity: (global index of the neighbour, its lattice image), never by
-    rounded positions.
+    Neighbours are matched by identity: (global index of the neighbour, its lattice image),
+    never by rounded positions.
+
+    Args:
+      dist: a :class:`~jaxdd.DistributedModel`.
+      batch: the batch it runs.
     """
     batch = batch if isinstance(batch, Batch) else Batch.from_data_list([batch])
     cutoff = model_config(dist.model).neighbor_config.search_cutoff
@@ -188,7 +191,14 @@ class HelperRecorder:
 def helper_diagnostics(calls, n_atoms: int, owner: np.ndarray, declared: Iterable[str]) -> tuple[HelperDiagnostic, ...]:
     """Calls that reduce per-atom rows (leading axis ``n_atoms``) to fewer rows and whose
     results over each rank's own atoms add up to the single-device result: per-system
-    reductions that are wrong under decomposition unless an adapter replaces them."""
+    reductions that are wrong under decomposition unless an adapter replaces them.
+
+    Args:
+      calls: the recorded helper calls (their args and result) of a single-device run.
+      n_atoms: the sample's atom rows.
+      owner: [n_atoms] rank owning each atom (negative: none).
+      declared: the helpers an adapter replaces already (left out).
+    """
     declared = set(declared)
     found = {}
     ranks = sorted(set(int(o) for o in owner if o >= 0))
@@ -221,9 +231,16 @@ def helper_diagnostics(calls, n_atoms: int, owner: np.ndarray, declared: Iterabl
 def diagnose(exc: BaseException | None = None, *, nan: bool = False, internal_forces: bool = False,
              unfollowed: tuple[str, ...] = (), padding: bool = False) -> str | None:
     """A one-line ``Diagnosis`` with the fix, for an error or a symptom (None when unknown).
-    ``unfollowed``: what the dispatch could not follow (each with the user's file and line),
-    in a run whose numbers agreed with one device on this sample. ``padding``: the
-    single-device outputs change with the number of padding atom rows."""
+
+    Args:
+      exc: the exception a run raised, if any.
+      nan: the outputs came back NaN.
+      internal_forces: the forces disagree with one device while the model computes them
+        itself (``forces`` not among its autograd outputs).
+      unfollowed: what the dispatch could not follow (each with the user's file and line),
+        in a run whose numbers agreed with one device on this sample.
+      padding: the single-device outputs change with the number of padding atom rows.
+    """
     if padding:
         return ("the model's per-system outputs change when padding atom rows are appended on one device: its "
                 "readout sums padding rows (atom_mask False), which no rank holds; mask them, e.g. "

@@ -57,7 +57,7 @@ SAMPLES = {"lj-fcc": _lj_fcc, "cu-fcc": _cu_fcc, "molecules": _molecules}
 
 
 def sample(name: str, dtype=np.float64):
-    """The built-in sample ``name`` (one of :data:`SAMPLES`)."""
+    """The built-in sample ``name`` (one of :data:`SAMPLES`), with float arrays of ``dtype``."""
     try:
         return SAMPLES[name](dtype)
     except KeyError:

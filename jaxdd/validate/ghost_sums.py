@@ -31,6 +31,9 @@ def untransformed_per_atom_outputs(ctx: FixContext) -> list[tuple[str, int]]:
     Per-atom: the output has one row per atom of the sample on one device. An output that
     already has another transform (``AllReduceSum``, ...) is the author's explicit choice
     and is left alone.
+
+    Args:
+      ctx: the FixContext of the failed attempt.
     """
     found = []
     for adapter in ctx.spec.distribution.custom_ops:
@@ -80,7 +83,11 @@ def _said(sites: Sequence[tuple[str, int]], hypothesis: bool) -> str:
 
 def add_scatter_outputs(ctx: FixContext) -> list[FixCandidate]:
     """One candidate per untransformed per-atom op output (the precise cause, when one output
-    is missing its transform), then one with all of them (when several are)."""
+    is missing its transform), then one with all of them (when several are).
+
+    Args:
+      ctx: the FixContext of the failed attempt.
+    """
     sites = untransformed_per_atom_outputs(ctx)
     groups = [[s] for s in sites] + ([sites] if len(sites) > 1 else [])
     return [FixCandidate(with_scatter_outputs(ctx.spec, g), _said(g, True), _said(g, False)) for g in groups]

@@ -15,11 +15,15 @@ __all__ = ["named_op_outputs"]
 def named_op_outputs(model, batch: Batch, names: Iterable[str]) -> dict[str, tuple[tuple[int, ...], ...]]:
     """The output shapes of each op in ``names`` that ``model``'s forward calls on one device.
 
-    model: a model wrapper; batch: a Batch with its neighbour list (nothing is run: the
-    forward is traced to a jaxpr). names: op handles ``"namespace::op"``.
-    Returns op name -> one shape per output, in output order, from the op's first call
-    (a per-atom output has ``batch.n_atoms`` rows). Empty when the forward cannot be traced:
-    callers use it as evidence for a hypothesis, never as a requirement.
+    Args:
+      model: a model wrapper.
+      batch: a Batch with its neighbour list (nothing is run: the forward is traced to a jaxpr).
+      names: op handles ``"namespace::op"``.
+
+    Returns:
+      op name -> one shape per output, in output order, from the op's first call
+      (a per-atom output has ``batch.n_atoms`` rows). Empty when the forward cannot be traced:
+      callers use it as evidence for a hypothesis, never as a requirement.
     """
     wanted = set(names)
     if not wanted:

@@ -68,11 +68,13 @@ class Attempt:
     partition_health: Any = None
 
     def line(self) -> str:
+        """One line: the verdict, the rationale and each output's relative difference (or the error)."""
         verdict = "pass" if self.passed else ("error" if self.error else "FAIL")
         worst = ", ".join(f"{k} {d.rel:.1e}" for k, d in self.diffs.items())
         return f"[{verdict}] {self.rationale}: {worst or self.error}"
 
     def to_dict(self) -> dict:
+        """The JSON form of the attempt."""
         return {
             "spec": self.spec.to_dict(), "rationale": self.rationale, "passed": self.passed,
             "max_abs_diff": self.max_abs_diff, "max_rel_diff": self.max_rel_diff,
@@ -103,6 +105,7 @@ class TraceReport:
     left_out: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def summary(self) -> str:
+        """The report as text: the next action, the devices, then one line per attempt."""
         rows = [self.next_action, f"sharded runs: {self.devices}"]
         rows += [f"not compared: {k} ({why})" for k, why in self.left_out.items()]
         rows += ["  " + a.line() for a in self.attempts]
@@ -119,6 +122,7 @@ class TraceReport:
         return "\n".join(rows)
 
     def to_dict(self) -> dict:
+        """The JSON form of the report, its attempts included."""
         return {"ok": self.ok, "next_action": self.next_action, "fix_applied": self.fix_applied,
                 "devices": self.devices, "spec": self.spec.to_dict(), "reference_counts": dict(self.reference_counts),
                 "left_out": dict(self.left_out),

@@ -40,8 +40,12 @@ class FixRuleRegistry:
                  *, description: str = "", before: str | None = None, replace: bool = False) -> FixRule:
         """Add a rule, given as a :class:`FixRule` or as ``(name, propose)``; return it.
 
-        before: the name of a rule to try this one ahead of (default: after all others).
-        replace: allow a rule of the same name to be replaced (in place, unless ``before``).
+        Args:
+          rule: a FixRule, or the name of a new one.
+          propose: with a name: ``propose(ctx) -> candidates`` for a failed attempt's FixContext.
+          description: with a name: what the rule fixes, in a sentence.
+          before: the name of a rule to try this one ahead of (default: after all others).
+          replace: allow a rule of the same name to be replaced (in place, unless ``before``).
         """
         if not isinstance(rule, FixRule):
             rule = FixRule(rule, propose, description)
@@ -72,11 +76,13 @@ class FixRuleRegistry:
         return self._rules.pop(at)
 
     def rules(self) -> tuple[FixRule, ...]:
+        """The registered rules, in the order they are tried."""
         return tuple(self._rules)
 
     def propose(self, ctx: FixContext) -> list[tuple[str, FixCandidate]]:
-        """(rule name, candidate) for a failed attempt, rules in order. A rule that raises is
-        skipped with a warning naming it: one faulty rule must not end a validation."""
+        """(rule name, candidate) for a failed attempt (its FixContext ``ctx``), rules in order.
+        A rule that raises is skipped with a warning naming it: one faulty rule must not end a
+        validation."""
         out = []
         for rule in self._rules:
             try:
@@ -126,5 +132,9 @@ FIX_RULES = FixRuleRegistry([
 
 def register_fix_rule(rule: FixRule | str, propose: Callable[[FixContext], Iterable[FixCandidate]] | None = None,
                       *, description: str = "", before: str | None = None, replace: bool = False) -> FixRule:
-    """Add a rule to :data:`FIX_RULES` (see :meth:`FixRuleRegistry.register`)."""
+    """Add a rule to :data:`FIX_RULES`; returns it.
+
+    Args:
+      rule, propose, description, before, replace: as for :meth:`FixRuleRegistry.register`.
+    """
     return FIX_RULES.register(rule, propose, description=description, before=before, replace=replace)

@@ -16,7 +16,11 @@ _AUTOGRAD = ("energy", "forces", "stress")
 
 def halo_correction_to_local(ctx: FixContext) -> list[FixCandidate]:
     """A halo correction fired and outputs still differ: the model probably builds its own
-    graph, so scatters stay local over a ghost shell as many layers deep as corrections fired."""
+    graph, so scatters stay local over a ghost shell as many layers deep as corrections fired.
+
+    Args:
+      ctx: the FixContext of the failed attempt.
+    """
     spec = ctx.spec
     policy = spec.policy
     # Sums onto ghost-holding rows and onto the list's receivers both exchange.
@@ -57,7 +61,11 @@ def deep_halo_for_unfollowed_values(ctx: FixContext) -> list[FixCandidate]:
 
 def add_all_reduce(ctx: FixContext) -> list[FixCandidate]:
     """Per-system outputs other than energy that differ by >= 1e-3 relative are per-rank
-    partials: sum them across ranks."""
+    partials: sum them across ranks.
+
+    Args:
+      ctx: the FixContext of the failed attempt.
+    """
     spec, ref = ctx.spec, ctx.reference
     n_rows = np.shape(ref.get("forces", ()))[:1]
     keys = [k for k, d in ctx.attempt.diffs.items()
@@ -72,7 +80,11 @@ def add_all_reduce(ctx: FixContext) -> list[FixCandidate]:
 
 def drop_extra_all_reduce(ctx: FixContext) -> list[FixCandidate]:
     """Keys in ``all_reduce_outputs`` that come out about ``world_size`` times the reference
-    were summed twice: drop them."""
+    were summed twice: drop them.
+
+    Args:
+      ctx: the FixContext of the failed attempt.
+    """
     if ctx.outputs is None:
         return []
     spec, n = ctx.spec, ctx.world_size
