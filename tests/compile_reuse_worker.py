@@ -39,7 +39,7 @@ from ase.stress import full_3x3_to_voigt_6_stress  # noqa: E402
 
 import jaxdd  # noqa: E402
 from jaxdd import driver, programs
-from jaxdd.engine import distributed  # noqa: E402
+from jaxdd.engine import call, distributed  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
 
 SIGMA, EPSILON, CUTOFF = 3.4, 0.0104, 8.5
@@ -91,7 +91,7 @@ def compute_key(data, capacity=None):
 def run(path: str, atoms_list, model, single: list) -> dict:
     """Evaluate every structure along ``path``; ``single`` collects jaxdd.compute's forces (the
     compute path) that the distributed path's forces are then compared with as arrays."""
-    held = driver._run._cached._cache_size if path != "dist" else distributed._run._cached._cache_size
+    held = driver._run._cached._cache_size if path != "dist" else call.run_program._cached._cache_size
     if path == "dist":
         mesh = distributed.default_mesh(jax.devices()[:DEVICES])
         dist = jaxdd.DistributedModel(model, jaxdd.DomainConfig(CUTOFF, mesh=mesh))

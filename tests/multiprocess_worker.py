@@ -101,7 +101,8 @@ def restart(out_dir: Path) -> dict:
 def final(engine, state) -> dict:
     thermo = engine.thermo(state)
     batch = engine.gather(state)
-    return dict(step=np.asarray(state.step), rebuilds=engine._rebuilds, host_rebuilds=engine._host_rebuilds,
+    return dict(step=np.asarray(state.step), rebuilds=engine.placement.counters.rebuilds,
+                host_rebuilds=engine.placement.counters.host_rebuilds,
                 positions=np.asarray(batch.positions),
                 velocities=np.asarray(batch.velocities), **{k: np.asarray(v) for k, v in thermo.items()})
 

@@ -315,7 +315,7 @@ def test_distributed_model_with_equal_edge_and_node_capacities_equals_single_dev
     assert cap.max_edges <= n_local, "precondition: the needed edges fit in n_local slots"
     import dataclasses
 
-    dm.capacities = dataclasses.replace(dm.capacities, neighbors=dataclasses.replace(cap, max_edges=n_local))
+    dm.sizing.use(dataclasses.replace(dm.capacities, neighbors=dataclasses.replace(cap, max_edges=n_local)))
     got = dm(data, outputs=("energy", "forces"))
     assert dm.capacities.neighbors.max_edges == n_local  # no growth happened: the counts were equal
     assert_same(got, reference("mpnn_segment_sum", data))

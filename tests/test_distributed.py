@@ -277,7 +277,7 @@ def test_tiny_initial_capacities_grow_to_the_same_result():
     plan = build_halo_plan(
         partition(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask, 2, grid=grid), CUTOFF)
     model = DistributedModel(LJ, DomainConfig(cutoff=CUTOFF, mesh=mesh_of(2), grid=grid))
-    model.capacities = Capacities(1, (1,) * len(plan.layout.exchanges), NeighborCapacity(8, 2, 4, (1, 1, 1)))
+    model.sizing.use(Capacities(1, (1,) * len(plan.layout.exchanges), NeighborCapacity(8, 2, 4, (1, 1, 1))))
     got = as_numpy(model(data(name, "small"), KEYS))
     assert_matches(got, reference(name, "small"))
     health = model.health

@@ -339,8 +339,8 @@ def test_neighbour_list_overflow_grows_and_the_trajectory_is_unchanged():
     md = fresh_md((2, 2, 1))
     state = md.init(melt())
     dm = md.dist_model
-    dm.capacities = dataclasses.replace(
-        dm.capacities, neighbors=dataclasses.replace(dm.capacities.neighbors, max_edges=dm.capacities.neighbors.max_edges // 2))
+    dm.sizing.use(dataclasses.replace(
+        dm.capacities, neighbors=dataclasses.replace(dm.capacities.neighbors, max_edges=dm.capacities.neighbors.max_edges // 2)))
     state = md.run(state, 20)
     assert md.last_run.recompiles >= 1
     np.testing.assert_allclose(np.asarray(md.gather(state).positions), reference(200)[19][0], rtol=0, atol=1e-9)
@@ -355,8 +355,8 @@ def test_a_kept_neighbour_list_that_overflowed_when_built_grows_and_the_trajecto
     md = fresh_md(grid, skin=0.2)
     state = md.init(melt())
     dm = md.dist_model
-    dm.capacities = dataclasses.replace(
-        dm.capacities, neighbors=dataclasses.replace(dm.capacities.neighbors, max_edges=dm.capacities.neighbors.max_edges // 2))
+    dm.sizing.use(dataclasses.replace(
+        dm.capacities, neighbors=dataclasses.replace(dm.capacities.neighbors, max_edges=dm.capacities.neighbors.max_edges // 2)))
     state = md.run(state, 20)
     assert md.last_run.recompiles >= 1
     np.testing.assert_allclose(np.asarray(md.gather(state).positions), reference(200)[19][0], rtol=0, atol=1e-9)

@@ -75,7 +75,7 @@ def test_growth_factor_sets_how_far_an_overflowing_capacity_grows(growth):
     dm = distributed(spec=SPEC_LJ_HALO.with_compile(growth_factor=growth), capacity_factor=1.0)
     _, plan = dm.plan(BATCH)
     needed = plan.needed_owned
-    dm.capacities = Capacities(1, (1,) * len(plan.layout.exchanges))
+    dm.sizing.use(Capacities(1, (1,) * len(plan.layout.exchanges)))
     dm.plan(BATCH)
     assert dm.capacities.owned == math.ceil(needed * growth)
     assert dm.capacities.exchange == tuple(math.ceil(n * growth) for n in plan.needed_exchange)

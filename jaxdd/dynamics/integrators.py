@@ -77,12 +77,12 @@ class StepContext:
     global_max: Callable
 
     def kinetic_tensor(self, velocities) -> jax.Array:
-        """Σ m v_a v_b of each system, [S, 3, 3] (twice the kinetic energy tensor)."""
+        """Σ m v_a v_b of each system, [S, 3, 3] (twice the kinetic energy tensor), of ``velocities`` [n, 3]."""
         mass = jnp.where(self.valid[:, None], 1.0 / jnp.where(self.valid[:, None], self.inv_mass, 1.0), 0.0)
         return self.system_sum(mass[:, :, None] * velocities[:, :, None] * velocities[:, None, :])
 
     def kinetic2(self, velocities) -> jax.Array:
-        """Σ m v² of each system, [S] (twice the kinetic energy)."""
+        """Σ m v² of each system, [S] (twice the kinetic energy), of ``velocities`` [n, 3]."""
         mass = jnp.where(self.valid, 1.0 / jnp.where(self.valid, self.inv_mass[:, 0], 1.0), 0.0)
         return self.system_sum(mass * jnp.sum(velocities * velocities, axis=1))
 
@@ -132,9 +132,16 @@ class Dynamics:
     moves_cell = False
 
     def init(self, batch) -> dict:
+        """The integrator's own state for a run of ``batch``: a dict of per-system arrays (empty here)."""
         return {}
 
     def converged(self, state: RankState, ctx: StepContext):
+        """Whether the run may stop: a replicated bool (never, here).
+
+        Args:
+          state: the rank's RankState after the step.
+          ctx: the StepContext (its collectives make the answer the same on every rank).
+        """
         return jnp.asarray(False)
 
 
@@ -151,7 +158,17 @@ def cell_map(old, new, real=None):
 
 
 def carry_with_cell(x, old, new, system, real=None):
-    """Positions [n, 3] of cells ``old`` carried to ``new`` (:func:`cell_map`); system: [n]."""
+    """Positions ``x`` [n, 3] of cells ``old`` carried to ``new`` (:func:`cell_map`).
+
+    Args:
+      x: [n, 3] positions (Å) in the cells ``old``.
+      old, new: [S, 3, 3] cells (Å, rows lattice vectors).
+      system: [n] system of each row.
+      real: [S] the systems to map, as for :func:`cell_map`.
+
+    Returns:
+      [n, 3] positions in the cells ``new``, at the same fractional coordinates.
+    """
     return jnp.einsum("ni,nij->nj", x, cell_map(old, new, real)[system])
 
 
@@ -165,6 +182,16 @@ class VelocityVerlet(Dynamics):
         object.__setattr__(self, "dt", check_number("VelocityVerlet", "dt", self.dt))
 
     def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
+        """One velocity Verlet step.
+
+        Args:
+          state: the rank's RankState before the step.
+          ctx: the StepContext.
+          forces_fn: ``forces_fn(positions) -> (forces, energy, virial)``, called once.
+
+        Returns:
+          The RankState after the step.
+        """
         dt = jnp.asarray(self.dt, state.positions.dtype)
         v = state.velocities + 0.5 * dt * state.forces * ctx.inv_mass
         x = state.positions + dt * v
@@ -173,6 +200,13 @@ class VelocityVerlet(Dynamics):
         return state._replace(positions=x, velocities=v, forces=f, energy=e, virial=_kept(w, state))
 
     def energy(self, extra, n_atoms, cell):
+        """The energy [S] of the integrator's own degrees of freedom: none for NVE (zeros).
+
+        Args:
+          extra: the integrator's state.
+          n_atoms: [S] real atoms of each system.
+          cell: [S, 3, 3] cells (Å).
+        """
         return jnp.zeros(cell.shape[:1], cell.dtype)
 
 
@@ -206,12 +240,22 @@ class Langevin(Dynamics):
         object.__setattr__(self, "seed", integral("Langevin.seed", self.seed, minimum=0))
 
     def noise(self, ctx: StepContext, dtype) -> jax.Array:
-        """Standard normal [n, 3], keyed by (seed, step, atom id)."""
+        """Standard normal [n, 3] of ``dtype``, keyed by (seed, step, atom id) from the StepContext ``ctx``."""
         key = jax.random.fold_in(jax.random.key(self.seed), ctx.step)
         draw = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (3,), dtype))
         return draw(jnp.maximum(ctx.ids, 0))
 
     def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
+        """One BAOAB step.
+
+        Args:
+          state: the rank's RankState before the step.
+          ctx: the StepContext.
+          forces_fn: ``forces_fn(positions) -> (forces, energy, virial)``, called once.
+
+        Returns:
+          The RankState after the step.
+        """
         dtype = state.positions.dtype
         dt = jnp.asarray(self.dt, dtype)
         c1 = jnp.exp(jnp.asarray(-self.friction * self.dt, dtype))
@@ -255,15 +299,32 @@ class FIRE:
         object.__setattr__(self, "n_min", integral("FIRE.n_min", self.n_min, minimum=0))
 
     def init(self, batch) -> dict:
+        """Per-system time step ``dt``, mixing ``alpha`` and downhill step count for ``batch``'s systems."""
         n_systems, dtype = batch.n_systems, batch.positions.dtype
         return dict(dt=jnp.full((n_systems,), self.dt, dtype), alpha=jnp.full((n_systems,), self.alpha_start, dtype),
                     n_positive=jnp.zeros((n_systems,), jnp.int32))
 
     def converged(self, state: RankState, ctx: StepContext):
+        """Whether every atom's force is below ``fmax`` (a replicated bool).
+
+        Args:
+          state: the rank's RankState.
+          ctx: the StepContext (its ``global_max`` takes the maximum over ranks).
+        """
         f2 = jnp.where(ctx.valid, jnp.sum(state.forces**2, axis=1), 0.0)
         return ctx.global_max(jnp.max(f2, initial=0.0)) < self.fmax**2
 
     def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
+        """One FIRE step: velocities mixed towards the forces, time steps adapted, moves capped.
+
+        Args:
+          state: the rank's RankState before the step.
+          ctx: the StepContext.
+          forces_fn: ``forces_fn(positions) -> (forces, energy, virial)``, called once.
+
+        Returns:
+          The RankState after the step.
+        """
         ex = state.extra
         f, v, sys = state.forces, state.velocities, ctx.system
         vf = ctx.system_sum(jnp.sum(f * v, axis=1))
@@ -296,8 +357,14 @@ def register_integrator(cls: type) -> type:
     """Make the frozen-dataclass integrator ``cls`` known to ``DomainParallel`` and to
     checkpoints (by its class name); usable as a class decorator.
 
-    Returns ``cls``. A class must provide ``init``, ``step`` and ``converged`` (see the
-    module docstring); ``needs_virial`` and ``moves_cell`` default to False.
+    A class must provide ``init``, ``step`` and ``converged`` (see the module docstring);
+    ``needs_virial`` and ``moves_cell`` default to False.
+
+    Args:
+      cls: the integrator class.
+
+    Returns:
+      ``cls``.
     """
     missing = [m for m in ("init", "step", "converged") if not callable(getattr(cls, m, None))]
     if not isinstance(cls, type) or not dataclasses.is_dataclass(cls) or missing:

@@ -29,13 +29,19 @@ _COUPLINGS = ("iso", "aniso", "tri")
 def chain_half_step(eta, eta_dot, eta_dotdot, ke2, target, kT, masses, dt: float, loops: int):
     """Half a step (dt/2) of a Nosé–Hoover chain on S systems, as LAMMPS's ``nhc_temp_integrate``.
 
-    eta, eta_dot, eta_dotdot: [S, M] the chain's positions, velocities and forces (the
-    forces of links ≥ 1 are carried from the last call). ke2: [S] twice the kinetic energy
-    of what the chain drives (Σ m v² of the atoms, or Σ W ω̇² of a barostat). target: [S]
-    its target (dof·kB·T). kT: [S] or scalar. masses: [S, M]. loops: the Suzuki–Yoshida-free
-    sub-steps of LAMMPS's ``tloop``.
+    Args:
+      eta, eta_dot, eta_dotdot: [S, M] the chain's positions, velocities and forces (the
+        forces of links ≥ 1 are carried from the last call).
+      ke2: [S] twice the kinetic energy of what the chain drives (Σ m v² of the atoms, or
+        Σ W ω̇² of a barostat).
+      target: [S] its target (dof·kB·T).
+      kT: [S] or scalar.
+      masses: [S, M] the links' masses Q.
+      dt: the full time step (the chain advances dt/2).
+      loops: the Suzuki–Yoshida-free sub-steps of LAMMPS's ``tloop``.
 
-    Returns (eta, eta_dot, eta_dotdot, scale): scale [S] multiplies the driven velocities.
+    Returns:
+      ``(eta, eta_dot, eta_dotdot, scale)``: scale [S] multiplies the driven velocities.
     """
     m = eta.shape[1]
     et = [eta[:, i] for i in range(m)]
@@ -143,15 +149,27 @@ class NoseHooverChain(_Thermostat, Dynamics):
 
     @property
     def t_period(self) -> float:
+        """The thermostat's damping time (``period``), under the name barostats use."""
         return self.period
 
     def __post_init__(self):
         _common_checks(self, "NoseHooverChain", "period")
 
     def init(self, batch) -> dict:
+        """The chain at rest (``eta``, ``eta_dot``, ``eta_dotdot`` [S, chain]) for ``batch``'s systems."""
         return _chain_init(batch.n_systems, self.chain, 1.0 / self.period, batch.positions.dtype)
 
     def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
+        """One step: chain half step, velocity Verlet, chain half step.
+
+        Args:
+          state: the rank's RankState before the step.
+          ctx: the StepContext.
+          forces_fn: ``forces_fn(positions) -> (forces, energy, virial)``, called once.
+
+        Returns:
+          The RankState after the step.
+        """
         dt = jnp.asarray(self.dt, state.positions.dtype)
         dof = ctx.dof().astype(state.positions.dtype)
         extra, s = self._thermostat(state.extra, ctx.kinetic2(state.velocities), dof)
@@ -166,6 +184,13 @@ class NoseHooverChain(_Thermostat, Dynamics):
                               virial=state.virial if w is None else w)
 
     def energy(self, extra, n_atoms, cell):
+        """The chain's energy [S] eV (Σ ½Qη̇² + N_f kT η₀ + Σ_{i≥1} kT ηᵢ), for the thermo's ``conserved``.
+
+        Args:
+          extra: the integrator's state (the chain).
+          n_atoms: [S] real atoms of each system (N_f = 3N - 3).
+          cell: [S, 3, 3] cells (Å; not read).
+        """
         dof = jnp.maximum(3 * jnp.asarray(n_atoms) - 3, 1).astype(extra["eta"].dtype)
         return self._thermostat_energy(extra, dof)
 
@@ -224,6 +249,12 @@ class MTKBarostat(_Thermostat, Dynamics):
     # ---------------------------------------------------------------- set-up
 
     def init(self, batch) -> dict:
+        """Both chains at rest, the cell's rates ``omega_dot`` [S, 6] zero and the reference volume ``vol0`` [S] Å³.
+
+        Args:
+          batch: the Batch of the run; every real system must be periodic on all axes (and, for
+            ``aniso`` and ``tri``, in LAMMPS's restricted triclinic form).
+        """
         check_barostat_cell(batch, "MTKBarostat", restricted=self.couple != "iso")
         n, dtype = batch.n_systems, batch.positions.dtype
         pfreq = 1.0 / self.p_period
@@ -333,6 +364,17 @@ class MTKBarostat(_Thermostat, Dynamics):
     # ---------------------------------------------------------------- the step
 
     def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
+        """One step of LAMMPS's ``fix npt``: chains and cell rates half steps around velocity
+        Verlet, the cell remapped twice.
+
+        Args:
+          state: the rank's RankState before the step (its ``virial`` read).
+          ctx: the StepContext.
+          forces_fn: ``forces_fn(positions, cell) -> (forces, energy, virial)``, called once.
+
+        Returns:
+          The RankState after the step, with the new cell.
+        """
         dtype = state.positions.dtype
         dt = jnp.asarray(self.dt, dtype)
         sys = ctx.system
@@ -365,6 +407,13 @@ class MTKBarostat(_Thermostat, Dynamics):
         return state._replace(positions=x, velocities=v, forces=f, energy=e, extra=extra, cell=cell2, virial=virial)
 
     def energy(self, extra, n_atoms, cell):
+        """The energy [S] eV of both chains, the barostat's kinetic energy and P (V - V₀).
+
+        Args:
+          extra: the integrator's state.
+          n_atoms: [S] real atoms of each system.
+          cell: [S, 3, 3] cells (Å).
+        """
         dtype = extra["eta"].dtype
         n = jnp.maximum(jnp.asarray(n_atoms), 1).astype(dtype)
         dof = jnp.maximum(3 * n - 3, 1)
@@ -386,7 +435,8 @@ def cell_volume(cell):
 
 def check_barostat_cell(batch, owner: str, *, restricted: bool) -> None:
     """Raise ValueError unless every real system of ``batch`` is periodic on all axes (and,
-    with ``restricted``, its cell is LAMMPS's restricted triclinic form)."""
+    with ``restricted``, its cell is LAMMPS's restricted triclinic form); ``owner`` names the
+    integrator in the message."""
     pbc = np.asarray(batch.pbc, bool).reshape(-1, 3)
     cell = np.asarray(batch.cell, np.float64).reshape(-1, 3, 3)
     real = np.asarray(batch.system_mask, bool)

@@ -4,16 +4,21 @@
   search, the storage policy and the outputs; equal programs share one compiled program.
 - :class:`RankInputs` (a pytree): every rank's rows stacked on a leading ``[P]`` axis, the
   arrays the program reads, with its :class:`RankProgram` as static metadata.
-- :func:`rank_evaluate`: one rank's share of an evaluation (energy, its gradients).
+- :func:`rank_evaluate`: one rank's share of an evaluation (energy, its gradients), from a
+  rank's :class:`RankRows` to an :class:`Evaluation`.
+- :func:`run_ranks`: the one way a program enters ``shard_map`` (its model, its report).
+- :class:`Sizing`: the capacities programs compile with and the one overflow → grow → retry
+  rule (:meth:`Sizing.run_until_fits`); nothing outside it changes them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -22,17 +27,16 @@ from ..neighbors.capacity import Capacities
 from ..context import DDContext, dd_scope
 from ..data import Batch
 from ..dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model, unfollowed_error
-from ..decomposition.graph_partition import block_neighbor_list, gathered_inputs
 from ..decomposition.halo import HaloLayout, halo_forward
-from ..decomposition.ranks import place_ranked
-from ..neighbors import (NeighborCapacity, NeighborListFormat, NeighborStats, build_neighbor_list, edge_vectors,
-                         local_neighbor_list)
+from ..decomposition.ranks import on_ranks, place_ranked
+from ..neighbors import NeighborCapacity, NeighborListFormat, edge_vectors
 from ..segments import per_system_sum
 from ..spec import MLIPSpec
 from ..virials import atomic_virials, enforce_sum_rule
+from .rank_neighbors import neighbor_stats, rank_neighbors
 
-__all__ = ["RankProgram", "RankInputs", "ReportSink", "rank_evaluate", "rank_neighbors", "neighbor_needs",
-           "neighbor_stats"]
+__all__ = ["RankProgram", "RankInputs", "RankRows", "Evaluation", "ReportSink", "Needs", "Sizing", "rank_evaluate",
+           "run_ranks"]
 
 
 class ReportSink:
@@ -148,93 +152,62 @@ class RankInputs:
         return dataclasses.replace(self, **placed)
 
 
-def neighbor_stats(needed: dict) -> NeighborStats:
-    """The :class:`~jaxdd.neighbors.NeighborStats` of the sizes :func:`neighbor_needs` returned."""
-    return NeighborStats(
-        edges=int(needed["edges"]),
-        neighbors=int(needed["neighbors"]),
-        candidates=int(needed["candidates"]),
-        search_range=tuple(int(x) for x in np.asarray(needed["range"])),
-        bins=int(needed["bins"]),
-    )
+class RankRows(NamedTuple):
+    """One rank's rows of an evaluation (a pytree; inside :func:`run_ranks`).
+
+    local: the rank's local rows as a :class:`~jaxdd.Batch` (positions made by the halo
+    exchange). own_pos: [n_owned, 3] Å owned positions (in the partition's wrapped frame).
+    own_sys: [n_owned] system of each owned row. owned_rows: [n_local] real owned rows.
+    routing: the rank's halo routing. cell: [S, 3, 3] Å. system_mask: [S].
+    """
+
+    local: Batch
+    own_pos: jax.Array
+    own_sys: jax.Array
+    owned_rows: jax.Array
+    routing: object
+    cell: jax.Array
+    system_mask: jax.Array
 
 
-def neighbor_needs(nl, axes) -> tuple[jax.Array, dict]:
-    """(overflow on any rank [] bool, the sizes the ranks' lists needed), both the same on every rank."""
-    needed = dict(
-        edges=jax.lax.pmax(nl.n_edges, axes),
-        neighbors=jax.lax.pmax(jnp.max(nl.num_neighbors), axes),
-        candidates=jax.lax.pmax(nl.needed_candidates, axes),
-        range=jax.lax.pmax(nl.needed_range, axes),
-        bins=jax.lax.pmax(nl.needed_bins, axes),
-    )
-    return jax.lax.pmax(nl.overflow.astype(jnp.int32), axes) > 0, needed
+class Evaluation(NamedTuple):
+    """One rank's share of an evaluation (:func:`rank_evaluate`).
+
+    per_system: [S] eV energies (the same on every rank). outputs: the model's outputs on
+    this rank. layouts: their dispatch layouts. neighbors: the neighbour list used.
+    g_pos: [n_owned, 3] eV/Å dE/d(owned positions) of this rank's term (forces are minus
+    it; None when not taken). g_strain: [S, 3, 3] eV this rank's share of dE/dε (the virial
+    is the psum; None when not taken). atomic_virials: [n_owned, 3, 3] eV of the owned atoms
+    (NaN when they break the sum rule on any rank; None when not taken).
+    """
+
+    per_system: jax.Array
+    outputs: dict
+    layouts: dict
+    neighbors: object
+    g_pos: jax.Array | None = None
+    g_strain: jax.Array | None = None
+    atomic_virials: jax.Array | None = None
 
 
-def half_list_order(row_ids, row_shifts):
-    """The half-list keys of a rank's rows (``order`` of :func:`jaxdd.neighbors.build_neighbor_list`):
-    the global atom id, and the image shift packed in one int32 (images within ±512 cells,
-    10 bits per axis), so that the rows of one atom's images differ.
+def rank_evaluate(model, rows: RankRows, program: RankProgram, report: DispatchReport, *, forces: bool = True,
+                  stress: bool = False, virials: bool = False, neighbors=None) -> Evaluation:
+    """One rank's share of a distributed evaluation; call inside :func:`run_ranks` on one rank's rows.
 
     Args:
-      row_ids: [n_local] int32 global id of each row. row_shifts: [n_local, 3] int32 image
-        shift of each row, in cell vectors (numpy or jax arrays).
+      model: the model on this rank. rows: this rank's :class:`RankRows`.
+      program: the rank program. report: the dispatch report the trace writes to.
+      forces, stress: which gradients to take. virials: also the per-atom virials of the
+        owned atoms (:mod:`jaxdd.virials`; a full COO list, halo strategy).
+      neighbors: a list from :func:`~jaxdd.engine.rank_neighbors.rank_neighbors` to reuse
+        (built for a model that declares a neighbour skin, while no atom has moved half of
+        it); None builds one.
 
     Returns:
-      (key a [n_local], key b [n_local]) int32.
+      An :class:`Evaluation`: the energies, outputs and layouts, the neighbour list and this
+      rank's share of the gradients asked for.
     """
-    s = row_shifts + 512
-    return row_ids, (s[:, 0] << 20) | (s[:, 1] << 10) | s[:, 2]
-
-
-def rank_neighbors(positions, local, program: RankProgram, cell=None, routing=None):
-    """This rank's neighbour list over its local rows ([n_local, 3] Å, ghosts included) for the
-    model's search cutoff; only owned rows are receivers unless the halo is deep. Under the
-    graph-parallel strategy the search runs over every rank's rows (gathered here) in the
-    real ``cell`` ([S, 3, 3]) with the batch's pbc, and senders index the stacked rows.
-    A half list keeps each pair on one rank: the edge from the row that the parity rule of
-    :func:`jaxdd.neighbors.build_neighbor_list` picks by (global id, image shift), which needs
-    this rank's ``routing`` (its rows' ids and shifts)."""
-    layout, n_sys = program.layout, program.n_systems
-    if program.strategy == "graph_partition":
-        all_pos, all_sys, all_mask = gathered_inputs(local, positions, program.axes)
-        return block_neighbor_list(
-            all_pos, jax.lax.stop_gradient(cell), local.pbc, all_sys, all_mask, jax.lax.axis_index(program.axes),
-            layout.n_owned, cutoff=program.search_cutoff, capacity=program.nl_capacity, format=program.nl_format)
-    if program.periodic_search:  # periodic along the axes the grid leaves whole, open along the others
-        return build_neighbor_list(
-            jax.lax.stop_gradient(positions), jax.lax.stop_gradient(cell), local.pbc, local.batch_idx, local.atom_mask,
-            cutoff=program.search_cutoff, capacity=program.nl_capacity, format=program.nl_format,
-            n_receivers=layout.n_owned)
-    order = half_list_order(routing.row_ids, routing.row_shifts) if program.nl_half else None
-    return local_neighbor_list(
-        jax.lax.stop_gradient(positions), local.batch_idx, local.atom_mask, n_systems=n_sys,
-        cutoff=program.search_cutoff, capacity=program.nl_capacity, format=program.nl_format,
-        n_receivers=layout.n_local if program.deep else layout.n_owned, backend=program.nl_backend,
-        half=program.nl_half, order=order)
-
-
-def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, system_mask, program: RankProgram,
-                  report: DispatchReport, *, forces: bool = True, stress: bool = False, virials: bool = False,
-                  neighbors=None):
-    """One rank's share of a distributed evaluation; call inside :func:`~jaxdd.decomposition.ranks.on_ranks` on one rank's rows.
-
-    Args:
-      own_pos: [n_owned, 3] Å owned positions (in the partition's wrapped frame).
-      own_sys: [n_owned] system of each owned row. owned_rows: [n_local] real owned rows.
-      local, routing: this rank's slice of :class:`RankInputs`. cell: [S, 3, 3] Å.
-      system_mask: [S]. forces, stress: which gradients to take. virials: also the per-atom
-        virials of the owned atoms (:mod:`jaxdd.virials`; a full COO list, halo strategy).
-      neighbors: a list from :func:`rank_neighbors` to reuse (built for a model that
-        declares a neighbour skin, while no atom has moved half of it); None builds one.
-
-    Returns:
-      ``(per_system [S] eV, out, lays, nl, g_pos [n_owned, 3] or None, g_strain [S, 3, 3] or
-      None, atomic_virials [n_owned, 3, 3] or None)``: the model's outputs and their dispatch
-      layouts, the neighbour list, this rank's share of the gradients (forces are ``-g_pos``;
-      the virial is the psum of ``g_strain``) and its owned atoms' virials (NaN when they
-      break the sum rule on any rank: see :func:`jaxdd.virials.refuse_broken`).
-    """
+    local, own_pos, own_sys, owned_rows, routing, cell, system_mask = rows
     axes = program.axes
     layout = program.layout
     spec = program.spec
@@ -308,7 +281,7 @@ def rank_evaluate(model, local, own_pos, own_sys, owned_rows, routing, cell, sys
     else:  # nothing to differentiate
         _, aux = global_energy(own_pos, None)
     per_system, out, lays, nl, _ = aux
-    return per_system, out, lays, nl, g_pos, g_strain, w_atoms
+    return Evaluation(per_system, out, lays, nl, g_pos, g_strain, w_atoms)
 
 
 def _call_model(model, batch: Batch, runtime: Runtime, report: DispatchReport, program: RankProgram):
@@ -323,3 +296,152 @@ def _call_model(model, batch: Batch, runtime: Runtime, report: DispatchReport, p
     with dd_scope(ctx), ctx.adapters.installed(program.spec.distribution.third_party_helpers):
         model.distributed_setup(ctx)
         return call_model(model, batch, runtime, report)
+
+
+def run_ranks(fn, program: RankProgram, *, model=None, ranked: tuple = (), replicated: tuple = (),
+              replicated_out=None, report: DispatchReport | None = None):
+    """Run ``fn`` on every rank of ``program``'s mesh: the one way a program enters ``shard_map``.
+
+    Args:
+      fn: one rank's function, called as ``fn(model, report, *ranked_blocks, *replicated)``
+        with the model rebuilt on the rank (None without ``model``) and the program's
+        :class:`~jaxdd.dispatch.DispatchReport`; returns a pytree of arrays.
+      program: the rank program (its mesh and storage policy).
+      model: an equinox-style model whose array leaves enter as replicated inputs (so that
+        parameter gradients flow through), or None.
+      ranked, replicated, replicated_out: as :func:`~jaxdd.decomposition.ranks.on_ranks`.
+      report: the report the trace writes to (default: a new one for the program's policy).
+
+    Returns:
+      (``fn``'s outputs as :func:`~jaxdd.decomposition.ranks.on_ranks` returns them, the report).
+    """
+    params, rest = eqx.partition(model, eqx.is_array)
+    report = DispatchReport(policy=program.policy) if report is None else report
+
+    def rank_fn(*args):
+        blocks, params, others = args[:len(ranked)], args[len(ranked)], args[len(ranked) + 1:]
+        return fn(eqx.combine(params, rest) if model is not None else None, report, *blocks, *others)
+
+    out = on_ranks(rank_fn, program.mesh, ranked=ranked, replicated=(params, *replicated),
+                   replicated_out=replicated_out)
+    return out, report
+
+
+@dataclasses.dataclass(frozen=True)
+class Needs:
+    """What a run needed beyond its capacities (it overflowed): sizes to grow to.
+
+    owned: owned rows per rank. exchange: slots of each halo exchange, in plan order.
+    neighbors: a :class:`~jaxdd.neighbors.NeighborStats` the neighbour lists needed, or None.
+    migrate: slots for atoms leaving a rank in one rebuild.
+    """
+
+    owned: int = 0
+    exchange: tuple[int, ...] = ()
+    neighbors: object = None
+    migrate: int = 0
+
+    @classmethod
+    def of_neighbors(cls, overflow, needed) -> Needs | None:
+        """The needs of a program's neighbour lists (:func:`neighbor_needs`'s outputs), None when none overflowed."""
+        return cls(neighbors=neighbor_stats(needed)) if bool(overflow) else None
+
+
+class Sizing:
+    """The capacities of one model's rank programs, and the one rule by which they grow.
+
+    Every program a :class:`~jaxdd.DistributedModel` and its dynamics compile reads its
+    static sizes (:class:`~jaxdd.neighbors.capacity.Capacities`) here, and nothing else
+    changes them: a fresh plan is adopted (:meth:`adopt_layout`, :meth:`adopt_neighbors`,
+    :meth:`adopt_migrate`), a checkpoint's are restored (:meth:`use`), and a run that
+    overflowed grows them (:meth:`run_until_fits`). Nothing is ever dropped to fit.
+
+    Args:
+      capacity_factor: headroom of a capacity sized afresh (>= 1).
+      growth_factor: growth of a capacity that overflowed (>= 1).
+      max_regrowths: growths one run may ask for before it is refused.
+    """
+
+    def __init__(self, capacity_factor: float, growth_factor: float, max_regrowths: int = 8):
+        self.capacity_factor = float(capacity_factor)
+        self.growth_factor = float(growth_factor)
+        self.max_regrowths = int(max_regrowths)
+        #: Capacity growths so far (each compiles a new program).
+        self.regrowths = 0
+        self._capacities: Capacities | None = None
+        self._bucketed = {}  # bucketed halo capacity by exchange pattern, see bucketed_halo
+
+    @property
+    def capacities(self) -> Capacities | None:
+        """The static sizes the next program compiles with (None before the first plan)."""
+        return self._capacities
+
+    def use(self, capacities: Capacities) -> None:
+        """Compile the next programs with ``capacities`` (a checkpoint's, or deliberately small
+        ones: a run that overflows them grows them)."""
+        if not isinstance(capacities, Capacities):
+            raise TypeError(f"capacities must be a jaxdd.neighbors.capacity.Capacities, got {capacities!r}")
+        self._capacities = capacities
+
+    def adopt_layout(self, layout: HaloLayout) -> None:
+        """Take a fresh plan's owned rows and exchange slots."""
+        self._capacities = dataclasses.replace(self._capacities or Capacities(0), owned=layout.n_owned,
+                                               exchange=tuple(e.capacity for e in layout.exchanges))
+
+    def adopt_neighbors(self, capacity: NeighborCapacity) -> None:
+        """Take a neighbour capacity sized on the host, when none is known yet."""
+        if self._capacities.neighbors is None:
+            self._capacities = dataclasses.replace(self._capacities, neighbors=capacity)
+
+    def adopt_migrate(self, n_owned: int) -> None:
+        """Size the migration slots of on-device rebuilds, once: 8 + an eighth of the owned rows."""
+        if not self._capacities.migrate:
+            self._capacities = dataclasses.replace(self._capacities, migrate=8 + int(n_owned) // 8)
+
+    def bucketed_halo(self, layout: HaloLayout) -> tuple[int, tuple[int, ...]]:
+        """(owned rows, exchange slots) of ``layout`` rounded up to capacity buckets, never below
+        those of the last layout with the same exchanges, so differently sized systems share
+        programs."""
+        from ..neighbors import capacity_bucket
+
+        have = (layout.n_owned, tuple(e.capacity for e in layout.exchanges))
+        shape = (layout.grid, tuple((e.axis, e.direction, e.hop, e.pairs) for e in layout.exchanges))
+        last = self._bucketed.get(shape, (0, (0,) * len(have[1])))
+        want = (max(last[0], capacity_bucket(have[0])),
+                tuple(max(a, capacity_bucket(c)) for a, c in zip(last[1], have[1])))
+        self._bucketed[shape] = want
+        return want
+
+    def grow(self, needs: Needs) -> Capacities:
+        """The capacities grown (:func:`~jaxdd.neighbors.capacity.grow`) to hold ``needs``; a grown
+        neighbour capacity is rounded up to buckets. Returns the new capacities."""
+        grown = (self._capacities or Capacities(0)).grown(
+            self.growth_factor, owned=needs.owned, exchange=needs.exchange, neighbors=needs.neighbors,
+            migrate=needs.migrate)
+        if needs.neighbors is not None and grown.neighbors is not None:
+            grown = dataclasses.replace(grown, neighbors=grown.neighbors.bucketed())
+        self._capacities = grown
+        self.regrowths += 1
+        return grown
+
+    def run_until_fits(self, attempt, *, what: str = "neighbour lists"):
+        """Run ``attempt`` until it fits: the one overflow → grow → retry loop.
+
+        Args:
+          attempt: ``attempt(capacities) -> (result, needs)``: one run with these capacities;
+            ``needs`` a :class:`Needs` when it overflowed (the run is then done again with
+            grown capacities), else None.
+          what: what overflowed, for the error.
+
+        Returns:
+          The result of the first run that fitted.
+
+        Raises:
+          RuntimeError: still overflowing after ``max_regrowths`` growths.
+        """
+        for _ in range(self.max_regrowths + 1):
+            result, needs = attempt(self._capacities)
+            if needs is None:
+                return result
+            self.grow(needs)
+        raise RuntimeError(f"{what} still overflowed after {self.max_regrowths} capacity increases")
