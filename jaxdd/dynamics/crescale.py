@@ -72,6 +72,12 @@ class CRescale(Dynamics):
             raise ValueError(f"CRescale.couple must be 'iso' or 'aniso', got {self.couple!r}")
 
     def init(self, batch) -> dict:
+        """The accumulated work ``heat`` [S] at zero.
+
+        Args:
+          batch: the Batch of the run; every real system must be periodic on all axes (and, for
+            ``aniso``, in LAMMPS's restricted triclinic form).
+        """
         check_barostat_cell(batch, "CRescale", restricted=self.couple == "aniso")
         return dict(heat=jnp.zeros((batch.n_systems,), batch.positions.dtype))
 
@@ -103,6 +109,17 @@ class CRescale(Dynamics):
         return -2 * jnp.sqrt(volume) * (self.pressure - p_int - 0.5 * kT / volume)
 
     def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
+        """One step: velocity rescaling, a stochastic volume (or per-axis) move inside velocity
+        Verlet, velocity rescaling.
+
+        Args:
+          state: the rank's RankState before the step (its ``virial`` read).
+          ctx: the StepContext.
+          forces_fn: ``forces_fn(positions, cell) -> (forces, energy, virial)``, called once.
+
+        Returns:
+          The RankState after the step, with the new cell.
+        """
         dtype = state.positions.dtype
         dt = jnp.asarray(self.dt, dtype)
         kT = self.kB * self.temperature
@@ -173,7 +190,13 @@ class CRescale(Dynamics):
         return x, v, cell, f, e, virial, heat
 
     def energy(self, extra, n_atoms, cell):
-        """P·V + the accumulated work of thermostat and barostat, [S] eV."""
+        """P·V + the accumulated work of thermostat and barostat, [S] eV.
+
+        Args:
+          extra: the integrator's state (``heat``).
+          n_atoms: [S] real atoms of each system (not read).
+          cell: [S, 3, 3] cells (Å).
+        """
         volume = jnp.abs(jnp.linalg.det(jnp.asarray(cell, extra["heat"].dtype)))
         return self.pressure * volume + extra["heat"]
 

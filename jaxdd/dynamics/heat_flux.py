@@ -133,7 +133,8 @@ class HeatFlux:
         md.check_atom_terms()
 
     def compute(self, md, state) -> np.ndarray:
-        """J [S, 3] (float64 numpy) of ``state`` without recording it."""
+        """J [S, 3] (float64 numpy) of ``state`` without recording it, from the per-atom terms of
+        ``md`` (a DomainParallel)."""
         terms = md.atom_terms(state)
         arrays = state.arrays
         flux = _ranked_flux(terms["atomic_energies"], terms["atomic_virials"], arrays["velocities"],
