@@ -38,6 +38,12 @@ class ExtXYZWriter:
             raise FileExistsError(f"trajectory {self.path} exists; choose a new file")
 
     def write(self, md, state) -> None:
+        """Append one frame per real system of ``state`` (a collective: every process calls it).
+
+        Args:
+          md: the DomainParallel running the state (it gathers the rows and forces).
+          state: the run's state at this step.
+        """
         from ase.calculators.singlepoint import SinglePointCalculator
         from ase.io import write
 
@@ -67,6 +73,7 @@ class Progress:
         self.start = time.perf_counter()
 
     def update(self, done: int) -> None:
+        """Redraw the line for ``done`` steps of the total."""
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         width = 30
         filled = int(width * done / max(self.total, 1))
@@ -76,6 +83,7 @@ class Progress:
         self.stream.flush()
 
     def close(self, stats) -> None:
+        """End the line with the run's totals, from its RunStats ``stats``."""
         self.stream.write(f"\n{stats.steps} steps in {stats.seconds:.2f} s: {stats.atom_steps_per_second:,.0f} "
                           f"atom-steps/s, {stats.rebuilds} plan rebuilds, {stats.recompiles} recompilations\n")
         self.stream.flush()
