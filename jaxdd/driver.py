@@ -31,6 +31,7 @@ from .data import AtomicData, Batch, as_batch, is_concrete
 from .model import BaseModel, ModelConfig, ModelOutputs
 from .neighbors import (NeighborCapacity, NeighborListFormat, build_neighbor_list, capacity_bucket, edge_vectors,
                         neighbor_capacity)
+from .neighbors.capacity import run_until_fits
 from .segments import per_system_sum
 from .spec import MLIPSpec, OutputKind
 
@@ -217,14 +218,19 @@ def compute(
             batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
             cutoff=nc.search_cutoff, half=nc.half_list, headroom=1.0,
         ), nc)
-    for _ in range(max_rebuilds + 1):
-        out, overflow, nl = _run(model, batch, outputs, capacity, virial_key)
-        if not bool(overflow):
-            if virial_key is not None:
-                virials.refuse_broken(out[virial_key], type(model).__name__, virial_key)
-            return unpad_atoms(out, n_atoms, batch.n_atoms, spec)
-        capacity = program_capacity(capacity.grown(nl.stats()), nc)
-    raise RuntimeError(f"neighbour list still overflowed after {max_rebuilds} rebuilds (capacity {capacity})")
+    held = {"capacity": capacity}
+
+    def attempt():
+        out, overflow, nl = _run(model, batch, outputs, held["capacity"], virial_key)
+        return out, (nl.stats() if bool(overflow) else None)
+
+    def grow_to(needed):
+        held["capacity"] = program_capacity(held["capacity"].grown(needed), nc)
+
+    out = run_until_fits(attempt, grow_to, max_regrowths=max_rebuilds, what="the neighbour list")
+    if virial_key is not None:
+        virials.refuse_broken(out[virial_key], type(model).__name__, virial_key)
+    return unpad_atoms(out, n_atoms, batch.n_atoms, spec)
 
 
 def program_capacity(capacity: NeighborCapacity, nc) -> NeighborCapacity:

@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..adapters import AdapterRegistry
-from ..neighbors.capacity import Capacities
+from ..neighbors.capacity import Capacities, run_until_fits
 from ..context import DDContext, dd_scope
 from ..data import Batch
 from ..dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model, unfollowed_error
@@ -425,7 +425,8 @@ class Sizing:
         return grown
 
     def run_until_fits(self, attempt, *, what: str = "neighbour lists"):
-        """Run ``attempt`` until it fits: the one overflow → grow → retry loop.
+        """Run ``attempt`` until it fits (:func:`jaxdd.neighbors.capacity.run_until_fits`), growing
+        these capacities by :meth:`grow`.
 
         Args:
           attempt: ``attempt(capacities) -> (result, needs)``: one run with these capacities;
@@ -439,9 +440,5 @@ class Sizing:
         Raises:
           RuntimeError: still overflowing after ``max_regrowths`` growths.
         """
-        for _ in range(self.max_regrowths + 1):
-            result, needs = attempt(self._capacities)
-            if needs is None:
-                return result
-            self.grow(needs)
-        raise RuntimeError(f"{what} still overflowed after {self.max_regrowths} capacity increases")
+        return run_until_fits(lambda: attempt(self._capacities), self.grow, max_regrowths=self.max_regrowths,
+                              what=what)

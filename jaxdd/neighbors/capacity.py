@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # imported for annotations only: neighbors imports this module
     from . import NeighborCapacity
 
-__all__ = ["Capacities", "headroom", "grow", "factors", "DEFAULT_CAPACITY_FACTOR", "DEFAULT_GROWTH_FACTOR"]
+__all__ = ["Capacities", "headroom", "grow", "factors", "run_until_fits", "DEFAULT_CAPACITY_FACTOR",
+           "DEFAULT_GROWTH_FACTOR"]
 
 #: Headroom of a capacity sized afresh, when neither the domain config nor the spec sets one.
 DEFAULT_CAPACITY_FACTOR = 1.2
@@ -53,6 +54,29 @@ def factors(domain_factor: float | None, compile_policy) -> tuple[float, float]:
     capacity = domain_factor if domain_factor is not None else policy_factor
     growth = DEFAULT_GROWTH_FACTOR if compile_policy is None else compile_policy.growth_factor
     return float(DEFAULT_CAPACITY_FACTOR if capacity is None else capacity), float(growth)
+
+
+def run_until_fits(attempt, grow_to, *, max_regrowths: int, what: str):
+    """Run ``attempt`` until it fits: jaxdd's one overflow → grow → retry loop.
+
+    Args:
+      attempt: ``attempt() -> (result, needs)``: one run with the capacities as they are now;
+        ``needs`` says what it needed when it overflowed, None when it fitted.
+      grow_to: ``grow_to(needs)``: grow the capacities the next attempt reads to hold ``needs``.
+      max_regrowths: growths before giving up. what: what overflows, for the error.
+
+    Returns:
+      The result of the first attempt that fitted.
+
+    Raises:
+      RuntimeError: still overflowing after ``max_regrowths`` growths.
+    """
+    for _ in range(int(max_regrowths) + 1):
+        result, needs = attempt()
+        if needs is None:
+            return result
+        grow_to(needs)
+    raise RuntimeError(f"{what} still overflowed after {max_regrowths} capacity increases")
 
 
 @dataclasses.dataclass(frozen=True)
