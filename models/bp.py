@@ -159,6 +159,7 @@ class BehlerParrinello(eqx.Module, BaseModel):
 
     @property
     def n_descriptors(self) -> int:
+        """Symmetry functions per atom: radial ones per species, angular ones per species pair."""
         n = len(self.species)
         n_angular = len(self.angular_eta) * len(self.zeta) * 2
         return n * len(self.radial_shifts) + n * (n + 1) // 2 * n_angular
@@ -177,7 +178,15 @@ class BehlerParrinello(eqx.Module, BaseModel):
 
     def descriptors(self, positions, cell, batch_idx, atomic_numbers, neighbors):
         """Symmetry functions ``[V, n_descriptors]`` (scaled) and the ``[V]`` species index of
-        every atom. ``neighbors`` is a MATRIX-format list of width K."""
+        every atom.
+
+        Args:
+          positions: [V, 3] Å.
+          cell: [S, 3, 3] Å (rows lattice vectors).
+          batch_idx: [V] system of each atom.
+          atomic_numbers: [V] int.
+          neighbors: a MATRIX-format neighbour list of width K.
+        """
         dt = positions.dtype
         n = positions.shape[0]
         k = neighbors.matrix.shape[1]

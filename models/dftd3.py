@@ -247,7 +247,8 @@ class DFTD3(eqx.Module, BaseModel):
         return reach
 
     def distributed_setup(self, ctx) -> None:
-        """Refuse a deep-halo decomposition whose ghost shell misses neighbours of ghosts."""
+        """Refuse a deep-halo decomposition whose ghost shell misses neighbours of ghosts
+        (read from the :class:`~jaxdd.DDContext` ``ctx``)."""
         from jaxdd.ops import HaloStoragePolicy
 
         policy = ctx.policy

@@ -77,17 +77,21 @@ class HostSizes:
 
     @property
     def value(self):
+        """The current choice (a tuple of ints), or None before the first batch."""
         return self._box[0]
 
     def set(self, value) -> None:
+        """Choose ``value`` for the next trace (ignored when the sizes are fixed)."""
         if not self.fixed:
             self._box[0] = value
 
     def tree_flatten(self):
+        """No children; the choice and ``fixed`` as aux data."""
         return (), (self._box[0], self.fixed)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
+        """Rebuild from the ``aux`` data of :meth:`tree_flatten` (``children`` is empty)."""
         return cls(*aux)
 
 
@@ -202,7 +206,7 @@ class Ewald(eqx.Module, BaseModel):
 
 
     def kmax_index_for(self, cells) -> tuple[int, int, int]:
-        """The smallest ``kmax_index`` covering |k| < k_max in every cell of [S, 3, 3] (Å)."""
+        """The smallest ``kmax_index`` covering |k| < k_max in every one of ``cells`` [S, 3, 3] (Å)."""
         lengths = np.linalg.norm(np.asarray(cells, np.float64).reshape(-1, 3, 3), axis=-1)
         need = np.floor(self.kmax * lengths.max(axis=0, initial=0.0) / (2 * math.pi)).astype(int)
         return tuple(max(1, int(m)) for m in need)

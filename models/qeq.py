@@ -43,7 +43,16 @@ __all__ = ["ChargeEquilibration", "distributed_mol_sum", "COULOMB"]
 
 
 def distributed_mol_sum(values, mol_idx, n_molecules):
-    """The per-molecule sum under decomposition: each atom counted once, summed over ranks."""
+    """The per-molecule sum under decomposition: each atom counted once, summed over ranks.
+
+    Args:
+      values: [V, ...] per-atom values.
+      mol_idx: [V] int molecule of each atom.
+      n_molecules: the number of molecules.
+
+    Returns:
+      [n_molecules, ...] sums.
+    """
     from jaxdd import system_sum
 
     return system_sum(values, mol_idx, n_molecules)

@@ -36,7 +36,8 @@ def check_cutoff(cutoff, owner):
 
 
 def validate_species(data, species, owner):
-    """Host check of a batch: every real atom's atomic number is one of ``species``."""
+    """Host check of a batch ``data``: every real atom's atomic number is one of ``species``
+    (ValueError naming the atoms and the model ``owner`` otherwise)."""
     z = np.asarray(data.atomic_numbers)[np.asarray(data.atom_mask)]
     bad = np.flatnonzero(~np.isin(z, species))
     if bad.size:
@@ -49,7 +50,8 @@ def validate_species(data, species, owner):
 
 def neighbor_inputs(data, owner) -> dict:
     """The forward arguments of a model that reads the framework's neighbour list: positions,
-    cell, batch_idx, atomic_numbers, atom_mask, neighbors and n_systems of ``data``."""
+    cell, batch_idx, atomic_numbers, atom_mask, neighbors and n_systems of ``data`` (ValueError
+    naming the model ``owner`` when it has no neighbour list)."""
     if data.neighbors is None:
         raise ValueError(f"{owner} needs data.neighbors; call it through jaxdd.compute")
     return dict(positions=data.positions, cell=data.cell, batch_idx=data.batch_idx,

@@ -103,7 +103,16 @@ class InternalGraphBackbone(eqx.Module, BaseModel):
 
     def graph(self, positions, cell, pbc, batch_idx, real, width: int):
         """The model's own graph: ``senders [V, K]`` (nearest first, padding ``V``) and the
-        integer image ``shifts [V, K, 3]`` of each sender (minimum image on periodic axes)."""
+        integer image ``shifts [V, K, 3]`` of each sender (minimum image on periodic axes).
+
+        Args:
+          positions: [V, 3] Å.
+          cell: [S, 3, 3] Å (rows lattice vectors).
+          pbc: [S, 3] bool periodic axes.
+          batch_idx: [V] system of each atom.
+          real: [V] bool real atoms (padding rows are no one's neighbours).
+          width: K, the neighbours kept per atom (at most V - 1).
+        """
         n = positions.shape[0]
         rc = self.model_config.neighbor_config.cutoff
         width = min(int(width), max(n - 1, 1))

@@ -23,7 +23,7 @@ _TERM = re.compile(r"^\s*(?:(\d+)\s*x\s*)?(\d+)\s*([eo])\s*$")
 
 
 def parse(irreps) -> Irreps:
-    """``"16x0e + 16x1o"`` (or a tuple of ``(mul, l, p)``) -> ``((16, 0, 1), (16, 1, -1))``."""
+    """``irreps`` as ``"16x0e + 16x1o"`` (or a tuple of ``(mul, l, p)``) -> ``((16, 0, 1), (16, 1, -1))``."""
     if isinstance(irreps, tuple):
         return tuple((int(m), int(l), int(p)) for m, l, p in irreps)
     out = []
@@ -39,7 +39,7 @@ def parse(irreps) -> Irreps:
 
 
 def count(irreps: Irreps, l: int, p: int) -> int:
-    """Total multiplicity of the irrep ``(l, p)``."""
+    """Total multiplicity of the irrep ``(l, p)`` in ``irreps``."""
     return sum(m for m, l_, p_ in irreps if (l_, p_) == (l, p))
 
 
@@ -53,7 +53,7 @@ def sort(irreps: Irreps):
 
 
 def simplify(irreps: Irreps) -> Irreps:
-    """Merge neighbouring entries of the same irrep."""
+    """``irreps`` with neighbouring entries of the same irrep merged (and empty ones dropped)."""
     out = []
     for m, l, p in irreps:
         if out and out[-1][1:] == (l, p):
@@ -64,7 +64,7 @@ def simplify(irreps: Irreps) -> Irreps:
 
 
 def spherical_harmonics_irreps(lmax: int, p: int = -1) -> Irreps:
-    """``1x0e + 1x1o + 1x2e + ...`` (``p=-1``: parity (-1)^l, the harmonics of a vector)."""
+    """``1x0e + 1x1o + 1x2e + ...`` up to degree ``lmax`` (``p=-1``: parity (-1)^l, the harmonics of a vector)."""
     return tuple((1, l, p**l) for l in range(lmax + 1))
 
 
@@ -131,6 +131,9 @@ def wigner_3j(l1: int, l2: int, l3: int) -> np.ndarray:
     e3nn for PyTorch stores the tensors of sorted triples and derives the others by transposing
     them, with a factor (-1)^(l1+l2+l3) for odd permutations; where several of its cases apply
     (repeated degrees) the last one it tries wins, which this reproduces.
+
+    Args:
+      l1, l2, l3: the degrees coupled (a triangle: ``|l1 - l2| <= l3 <= l1 + l2``).
     """
     if not abs(l1 - l2) <= l3 <= l1 + l2:
         raise ValueError(f"no coupling of degrees {l1} and {l2} to {l3}")

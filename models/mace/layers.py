@@ -52,11 +52,13 @@ class Linear:
 
     @property
     def paths(self):
+        """``(input entry, output entry)`` of each pair of the same irrep, in order."""
         return tuple((i, o) for i, (_, li, pi) in enumerate(self.irreps_in)
                      for o, (_, lo, po) in enumerate(self.irreps_out) if (li, pi) == (lo, po))
 
     @property
     def numel(self) -> int:
+        """The number of weights: Σ over paths of m_in · m_out."""
         return sum(self.irreps_in[i][0] * self.irreps_out[o][0] for i, o in self.paths)
 
     def __call__(self, weight, x):
@@ -91,7 +93,7 @@ class TensorProduct:
 
     @classmethod
     def fully_connected(cls, irreps_in1, irreps_in2, irreps_out):
-        """Every path ``in1 x in2 -> out`` allowed by the selection rules, mode ``uvw``."""
+        """Every path ``irreps_in1 x irreps_in2 -> irreps_out`` allowed by the selection rules, mode ``uvw``."""
         ins = tuple((i1, i2, o, "uvw") for i1, (_, l1, p1) in enumerate(irreps_in1)
                     for i2, (_, l2, p2) in enumerate(irreps_in2) for o, (_, lo, po) in enumerate(irreps_out)
                     if abs(l1 - l2) <= lo <= l1 + l2 and p1 * p2 == po)
@@ -108,6 +110,7 @@ class TensorProduct:
 
     @property
     def numel(self) -> int:
+        """The number of weights of every instruction together."""
         return sum(math.prod(self._shape(ins)) for ins in self.instructions)
 
     def __call__(self, weight, x1, x2):
@@ -181,7 +184,13 @@ def normalized_silu_constant() -> float:
 
 def radial_mlp(weights, x, act_constant):
     """e3nn ``FullyConnectedNet`` without biases: ``x @ W / sqrt(fan_in)``, normalised silu
-    between layers, none after the last. weights: ``[h_in, h_out]`` per layer."""
+    between layers, none after the last.
+
+    Args:
+      weights: ``[h_in, h_out]`` per layer.
+      x: ``[..., h_in]`` inputs of the first layer.
+      act_constant: the factor normalising silu (e3nn's second moment of the activation).
+    """
     for k, w in enumerate(weights):
         x = x @ (w / math.sqrt(w.shape[0]))
         if k < len(weights) - 1:
@@ -203,7 +212,12 @@ def monomials(n_ell: int, nu: int) -> list:
 def symmetrize_basis(u: np.ndarray, l_out: int) -> np.ndarray:
     """``U_ν [(2l+1,)] + [n_ell]*ν + [k]`` -> ``S_ν [2l+1, n_monomials, k]``: the coefficient of
     each monomial ``x_i1 ⋯ x_iν`` (:func:`monomials` order), i.e. the sum of U over the
-    orderings of its indices, so that ``Σ_{i..} U[m, i.., k] x_i1 ⋯ x_iν = Σ_t S[m, t, k] x^t``."""
+    orderings of its indices, so that ``Σ_{i..} U[m, i.., k] x_i1 ⋯ x_iν = Σ_t S[m, t, k] x^t``.
+
+    Args:
+      u: the basis ``U_ν`` (its leading ``2l+1`` axis absent for ``l_out = 0``).
+      l_out: the output degree l.
+    """
     import itertools
 
     u = np.asarray(u, np.float64)
@@ -239,9 +253,15 @@ def symmetric_contraction(bases, weights, x, species, n_species):
     per channel of the monomials up to degree ν_max - 1 (153 for 16 components and ν = 3)
     instead of a product with the dense ``U`` (~10⁷ flops per node).
 
-    bases: ``S_ν [2l+1, n_monomials, k]`` for ν = 1..ν_max (:func:`symmetrize_basis`).
-    weights: ``W_ν`` for ν = ν_max..1, ``[n_elements, k, channels]``. x: ``[n, channels, n_ell]``;
-    species: ``[n]`` row of each node. Returns ``[n, channels * (2l+1)]``, channel-major.
+    Args:
+      bases: ``S_ν [2l+1, n_monomials, k]`` for ν = 1..ν_max (:func:`symmetrize_basis`).
+      weights: ``W_ν`` for ν = ν_max..1, ``[n_elements, k, channels]``.
+      x: ``[n, channels, n_ell]``.
+      species: ``[n]`` row of each node.
+      n_species: the number of elements (rows of each ``W_ν``).
+
+    Returns:
+      ``[n, channels * (2l+1)]``, channel-major.
     """
     n, c, n_ell = x.shape
     xt = jnp.swapaxes(x, 0, 1)  # [c, n, n_ell]: channels lead, as the matmuls batch over them
@@ -270,7 +290,13 @@ def symmetric_basis(coupling, l_out: int, p_out: int, nu: int) -> np.ndarray:
     """A basis ``U_ν`` of the symmetric, equivariant maps ``x^{⊗ν} -> (l_out, p_out)`` for a
     newly built model: ``[(2l+1,)] + [n_ell]*ν + [n_params]`` (the leading axis dropped for
     l = 0), from e3nn-jax's reduced symmetric tensor products. Any basis spans the same
-    functions; a model read from mace-torch uses the one it was trained with."""
+    functions; a model read from mace-torch uses the one it was trained with.
+
+    Args:
+      coupling: the irreps ``(mul, l, p)`` of the node features contracted (one component each).
+      l_out, p_out: the output irrep.
+      nu: the correlation order ν.
+    """
     import e3nn_jax as e3nn
 
     irreps = e3nn.Irreps([(1, (l, p)) for _, l, p in coupling])

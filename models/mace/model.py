@@ -228,14 +228,19 @@ class MACE(eqx.Module, BaseModel):
     def from_torch(cls, source, *, config=None, skin: float = 0.0, dtype=jnp.float64) -> "MACE":
         """A MACE with the configuration and weights of a mace-torch model.
 
-        source: a mace-torch ``MACE`` / ``ScaleShiftMACE`` object, a file saved from one
-        (``torch.save(model)``, mace's ``.model``), or a ``.npz`` written by
-        :func:`export_torch` (needs no torch). Variants that are not MACE as described above
-        (other interaction blocks, gates, radial bases, heads, ...) are refused by name
-        (:class:`~jaxdd.models.mace.UnsupportedModel`). config: for a state-dict file only, the
-        keyword arguments mace-torch's model was built with (refused otherwise). skin: as in the
-        constructor. dtype: of the weights, floating. A file that cannot be a model (missing,
-        empty, truncated, of another kind) raises FileNotFoundError or ValueError naming it.
+        Variants that are not MACE as described above (other interaction blocks, gates, radial
+        bases, heads, ...) are refused by name (:class:`~jaxdd.models.mace.UnsupportedModel`). A
+        file that cannot be a model (missing, empty, truncated, of another kind) raises
+        FileNotFoundError or ValueError naming it.
+
+        Args:
+          source: a mace-torch ``MACE`` / ``ScaleShiftMACE`` object, a file saved from one
+            (``torch.save(model)``, mace's ``.model``), or a ``.npz`` written by
+            :func:`export_torch` (needs no torch).
+          config: for a state-dict file only, the keyword arguments mace-torch's model was built
+            with (refused otherwise).
+          skin: as in the constructor.
+          dtype: of the weights, floating.
         """
         dtype = _float_dtype(dtype, "MACE.from_torch")
         if isinstance(source, (str, os.PathLike)) and is_export(source):

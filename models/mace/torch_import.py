@@ -254,8 +254,12 @@ def _read_object(m):
 
 
 def read(source, config=None):
-    """``(config, state_dict, act_constant)`` of a mace-torch model object or a file saved from
-    one (config: for a state-dict file, the keyword arguments the model was built with)."""
+    """``(config, state_dict, act_constant)`` of a mace-torch model object or a file saved from one.
+
+    Args:
+      source: the model object, or the path of a file saved from one.
+      config: for a state-dict file, the keyword arguments the model was built with.
+    """
     model = _load(source, config)
     if not isinstance(source, (str, os.PathLike)):
         return _read_object(model)
@@ -266,7 +270,7 @@ def read(source, config=None):
 
 
 def load_export(path):
-    """``(config, state_dict, act_constant)`` from a ``.npz`` written by :func:`save_export`."""
+    """``(config, state_dict, act_constant)`` from a ``.npz`` at ``path`` written by :func:`save_export`."""
     path = _check_file(path)
     names = _zip_names(path)
     if names is None:
@@ -288,7 +292,13 @@ def load_export(path):
 
 
 def save_export(path, config, state, act_constant) -> str:
-    """Write what :func:`read` returned to ``path`` (``.npz``, compressed). Returns the path."""
+    """Write what :func:`read` returned to ``path`` (``.npz``, compressed). Returns the path.
+
+    Args:
+      path: the file to write, ending in ``.npz``.
+      config, state, act_constant: the configuration, state dict and activation constant
+        :func:`read` returned.
+    """
     path = os.fspath(path)
     if not path.endswith(".npz"):
         raise ValueError(f"a MACE export is a .npz file; got {path!r}")
