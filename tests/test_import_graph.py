@@ -150,3 +150,40 @@ def test_the_dispatch_and_ops_packages_know_no_model_or_pme_grid(package):
             for target in top[module] | inner[module]:
                 assert target != "jaxdd.pme_grid" and target != "jaxdd.mesh" and not target.startswith(
                     "jaxdd.models"), f"{module} imports {target}"
+
+
+def package_of(module: str) -> str:
+    """The package a module belongs to: ``jaxdd.<name>`` (a subpackage, or a top-level module
+    on its own); the model zoo is one package, ``jaxdd.models``."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def package_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Package → the packages its modules import (the root ``jaxdd``, which re-exports, left out)."""
+    graph: dict[str, set[str]] = {}
+    for module, targets in edges.items():
+        a = package_of(module)
+        for target in targets:
+            b = package_of(target)
+            if a != b and "jaxdd" not in (a, b):
+                graph.setdefault(a, set()).add(b)
+    return graph
+
+
+def test_no_import_cycle_between_packages():
+    top, inner = import_graph()
+    cycle = find_cycle(package_graph({m: top[m] | inner[m] for m in top}))
+    assert cycle is None, "packages import each other: " + " -> ".join(cycle)
+
+
+# Each layer imports only the layers below it: neighbour lists (and their capacities), then how a
+# system is cut into ranks, then the dispatch, then the engine that runs rank programs.
+LAYERS = ("jaxdd.neighbors", "jaxdd.decomposition", "jaxdd.dispatch", "jaxdd.engine", "jaxdd.dynamics")
+
+
+@pytest.mark.parametrize("lower, upper", [(a, b) for i, a in enumerate(LAYERS) for b in LAYERS[i + 1:]])
+def test_a_layer_never_imports_one_above_it(lower, upper):
+    top, inner = import_graph()
+    graph = package_graph({m: top[m] | inner[m] for m in top})
+    assert upper not in graph.get(lower, set()), f"{lower} imports {upper}, a layer above it"
