@@ -23,7 +23,8 @@ from ase.stress import full_3x3_to_voigt_6_stress
 
 from .data import AtomicData, as_batch
 from .engine.distributed import DistributedModel
-from .driver import bucketed_atoms, compute, pad_atoms, program_capacity
+from .driver import compute, program_capacity
+from .protocol import bucketed_atoms, pad_atoms
 from .model import BaseModel, ModelConfig
 from .neighbors import neighbor_capacity
 from .spec import OutputKind

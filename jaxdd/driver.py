@@ -24,29 +24,18 @@ from collections.abc import Iterable
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from . import programs, virials
-from .data import AtomicData, Batch, as_batch, is_concrete
-from .model import BaseModel, ModelConfig, ModelOutputs
-from .neighbors import (NeighborCapacity, NeighborListFormat, build_neighbor_list, capacity_bucket, edge_vectors,
-                        neighbor_capacity)
+from .data import AtomicData, Batch, as_batch
+from .model import BaseModel, ModelOutputs
+from .neighbors import NeighborCapacity, NeighborListFormat, build_neighbor_list, edge_vectors, neighbor_capacity
 from .neighbors.capacity import run_until_fits
+from .protocol import (bucketed_atoms, check_stress_cells, model_config, pad_atoms, requested_outputs,
+                       unpad_atoms)
 from .segments import per_system_sum
-from .spec import MLIPSpec, OutputKind
+from .spec import MLIPSpec
 
 __all__ = ["compute", "energy_and_derivatives", "neighbor_list_for"]
-
-
-def model_config(model) -> ModelConfig:
-    """The :class:`~jaxdd.ModelConfig` of ``model``; a ValueError naming its class when it has none."""
-    cfg = getattr(model, "model_config", None)
-    if not isinstance(cfg, ModelConfig):
-        raise ValueError(
-            f"model {type(model).__name__} has no ModelConfig in .model_config; "
-            "mix in jaxdd.BaseModel and declare one"
-        )
-    return cfg
 
 
 def neighbor_list_for(model, batch: Batch, capacity: NeighborCapacity):
@@ -240,102 +229,3 @@ def program_capacity(capacity: NeighborCapacity, nc) -> NeighborCapacity:
     capacity = capacity.bucketed()
     slots = capacity.max_neighbors if NeighborListFormat(nc.format) is NeighborListFormat.MATRIX else 1
     return dataclasses.replace(capacity, max_neighbors=max(slots, nc.max_neighbors or 1))
-
-
-def bucketed_atoms(batch: Batch) -> int:
-    """The atom rows ``compute`` runs ``batch`` with: :func:`~jaxdd.neighbors.capacity_bucket`
-    of its atom count, or the count itself when the batch has as many systems as that (a
-    per-atom output could then not be told from a per-system one)."""
-    n = capacity_bucket(batch.n_atoms)
-    return batch.n_atoms if batch.n_systems >= n else n
-
-
-def pad_atoms(batch: Batch, n_atoms: int) -> Batch:
-    """``batch`` with padding atom rows appended up to ``n_atoms``, built on the host (no
-    program is compiled for it). Padding rows are as :meth:`Batch.pad` makes them: position 0,
-    atomic number 0, ``atom_mask`` False, ``batch_idx`` = n_systems, masses 1."""
-    v, s = batch.n_atoms, batch.n_systems
-    if n_atoms <= v:
-        return batch
-
-    def fit(x, fill):
-        if x is None:
-            return None
-        x = np.asarray(x)
-        return jax.device_put(np.concatenate([x, np.full((n_atoms - v,) + x.shape[1:], fill, x.dtype)]))
-
-    return Batch.unchecked(
-        positions=fit(batch.positions, 0), atomic_numbers=fit(batch.atomic_numbers, 0), cell=batch.cell,
-        pbc=batch.pbc, batch_idx=fit(batch.batch_idx, s), ptr=batch.ptr, atom_mask=fit(batch.atom_mask, False),
-        system_mask=batch.system_mask, charges=fit(batch.charges, 0), masses=fit(batch.masses, 1),
-        velocities=fit(batch.velocities, 0), neighbors=None,
-    )
-
-
-def unpad_atoms(out: ModelOutputs, n_atoms: int, n_padded: int, spec=None) -> ModelOutputs:
-    """Per-atom outputs of a run on ``n_padded`` rows cut back to the first ``n_atoms``, on the
-    host. An output is per-atom when ``spec`` (an MLIPSpec or None) declares it PER_NODE, or,
-    undeclared, when its leading axis has ``n_padded`` entries (``forces``, ``atomic_energies``)."""
-    if n_padded == n_atoms:
-        return out
-    kept = {}
-    for key, value in out.items():
-        kind = spec.kind_of(key) if isinstance(spec, MLIPSpec) else OutputKind.UNKNOWN
-        per_atom = kind is OutputKind.PER_NODE or (kind is OutputKind.UNKNOWN and getattr(value, "ndim", 0) >= 1
-                                                   and value.shape[0] == n_padded)
-        if per_atom:
-            value = _first_rows(value, n_atoms)
-        kept[key] = value
-    return ModelOutputs(kept)
-
-
-def _first_rows(value, n: int):
-    """The first ``n`` rows of an array, cut on the host and placed as the array was: on the same
-    devices if it was committed to them (a replicated output of several processes included),
-    else uncommitted, so that it combines with other arrays as the uncut one did."""
-    if not isinstance(value, jax.Array) or not is_concrete(value):  # traced (a gradient of compute): cut in the trace
-        return value[:n]
-    local = value if value.is_fully_addressable else value.addressable_data(0)  # replicated: whole
-    host = np.asarray(local)[:n]
-    if not value.committed:
-        return jax.device_put(host)
-    return jax.make_array_from_callback(host.shape, value.sharding, lambda index: host[index])
-
-
-def requested_outputs(cfg: ModelConfig, outputs, virial_key: str | None = None) -> tuple[tuple[str, ...], bool]:
-    """The output keys of a call, checked against the model's ``cfg``, and whether they ask for
-    the per-atom virials ``virial_key`` (a spec's ``node_virial_key``, which the model need not
-    list among its outputs; then it comes last).
-
-    Args:
-      cfg: the model's :class:`~jaxdd.ModelConfig`. outputs: the keys asked for (a key, an
-      iterable of keys, or None: the model's active outputs). virial_key: or None.
-    """
-    requested = default_order(cfg.active_outputs) if outputs is None else outputs
-    requested = (requested,) if isinstance(requested, str) else tuple(requested)
-    wants = virial_key is not None and virial_key in requested
-    rest = tuple(k for k in requested if k != virial_key)
-    checked = cfg.check_outputs(rest) if rest or not wants else ()
-    return (checked + (virial_key,) if wants else checked), wants
-
-
-def default_order(keys) -> tuple[str, ...]:
-    """Output keys in the order outputs are returned: energy, forces, stress, then the rest sorted."""
-    first = [k for k in ("energy", "forces", "stress") if k in keys]
-    return tuple(first + sorted(set(keys) - set(first)))
-
-
-def systems_without_volume(batch: Batch) -> np.ndarray:
-    """Indices of the real systems of ``batch`` whose cell has zero volume (no stress there)."""
-    volume = np.abs(np.linalg.det(np.asarray(batch.cell)))
-    return np.flatnonzero(np.asarray(batch.system_mask) & ~(volume > 0))
-
-
-def check_stress_cells(batch: Batch) -> None:
-    """Raise ValueError naming the systems of ``batch`` whose cell has no volume (no stress there)."""
-    flat = systems_without_volume(batch)
-    if flat.size:
-        raise ValueError(
-            f"stress needs a cell of non-zero volume, but system(s) {flat[:8].tolist()} have a degenerate cell; "
-            "give those systems a cell (vacuum box) or do not request 'stress'"
-        )

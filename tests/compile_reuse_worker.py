@@ -38,7 +38,7 @@ from ase.calculators.lj import LennardJones as AseLJ  # noqa: E402
 from ase.stress import full_3x3_to_voigt_6_stress  # noqa: E402
 
 import jaxdd  # noqa: E402
-from jaxdd import driver, programs
+from jaxdd import driver, programs, protocol
 from jaxdd.engine import call, distributed  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
 
@@ -80,7 +80,7 @@ def deviation(atoms: Atoms, energy, forces, stress=None) -> float:
 def compute_key(data, capacity=None):
     """What a ``jaxdd.compute`` program depends on here: the atom rows and the neighbour capacity."""
     batch = jaxdd.as_batch(data)
-    batch = driver.pad_atoms(batch, driver.bucketed_atoms(batch))
+    batch = protocol.pad_atoms(batch, protocol.bucketed_atoms(batch))
     if capacity is None:
         capacity = driver.program_capacity(jaxdd.neighbor_capacity(
             batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask, cutoff=CUTOFF, headroom=1.0),

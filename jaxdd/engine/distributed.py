@@ -29,7 +29,7 @@ from ..decomposition.guardrail import check_halo, device_memory, halo_size
 from ..decomposition.halo import HaloLayout, HaloPlan
 from ..decomposition.partition import Partition
 from ..dispatch import warn_fallbacks
-from ..driver import check_stress_cells, model_config, requested_outputs, unpad_atoms
+from ..protocol import check_stress_cells, model_config, requested_outputs, unpad_atoms
 from ..model import ModelOutputs
 from ..neighbors import NeighborCapacity, NeighborListFormat
 from ..neighbors.capacity import Capacities, factors

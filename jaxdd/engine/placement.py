@@ -20,7 +20,7 @@ from ..decomposition.graph_partition import block_capacity, node_blocks
 from ..decomposition.halo import HaloPlan, build_halo_plan, build_rank_plans
 from ..decomposition.partition import Partition, partition
 from ..decomposition.ranks import agree_max, own_ranks
-from ..driver import bucketed_atoms, model_config
+from ..protocol import bucketed_atoms, model_config
 from ..neighbors import NeighborCapacity, neighbor_capacity
 from ..neighbors.capacity import headroom as with_headroom
 from .health import covers_every_atom, owned_and_ghosts
