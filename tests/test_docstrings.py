@@ -58,17 +58,21 @@ def _optional_import_error(error: ImportError) -> bool:
 
 
 @functools.cache
-def import_modules() -> tuple[dict, dict]:
-    """``(modules, skipped)``: name → module for those that import; name → reason for the rest."""
-    modules, skipped = {}, {}
+def import_modules() -> tuple[dict, dict, dict]:
+    """``(modules, skipped, broken)``: name → module for those that import; name → reason for
+    those that need a missing optional package; name → error for those that fail otherwise."""
+    modules, skipped, broken = {}, {}, {}
     for name in module_names():
         try:
             modules[name] = importlib.import_module(name)
         except ImportError as error:
-            if not _optional_import_error(error):
-                raise
-            skipped[name] = f"needs {error.name}: {error}"
-    return modules, skipped
+            if _optional_import_error(error):
+                skipped[name] = f"needs {error.name}: {error}"
+            else:
+                broken[name] = f"{type(error).__name__}: {error}"
+        except Exception as error:  # a module that raises on import is broken, not undocumented
+            broken[name] = f"{type(error).__name__}: {error}"
+    return modules, skipped, broken
 
 
 def _in_jaxdd(obj) -> bool:
@@ -190,8 +194,8 @@ def public_objects(modules: dict) -> list[tuple[str, object]]:
 
 def missing_docstrings() -> list[str]:
     """Every public definition of jaxdd without the docstring it needs, one line each."""
-    modules, _ = import_modules()
-    problems: list[str] = []
+    modules, _, broken = import_modules()
+    problems: list[str] = [f"{name}: cannot be imported ({error})" for name, error in broken.items()]
     for name, module in modules.items():
         if not (module.__doc__ or "").strip():
             problems.append(f"{name}: no module docstring")
@@ -211,12 +215,15 @@ def missing_docstrings() -> list[str]:
 @pytest.mark.parametrize("name", module_names())
 def test_module_imports(name):
     """Every public module imports, or needs an optional package that is not installed."""
-    _, skipped = import_modules()
+    _, skipped, broken = import_modules()
     if name in skipped:
         pytest.skip(f"{name} not checked for docstrings: {skipped[name]}")
+    assert name not in broken, f"{name} cannot be imported: {broken[name]}"
 
 
 def test_public_api_has_docstrings():
     """Every public function, class, method and property has a docstring saying what it takes."""
     problems = missing_docstrings()
-    assert not problems, f"{len(problems)} public definitions lack a docstring or its Args:\n" + "\n".join(problems)
+    if problems:
+        pytest.fail(f"{len(problems)} public definitions lack a docstring or its Args:\n" + "\n".join(problems),
+                    pytrace=False)
