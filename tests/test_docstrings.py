@@ -1,8 +1,8 @@
 """Every public function, class, method and property of jaxdd has a docstring that says what it takes.
 
 The public API is every name in the ``__all__`` of ``jaxdd`` and of each of its modules and
-subpackages (``jaxdd.models``, whose source is ``models/``, included; modules and names with a
-leading underscore are private), plus the public methods and properties that a public class
+subpackages (``jaxdd.models`` and ``jaxdd.specs``, whose sources are ``models/`` and ``specs/``,
+included; modules and names with a leading underscore are private), plus the public methods and properties that a public class
 defines itself (its own ``__dict__``; members inherited from a base outside jaxdd and the
 methods a dataclass generates are not its own). Data (constants, registries, specs) cannot
 carry a docstring of its own and is left out.
@@ -29,10 +29,10 @@ import re
 import pytest
 
 import jaxdd
-import jaxdd.models
 
-#: Packages to walk: ``jaxdd.models`` lives in ``models/``, outside ``jaxdd/``'s folder.
-PACKAGES = ("jaxdd", "jaxdd.models")
+#: Packages to walk: ``jaxdd.models`` (``models/``) and ``jaxdd.specs`` (``specs/``) live outside
+#: ``jaxdd/``'s folder, so walking ``jaxdd`` does not find them.
+PACKAGES = ("jaxdd", "jaxdd.models", "jaxdd.specs")
 
 
 def _is_private(module_name: str) -> bool:
@@ -166,7 +166,7 @@ def _check_class(cls, problems: list[str]) -> None:
         if isinstance(member, (property, functools.cached_property)):
             if not _member_doc(cls, name, target):
                 problems.append(f"{qualname}.{name}: no docstring (property)")
-        elif inspect.isfunction(target) or _is_function(target) and not inspect.isclass(member):
+        elif _is_function(target):
             if not _in_jaxdd(target):
                 continue  # a function from elsewhere assigned as an attribute
             bound = not isinstance(member, staticmethod)
