@@ -2,9 +2,9 @@
 
 The public API is every name in the ``__all__`` of ``jaxdd`` and of each of its modules and
 subpackages (``jaxdd.models`` and ``jaxdd.specs``, whose sources are ``models/`` and ``specs/``,
-included; modules and names with a leading underscore are private), plus the public methods and properties that a public class
-defines itself (its own ``__dict__``; members inherited from a base outside jaxdd and the
-methods a dataclass generates are not its own). Data (constants, registries, specs) cannot
+included; modules and names with a leading underscore are private), plus the public methods
+and properties that a public class defines itself (its own ``__dict__``; members inherited
+from a base outside jaxdd and the methods a dataclass generates are not its own). Data (constants, registries, specs) cannot
 carry a docstring of its own and is left out.
 
 Each must have a non-empty docstring. A function or method that takes parameters (beyond
