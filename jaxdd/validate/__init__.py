@@ -12,12 +12,13 @@ Command line: ``python -m jaxdd.validate MODULE:FACTORY``.
 
 from .compare import KeyDiff, compare_outputs, diff
 from .diagnostics import HelperRecorder, diagnose, halo_completeness, helper_diagnostics, watched_modules
+from .factory import ModelFactoryError
 from .ghost_sums import add_scatter_outputs, untransformed_per_atom_outputs, with_scatter_outputs
 from .op_calls import named_op_outputs
 from .report import Attempt, HaloCompleteness, HelperDiagnostic, TraceReport
 from .rule import FixCandidate, FixContext, FixRule
 from .rules import FIX_RULES, FixRuleRegistry, register_fix_rule
-from .runner import ModelFactoryError, trace_and_validate
+from .runner import trace_and_validate
 
 __all__ = [
     "Attempt",

@@ -73,7 +73,8 @@ def main(argv=None) -> int:
     from ..data import Batch
     from ..ops import SpecError
     from .examples import sample
-    from .runner import ModelFactoryError, trace_and_validate
+    from .factory import ModelFactoryError
+    from .runner import trace_and_validate
 
     factory = args.factory or DEFAULT_FACTORY
     dtype = np.float64 if args.dtype == "float64" else np.float32

@@ -19,7 +19,9 @@ def main(argv=None) -> int:
     import jax
 
     from ..spec import MLIPSpec
-    from .runner import resolve_factory, load_batch, run_sharded, write_result
+    from .child import load_batch, write_result
+    from .factory import resolve_factory
+    from .sharded import run_sharded
 
     factory, _ = resolve_factory(request["factory"])
     model = factory()
