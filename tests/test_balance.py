@@ -23,7 +23,7 @@ import jaxdd
 from jaxdd.data import as_batch
 from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.dynamics import DomainParallel, VelocityVerlet
-from jaxdd.decomposition.halo import build_halo_plan
+from jaxdd.decomposition.halo_plan import build_halo_plan
 from jaxdd.decomposition.partition import balanced_cuts, partition
 from jaxdd.decomposition.replan import ReplanConfig, frame_of, replan
 from jaxdd.models.lj import LennardJones

@@ -26,7 +26,7 @@ from jaxdd import AtomicData, Batch, NeighborCapacity
 from jaxdd.neighbors.capacity import Capacities
 from jaxdd.data import as_batch
 from jaxdd.engine import DistributedModel, DomainConfig, PartitionHealth, default_mesh
-from jaxdd.decomposition.halo import build_halo_plan
+from jaxdd.decomposition.halo_plan import build_halo_plan
 from jaxdd.models.lj import LennardJones
 from jaxdd.decomposition.partition import partition
 from jaxdd.systems import fcc_lattice

@@ -20,7 +20,8 @@ from scipy.optimize import lsq_linear
 
 from jaxdd import Batch
 from jaxdd.engine import default_mesh
-from jaxdd.decomposition.halo import HaloLayout, build_halo_plan, build_rank_plans, halo_forward, halo_reverse
+from jaxdd.decomposition.halo import HaloLayout, halo_forward, halo_reverse
+from jaxdd.decomposition.halo_plan import build_halo_plan, build_rank_plans
 from jaxdd.decomposition.partition import partition
 from jaxdd.systems import fcc_lattice
 

@@ -292,7 +292,7 @@ def test_sizing_a_large_system_in_blocks_of_rows_counts_what_one_pass_counts(mon
     one_pass = neighbor_capacity(atoms.positions, atoms.cell.array, atoms.pbc, **size)
     candidates = nb.capacity_bucket(one_pass.max_candidates)
     for slots in (1, 600 * candidates):  # blocks of 64 rows; of 512
-        monkeypatch.setattr(nb, "PAIR_COUNT_SLOTS", slots)
+        monkeypatch.setattr("jaxdd.neighbors.sizing.PAIR_COUNT_SLOTS", slots)
         assert neighbor_capacity(atoms.positions, atoms.cell.array, atoms.pbc, **size) == one_pass
 
 

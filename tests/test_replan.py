@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxdd.engine import default_mesh
-from jaxdd.decomposition.halo import build_halo_plan
+from jaxdd.decomposition.halo_plan import build_halo_plan
 from jaxdd.decomposition.partition import partition
 from jaxdd.decomposition.replan import ReplanConfig, frame_of, replan
 from jaxdd import Batch

@@ -10,7 +10,7 @@ own halo, so a rebuild never gathers the system on a host.
    block per axis as LAMMPS does (an atom further away is reported, not dropped);
 3. sorts the owned rows by global id, as the host partition does;
 4. selects the ghosts of every exchange of the plan's :class:`~jaxdd.decomposition.halo.HaloLayout` from
-   what the rank holds, exactly as :func:`jaxdd.decomposition.halo.build_halo_plan` does on the host
+   what the rank holds, exactly as :func:`jaxdd.decomposition.halo_plan.build_halo_plan` does on the host
    (the same bounds, stages and row order), and routes them.
 
 Capacities are static: when the atoms no longer fit (owned rows, migration slots or an
@@ -241,7 +241,7 @@ def rank_replan(owned: dict, frame: Frame, cfg: ReplanConfig):
             lo_d = edges[s_sys, ex.axis, c_dst]
             hi_d = edges[s_sys, ex.axis, c_dst + 1]
         r_ax = reach[s_sys, ex.axis]
-        # Inclusive bounds, as the host plan's (halo.build_halo_plan): an atom on the bound is sent.
+        # Inclusive bounds, as the host plan's (halo_plan.build_halo_plan): an atom on the bound is sent.
         sel = (sends & (l_ids[src] >= 0) & (pbc[s_sys, ex.axis] | (wr == 0))
                & (fa >= lo_d - r_ax) & (fa <= hi_d + r_ax))
         count = jnp.sum(sel.astype(jnp.int32))

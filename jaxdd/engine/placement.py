@@ -17,7 +17,8 @@ import numpy as np
 
 from ..data import Batch
 from ..decomposition.graph_partition import block_capacity, node_blocks
-from ..decomposition.halo import HaloPlan, build_halo_plan, build_rank_plans
+from ..decomposition.halo import HaloPlan
+from ..decomposition.halo_plan import build_halo_plan, build_rank_plans
 from ..decomposition.partition import Partition, partition
 from ..decomposition.ranks import agree_max, own_ranks
 from ..protocol import bucketed_atoms, model_config

@@ -17,7 +17,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported for annotations only: neighbors imports this module
-    from . import NeighborCapacity
+    from .formats import NeighborCapacity
 
 __all__ = ["Capacities", "headroom", "grow", "factors", "run_until_fits", "DEFAULT_CAPACITY_FACTOR",
            "DEFAULT_GROWTH_FACTOR"]
@@ -100,7 +100,7 @@ class Capacities:
 
     @property
     def halo(self) -> tuple[int, tuple[int, ...]]:
-        """(owned rows, exchange slots): the capacity argument of :func:`~jaxdd.decomposition.halo.build_halo_plan`."""
+        """(owned rows, exchange slots): the capacity argument of :func:`~jaxdd.decomposition.halo_plan.build_halo_plan`."""
         return self.owned, self.exchange
 
     def grown(self, factor: float, *, owned: int = 0, exchange=(), neighbors=None, migrate: int = 0) -> Capacities:
