@@ -18,6 +18,7 @@ import numpy as np
 from .. import programs
 from ..checks import integral
 from ..data import is_concrete
+from .capacity import run_until_fits
 from .cell_list import candidate_mask
 from .formats import NeighborCapacity, NeighborList, NeighborListFormat
 from .inputs import check_cutoff, check_order, normalise_inputs
@@ -236,9 +237,14 @@ def neighbor_list(
     args = (positions, cell, pbc, batch_idx, atom_mask)
     if capacity is None:
         capacity = neighbor_capacity(*args, cutoff=cutoff, half=half)
-    for _ in range(max_rebuilds):
-        nl = build_neighbor_list(*args, cutoff=cutoff, capacity=capacity, half=half, format=format)
-        if not bool(nl.overflow):
-            return nl, capacity
-        capacity = capacity.grown(nl.stats())
-    raise RuntimeError(f"neighbour list still overflowed after {max_rebuilds} rebuilds (last capacity {capacity})")
+    held = {"capacity": capacity}
+
+    def attempt():
+        nl = build_neighbor_list(*args, cutoff=cutoff, capacity=held["capacity"], half=half, format=format)
+        return (nl, held["capacity"]), (nl.stats() if bool(nl.overflow) else None)
+
+    def grow_to(needed):
+        held["capacity"] = held["capacity"].grown(needed)
+
+    # max_rebuilds builds in all: the first and max_rebuilds - 1 growths.
+    return run_until_fits(attempt, grow_to, max_regrowths=max(int(max_rebuilds) - 1, 0), what="the neighbour list")
