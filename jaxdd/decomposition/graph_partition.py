@@ -38,10 +38,19 @@ STRATEGIES = ("halo", "graph_partition")
 def node_blocks(batch_idx, atom_mask, pbc, n_ranks: int) -> tuple[Partition, HaloPlan]:
     """Contiguous balanced blocks of the real atoms, as a plan with no ghost shell.
 
-    batch_idx: [V] system of each atom; atom_mask: [V] real atoms; pbc: [S, 3].
     Block sizes differ by at most one atom; ``n_block = ceil(n_real / n_ranks)`` rows per
     rank (at least one). The partition's frame fields are unused (``frac`` is zero, no
     wrapping: positions stay as given and the neighbour search handles periodicity).
+
+    Args:
+      batch_idx: [V] system of each atom.
+      atom_mask: [V] real atoms.
+      pbc: [S, 3] bool.
+      n_ranks: number of ranks P.
+
+    Returns:
+      ``(partition, plan)``: the owner of each atom, and a :class:`HaloPlan` whose ranks
+      each hold ``n_block`` owned rows and no ghosts.
     """
     batch_idx = np.asarray(batch_idx)
     atom_mask = np.asarray(atom_mask, bool)
@@ -101,10 +110,22 @@ def block_neighbor_list(positions, cell, pbc, batch_idx, atom_mask, rank, n_bloc
                         ) -> NeighborList:
     """The neighbour list of one rank's block, over every rank's rows.
 
-    positions: [P * n_block, 3] Å, all ranks' rows in rank order; cell: [S, 3, 3];
-    pbc: [S, 3]; batch_idx, atom_mask: [P * n_block]; rank: this rank (int or traced).
     Receivers are local rows ``[0, n_block)`` (padding ``n_block``); senders and matrix
     entries index the ``P * n_block`` stacked rows (padding ``P * n_block``). Traceable.
+
+    Args:
+      positions: [P * n_block, 3] Å, all ranks' rows in rank order.
+      cell: [S, 3, 3] Å.
+      pbc: [S, 3] bool.
+      batch_idx, atom_mask: [P * n_block] system of each row and its real atoms.
+      rank: this rank (int or traced).
+      n_block: rows per rank.
+      cutoff: neighbour cutoff (Å).
+      capacity: the list's static sizes (:func:`block_capacity`).
+      format: COO edge arrays or a per-atom MATRIX (:class:`NeighborListFormat`).
+
+    Returns:
+      The :class:`NeighborList` of the block's receivers.
     """
     n_all = positions.shape[0]
     nl = build_neighbor_list(
@@ -137,8 +158,20 @@ def block_neighbor_list(positions, cell, pbc, batch_idx, atom_mask, rank, n_bloc
 
 def block_capacity(positions, cell, pbc, batch_idx, atom_mask, n_ranks: int, n_block: int, *, cutoff: float,
                    headroom: float, max_neighbors: int = 1) -> NeighborCapacity:
-    """Static neighbour-list sizes that fit every rank's block (host; arrays as in
-    :func:`block_neighbor_list`, numpy)."""
+    """Static neighbour-list sizes that fit every rank's block (host, numpy).
+
+    Args:
+      positions, cell, pbc, batch_idx, atom_mask: every rank's rows, as in
+        :func:`block_neighbor_list`.
+      n_ranks: number of ranks P.
+      n_block: rows per rank.
+      cutoff: neighbour cutoff (Å).
+      headroom: factor over the counts measured now, for the atoms to move.
+      max_neighbors: neighbour slots per atom it has at least (MATRIX format).
+
+    Returns:
+      A :class:`NeighborCapacity` covering every rank's block.
+    """
     caps = [
         neighbor_capacity(np.roll(positions, -r * n_block, axis=0), cell, pbc, np.roll(batch_idx, -r * n_block),
                           np.roll(atom_mask, -r * n_block), cutoff=cutoff, headroom=headroom, n_receivers=n_block)

@@ -39,6 +39,7 @@ class HaloSize:
     min_bytes: int
 
     def describe(self) -> str:
+        """One line for messages: the ghosts per owned atom, and the busiest rank's rows, edges and memory."""
         return (f"{self.ghosts} ghost rows for {self.owned} owned atoms ({self.ghosts / max(self.owned, 1):.1f}x) on "
                 f"one rank; {self.rows} rows, {self.edges} neighbour-list edges and at least "
                 f"{self.min_bytes / 2**20:.1f} MiB on the busiest")
@@ -73,7 +74,19 @@ def device_memory(device) -> int | None:
 def check_halo(size: HaloSize, memory_limit: int | None, *, grid, ghost_width: float, warn: bool = True,
                stacklevel: int = 3) -> None:
     """Refuse a share whose lower bound of memory exceeds ``memory_limit`` (bytes; None: no
-    limit); with ``warn``, warn when ghosts exceed :data:`GHOST_RATIO` times the owned atoms."""
+    limit); with ``warn``, warn when ghosts exceed :data:`GHOST_RATIO` times the owned atoms.
+
+    Args:
+      size: the busiest rank's share (:func:`halo_size`).
+      memory_limit: bytes one device can hold, or None (no limit).
+      grid: the rank grid (Px, Py, Pz), for the messages.
+      ghost_width: the halo's width (Å), for the messages.
+      warn: warn on a ghost-heavy share (a ValueError is raised either way).
+      stacklevel: of the warning, to point at the caller's call.
+
+    Raises:
+      ValueError: the share needs more than ``memory_limit``.
+    """
     advice = ("use fewer ranks or a larger system, a thinner halo (halo_layers, ghost_width), or "
               "HaloStoragePolicy(scatter_mode='halo_correction') instead of a deep halo")
     if memory_limit is not None and size.min_bytes > memory_limit:

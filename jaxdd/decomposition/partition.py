@@ -31,12 +31,13 @@ __all__ = ["Partition", "balanced_cuts", "block_of", "choose_grid", "imbalance",
 
 
 def rank_coords(rank: int | np.ndarray, grid: tuple[int, int, int]) -> np.ndarray:
-    """Grid coordinates ``[..., 3]`` of flat rank(s) (row-major, like the device mesh)."""
+    """Grid coordinates ``[..., 3]`` of flat ``rank`` (an int or array of them) in ``grid``
+    (row-major, like the device mesh)."""
     return np.stack(np.unravel_index(np.asarray(rank), grid), axis=-1)
 
 
 def rank_of(coords: np.ndarray, grid: tuple[int, int, int]) -> np.ndarray:
-    """Flat rank of grid coordinates ``[..., 3]``."""
+    """Flat rank of grid coordinates ``coords`` ``[..., 3]`` in ``grid`` (row-major)."""
     coords = np.asarray(coords)
     return np.ravel_multi_index((coords[..., 0], coords[..., 1], coords[..., 2]), grid)
 
@@ -44,9 +45,12 @@ def rank_of(coords: np.ndarray, grid: tuple[int, int, int]) -> np.ndarray:
 def choose_grid(n_ranks: int, lengths: np.ndarray) -> tuple[int, int, int]:
     """The factorisation ``Px * Py * Pz == n_ranks`` with the smallest halo surface.
 
-    lengths: [3] extent of the system along each axis (Å, perpendicular to the other two).
     Surface of a block: dx*dy + dy*dz + dz*dx with d = length / P. Ties go to the first
     grid in lexicographic order, so the choice is deterministic.
+
+    Args:
+      n_ranks: number of ranks.
+      lengths: [3] extent of the system along each axis (Å, perpendicular to the other two).
     """
     lengths = np.maximum(np.asarray(lengths, float), 1e-12)
     best, best_cost = None, np.inf
@@ -86,6 +90,7 @@ class Partition:
 
     @property
     def n_ranks(self) -> int:
+        """Number of ranks, ``Px * Py * Pz``."""
         return int(np.prod(self.grid))
 
     def bounds(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
@@ -120,11 +125,19 @@ def partition(positions, cell, pbc, batch_idx, atom_mask, n_ranks: int, grid=Non
               balance: bool = False, weights=None) -> Partition:
     """Assign each real atom to a rank of a ``grid`` (chosen by :func:`choose_grid` if None).
 
-    positions: [V, 3] Å; cell: [S, 3, 3]; pbc: [S, 3]; batch_idx: [V]; atom_mask: [V].
-    cuts: [S, 3, max(grid) + 1] (or [3, max(grid) + 1] for every system) relative block
-    boundaries; None: equal slices. balance: cut each axis where the blocks hold equal
-    shares of the atoms (:func:`balanced_cuts`; ``cuts`` must then be None), or of
-    ``weights`` [V] (a cost per atom, e.g. its neighbour count).
+    Args:
+      positions: [V, 3] Å.
+      cell: [S, 3, 3] Å.
+      pbc: [S, 3] bool.
+      batch_idx: [V] system of each atom.
+      atom_mask: [V] real atoms.
+      n_ranks: number of ranks.
+      grid: rank grid (Px, Py, Pz); None: :func:`choose_grid` of the system with the most atoms.
+      cuts: [S, 3, max(grid) + 1] (or [3, max(grid) + 1] for every system) relative block
+        boundaries; None: equal slices.
+      balance: cut each axis where the blocks hold equal shares of the atoms
+        (:func:`balanced_cuts`; ``cuts`` must then be None), or of ``weights``.
+      weights: [V] a cost per atom (e.g. its neighbour count), for ``balance``.
     """
     positions = np.asarray(positions, np.float64)
     cell = np.asarray(cell, np.float64).reshape(-1, 3, 3)
@@ -203,6 +216,13 @@ def block_of(frac, lo, hi, system, grid, cuts=None) -> np.ndarray:
     above it, as floor() says; the clip keeps f == 1 - ulp (rounding of the division) and
     the open axes' topmost atom in the last block. With ``cuts``, block b owns
     [edge_b, edge_{b+1}), the same rule. The device rebuild (replan.py) computes the same.
+
+    Args:
+      frac: [V, 3] coordinates in the partition frame.
+      lo, hi: [S, 3] extent of each system's partitioned box in that frame.
+      system: [V] system of each atom.
+      grid: rank grid (Px, Py, Pz).
+      cuts: [S, 3, max(grid) + 1] relative block boundaries; None: equal slices.
     """
     grid_a = np.asarray(grid)
     if cuts is None:
@@ -217,7 +237,7 @@ def block_of(frac, lo, hi, system, grid, cuts=None) -> np.ndarray:
 
 
 def uniform_cuts(n_systems: int, grid) -> np.ndarray:
-    """Equal slices as relative cuts [S, 3, max(grid) + 1]."""
+    """Equal slices as relative cuts [S, 3, max(grid) + 1], for ``n_systems`` systems and rank ``grid``."""
     g = max(grid)
     cuts = np.ones((n_systems, 3, g + 1))
     for a, n in enumerate(grid):
@@ -233,6 +253,14 @@ def balanced_cuts(frac, lo, hi, system, atom_mask, grid, weights=None) -> np.nda
     below it is nearest to k / G_a, so no atom sits on it and a lattice plane stays in one
     block; an axis whose atoms share one coordinate (or a system without atoms) keeps equal
     slices.
+
+    Args:
+      frac: [V, 3] coordinates in the partition frame.
+      lo, hi: [S, 3] extent of each system's partitioned box in that frame.
+      system: [V] system of each atom.
+      atom_mask: [V] real atoms.
+      grid: rank grid (Px, Py, Pz).
+      weights: [V] a cost per atom; None: every atom counts one.
     """
     frac = np.asarray(frac, np.float64)
     n_sys = lo.shape[0]

@@ -63,9 +63,17 @@ def on_ranks(fn, mesh: Mesh, ranked: tuple = (), replicated: tuple = (), replica
 
 
 def place_ranked(tree, mesh: Mesh, ranks=None):
-    """Per-rank host blocks ``[len(ranks), ...]`` (a pytree) as global ``[P, ...]`` arrays
-    split over the mesh; ranks None: the blocks of every rank. Only this process's devices
-    are written, so a process never builds or sends another process's rows."""
+    """Per-rank host blocks as global ``[P, ...]`` arrays split over the mesh. Only this
+    process's devices are written, so a process never builds or sends another process's rows.
+
+    Args:
+      tree: a pytree of host arrays ``[len(ranks), ...]``, one block per rank in ``ranks``.
+      mesh: the device mesh of P ranks.
+      ranks: the ranks the blocks belong to (:func:`own_ranks`); None: the blocks of every rank.
+
+    Returns:
+      ``tree`` with each leaf a global ``[P, ...]`` array.
+    """
     ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
     if ranks is None:
         return jax.device_put(tree, ranked)
@@ -83,8 +91,8 @@ def place_ranked(tree, mesh: Mesh, ranks=None):
 
 
 def own_ranks(mesh: Mesh):
-    """The ranks (blocks of the ``[P, ...]`` arrays) on this process's devices, in order, or
-    None when this process drives every device."""
+    """The ranks (blocks of the ``[P, ...]`` arrays) on this process's devices of ``mesh``, in
+    order, or None when this process drives every device."""
     if jax.process_count() == 1:
         return None
     ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
@@ -92,7 +100,7 @@ def own_ranks(mesh: Mesh):
 
 
 def agree_max(values) -> np.ndarray:
-    """The elementwise maximum of an integer vector over every process (itself with one)."""
+    """The elementwise maximum of the integer vector ``values`` over every process (itself with one)."""
     values = np.asarray(values, np.int64)
     if jax.process_count() == 1:
         return values

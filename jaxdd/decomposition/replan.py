@@ -57,8 +57,16 @@ class Frame:
 
 
 def frame_of(cell, pbc, ghost_width: float, dtype, cuts=None) -> Frame:
-    """The :class:`Frame` of cells ``[S, 3, 3]`` Å with ``pbc`` [S, 3] (and a balanced
-    partition's ``cuts``), computed on the host as :func:`jaxdd.decomposition.partition.partition` does."""
+    """The :class:`Frame` of a batch, computed on the host as :func:`jaxdd.decomposition.partition.partition` does.
+
+    Args:
+      cell: [S, 3, 3] Å.
+      pbc: [S, 3] bool.
+      ghost_width: the halo's width (Å).
+      dtype: of the frame's arrays (the positions' dtype).
+      cuts: [S, 3, max(grid) + 1] a balanced partition's relative block boundaries; None:
+        equal slices.
+    """
     cell = np.asarray(cell, np.float64).reshape(-1, 3, 3)
     pbc = np.asarray(pbc, bool).reshape(-1, 3)
     ceff = np.where(pbc[:, :, None], cell, np.asarray(effective_cell(cell, pbc), np.float64))
@@ -94,19 +102,23 @@ def hops_per_axis(layout: HaloLayout) -> tuple[int, int, int]:
 def rank_replan(owned: dict, frame: Frame, cfg: ReplanConfig):
     """Migrate and plan one rank; call inside ``shard_map``.
 
-    owned: this rank's rows ``[n, ...]`` with n ≤ ``layout.n_owned``: ``positions`` [n, 3] Å,
-    ``ids`` [n] int32 global atom index (-1 on free rows), ``system`` [n] int32, ``image``
-    [n, 3] int32 lattice vectors removed so far, and any other per-atom arrays (velocities,
-    masses, ...), which travel with their atoms.
+    Args:
+      owned: this rank's rows ``[n, ...]`` with n ≤ ``layout.n_owned``: ``positions`` [n, 3] Å,
+        ``ids`` [n] int32 global atom index (-1 on free rows), ``system`` [n] int32, ``image``
+        [n, 3] int32 lattice vectors removed so far, and any other per-atom arrays
+        (velocities, masses, ...), which travel with their atoms.
+      frame: the batch's partition frame (:func:`frame_of`), replicated.
+      cfg: the rebuild's static shape.
 
-    Returns ``(owned, routing, rows, report)``: ``owned`` the new rows ``[n_owned, ...]``
-    (wrapped, migrated, sorted by id); ``routing`` this rank's :class:`HaloRouting`;
-    ``rows`` the plan's local rows (``ids`` [n_local] -1 on free rows, ``system``
-    [n_local]); ``report`` replicated sizes the ranks needed (``owned``, ``migrate``,
-    ``exchange`` [n_exchanges]), ``far`` (an atom moved more than one block along an axis),
-    ``hops`` (blocks became thinner than the plan's hops cover) and ``migrated`` (atoms
-    that changed rank). Whenever a need exceeds its capacity the returned plan is
-    incomplete and must not be used.
+    Returns:
+      ``(owned, routing, rows, report)``: ``owned`` the new rows ``[n_owned, ...]``
+      (wrapped, migrated, sorted by id); ``routing`` this rank's :class:`HaloRouting`;
+      ``rows`` the plan's local rows (``ids`` [n_local] -1 on free rows, ``system``
+      [n_local]); ``report`` replicated sizes the ranks needed (``owned``, ``migrate``,
+      ``exchange`` [n_exchanges]), ``far`` (an atom moved more than one block along an axis),
+      ``hops`` (blocks became thinner than the plan's hops cover) and ``migrated`` (atoms
+      that changed rank). Whenever a need exceeds its capacity the returned plan is
+      incomplete and must not be used.
     """
     layout, axes = cfg.layout, cfg.axes
     grid = layout.grid
@@ -281,8 +293,18 @@ def rank_replan(owned: dict, frame: Frame, cfg: ReplanConfig):
 
 @functools.partial(jax.jit, static_argnames=("cfg", "mesh"))
 def replan(owned: dict, frame: Frame, cfg: ReplanConfig, mesh):
-    """:func:`rank_replan` on every rank of ``mesh``: owned arrays ``[P, n, ...]`` (one block per
-    rank) in, ``((owned, routing, rows), report)`` out, per-rank blocks stacked on ``[P]``."""
+    """:func:`rank_replan` on every rank of ``mesh``.
+
+    Args:
+      owned: the owned arrays ``[P, n, ...]``, one block per rank (as in :func:`rank_replan`).
+      frame: the batch's partition frame (:func:`frame_of`).
+      cfg: the rebuild's static shape.
+      mesh: the device mesh of P ranks.
+
+    Returns:
+      ``((owned, routing, rows), report)``: per-rank blocks stacked on ``[P]``, the report
+      replicated.
+    """
     def fn(owned, frame):
         out = rank_replan(owned, frame, cfg)
         return out[:3], out[3]
