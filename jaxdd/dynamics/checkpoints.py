@@ -244,7 +244,7 @@ def layout_of(data: dict) -> HaloLayout:
 
 
 def barrier(name: str) -> None:
-    """Wait for every process (nothing with one)."""
+    """Wait for every process at the barrier ``name`` (nothing with one process)."""
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
@@ -300,7 +300,10 @@ def read_md_json(path: Path, integrators: dict):
 
     FileNotFoundError when ``path`` holds no md.json; CheckpointError naming md.json when it is
     empty, cut short, lacks a field or holds a value ``DomainParallel.save`` never writes.
-    integrators: the known integrator classes by name.
+
+    Args:
+      path: the checkpoint's folder.
+      integrators: the known integrator classes by name.
     """
     file = Path(path) / "md.json"
     if not file.exists():

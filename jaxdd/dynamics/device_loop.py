@@ -25,7 +25,8 @@ RUNNING, REBUILD, OVERFLOW, CONVERGED, NONFINITE, AHEAD, TOO_FAST = 0, 1, 2, 3, 
 
 
 def split_plan(fixed):
-    """(the plan's per-rank arrays, the cell and system mask the same on every rank)."""
+    """(the plan's per-rank arrays, the cell and system mask the same on every rank) of the
+    plan ``fixed`` (``MDState.fixed``)."""
     return {k: fixed[k] for k in ("local", "owned_rows", "routing")}, (fixed["cell"], fixed["system_mask"])
 
 
@@ -35,7 +36,19 @@ def rank_forces(model, f, own_pos, own_sys, static, report, neighbors=None, viri
     an autograd output) is taken at its word, which costs one pass instead of a forward and a
     backward one; otherwise forces are minus the gradient of the energy. With ``virial`` the
     virial W = -dE/dε [S, 3, 3] eV summed over ranks comes too (from the strain gradient;
-    None otherwise)."""
+    None otherwise). Call inside :func:`~jaxdd.engine.rank_program.run_ranks`.
+
+    Args:
+      model: the model on this rank.
+      f: this rank's plan (``local``, ``owned_rows``, ``routing``, ``cell`` [S, 3, 3] Å,
+        ``system_mask`` [S]).
+      own_pos: [n_owned, 3] Å owned positions (in the partition's wrapped frame).
+      own_sys: [n_owned] system of each owned row.
+      static: the rank program.
+      report: the dispatch report the trace writes to.
+      neighbors: a kept neighbour list to reuse; None builds one.
+      virial: also the virial.
+    """
     direct = "forces" not in static.autograd and not virial
     rows = RankRows(f["local"], own_pos, own_sys, f["owned_rows"], f["routing"], f["cell"], f["system_mask"])
     per_system, out, _, nl, g_pos, g_strain, _ = rank_evaluate(
@@ -50,16 +63,32 @@ def advance(model, arrays, energy, extra, virial, fixed, step0, n, static, integ
             reach):
     """Up to ``n`` steps on device; stops early for a rebuild, an overflow or convergence.
 
-    ``threshold``: how far (Å) atoms may move from their plan before it is rebuilt (inf when
-    no plan goes stale). ``step_limit``: how far (Å) one step may move an atom at all (half
-    the skin, on one device as on many): a longer step ends the loop (``TOO_FAST``).
+    Args:
+      model: the model.
+      arrays: the per-rank rows ``[P, n_owned, ...]`` (:class:`~jaxdd.dynamics.state.MDState`).
+      energy: [S] eV potential energy of the current positions.
+      extra: the integrator's own state (thermostat chains, ...).
+      virial: [S, 3, 3] eV, W = -dE/dε of the current positions, or None.
+      fixed: the plan (``MDState.fixed``).
+      step0: int32 steps taken before this call.
+      n: int32 most steps to take.
+      static: the rank program.
+      integrator: the integrator (static).
+      threshold: how far (Å) atoms may move from their plan before it is rebuilt (inf when
+        no plan goes stale).
+      step_limit: how far (Å) one step may move an atom at all (half the skin, on one
+        device as on many): a longer step ends the loop (``TOO_FAST``).
+      nl_skin: > 0: the neighbour list is kept from step to step and rebuilt on device when
+        an atom has moved ``nl_skin / 2`` (Å) since it was built.
+      reach: for an integrator that moves the cell, (ghost width, model's neighbour range)
+        in Å: displacements are then measured from the reference positions carried with
+        the cell, and the allowance shrinks with the cell (a plan of ghost width W covers
+        W·s once lengths shrank by s); None otherwise.
 
-    With ``nl_skin`` > 0 the neighbour list is kept from step to step and rebuilt on device
-    when an atom has moved ``nl_skin / 2`` since it was built. ``reach``: for an integrator
-    that moves the cell, (ghost width, model's neighbour range) in Å: displacements are
-    then measured from the reference positions carried with the cell, and the allowance
-    shrinks with the cell (a plan of ghost width W covers W·s once lengths shrank by s).
-    Returns (arrays, energy, extra, cell, virial, steps taken, reason, needed sizes)."""
+    Returns:
+      (arrays, energy, extra, cell, virial, steps taken, reason, needed sizes): ``reason``
+      one of ``RUNNING``, ``REBUILD``, ``OVERFLOW``, ... above.
+    """
     axes = static.axes
     reuse = nl_skin > 0
     moving = reach is not None

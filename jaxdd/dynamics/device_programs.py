@@ -23,7 +23,19 @@ __all__ = ["evaluate", "pair_counts", "atom_terms", "replanned", "carried_fields
 
 @eqx.filter_jit
 def evaluate(model, arrays, fixed, static, stress):
-    """(energy [S], forces [P, n_owned, 3], dE/dε summed [S, 3, 3] or 0, overflow, needed)."""
+    """The energy and forces of a placed state.
+
+    Args:
+      model: the model.
+      arrays: the per-rank rows ``[P, n_owned, ...]`` (:class:`~jaxdd.dynamics.state.MDState`).
+      fixed: the plan (``MDState.fixed``).
+      static: the rank program.
+      stress: also dE/dε.
+
+    Returns:
+      (energy [S] eV, forces [P, n_owned, 3] eV/Å, dE/dε summed [S, 3, 3] eV or 0, overflow,
+      needed sizes).
+    """
     axes = static.axes
 
     def rank_fn(model, report, a, f, cell, system_mask):
@@ -40,7 +52,13 @@ def evaluate(model, arrays, fixed, static, stress):
 
 @eqx.filter_jit
 def pair_counts(arrays, fixed, static):
-    """Neighbours of every owned row within the model's search cutoff, [P, n_owned]."""
+    """Neighbours of every owned row within the model's search cutoff, [P, n_owned] (0 on free rows).
+
+    Args:
+      arrays: the per-rank rows ``[P, n_owned, ...]`` (:class:`~jaxdd.dynamics.state.MDState`).
+      fixed: the plan (``MDState.fixed``).
+      static: the rank program.
+    """
     def rank_fn(_, report, a, f, cell, system_mask):
         f = dict(f, cell=cell, system_mask=system_mask)
         positions = halo_forward(a["positions"], static.layout, f["routing"], static.axes, cell=cell)
@@ -56,7 +74,14 @@ def pair_counts(arrays, fixed, static):
 
 @eqx.filter_jit
 def atom_terms(model, arrays, fixed, static):
-    """(atomic energies [P, n_owned], atomic virials [P, n_owned, 3, 3]) of the owned rows."""
+    """(atomic energies [P, n_owned] eV, atomic virials [P, n_owned, 3, 3] eV) of the owned rows.
+
+    Args:
+      model: the model (with an ``atomic_energies`` output).
+      arrays: the per-rank rows ``[P, n_owned, ...]`` (:class:`~jaxdd.dynamics.state.MDState`).
+      fixed: the plan (``MDState.fixed``).
+      static: the rank program.
+    """
     def rank_fn(model, report, a, f, cell, system_mask):
         rows = RankRows(f["local"], a["positions"], a["system"], f["owned_rows"], f["routing"], cell, system_mask)
         _, out, _, _, _, _, w = rank_evaluate(model, rows, static, report, forces=False, virials=True)
@@ -79,9 +104,23 @@ def replanned(arrays, cell, system_mask, frame, cfg: ReplanConfig, mesh, fields:
     """A rebuild on the devices (:func:`jaxdd.decomposition.replan.rank_replan`) and the plan's local rows:
     (arrays, plan) laid out as :meth:`DomainParallel._place` lays them out (the plan's
     ``local`` batch, ``owned_rows`` and ``routing``). Inputs depend on the owned rows only,
-    so one program serves every rebuild of a layout. fields: the optional per-atom fields the local batch carries.
-    pbc: [P, S, 3] the local batch's periodic axes, kept (none where ghost rows are explicit
-    images; a single rank that searches its periodic cell itself keeps the cell's)."""
+    so one program serves every rebuild of a layout.
+
+    Args:
+      arrays: the per-rank rows ``[P, n_owned, ...]`` (:class:`~jaxdd.dynamics.state.MDState`).
+      cell: [S, 3, 3] Å.
+      system_mask: [S] real systems.
+      frame: the partition frame (:func:`jaxdd.decomposition.replan.frame_of`).
+      cfg: the rebuild's static shape.
+      mesh: the device mesh of P ranks.
+      fields: the optional per-atom fields the local batch carries (:func:`carried_fields`).
+      pbc: [P, S, 3] the local batch's periodic axes, kept (none where ghost rows are explicit
+        images; a single rank that searches its periodic cell itself keeps the cell's).
+
+    Returns:
+      (arrays, plan, report): the new rows, the plan's ``local``, ``owned_rows`` and
+      ``routing``, and the rebuild's replicated report (:func:`~jaxdd.decomposition.replan.rank_replan`).
+    """
     axes = cfg.axes
     layout, n_sys = cfg.layout, cfg.n_systems
 
@@ -116,7 +155,12 @@ def replanned(arrays, cell, system_mask, frame, cfg: ReplanConfig, mesh, fields:
 
 @functools.partial(jax.jit, static_argnums=1)
 def kinetic(arrays, n_sys: int):
-    """(kinetic energy [S] in the widest float enabled, real atoms [S]) of the owned rows."""
+    """(kinetic energy [S] eV in the widest float enabled, real atoms [S]) of the owned rows.
+
+    Args:
+      arrays: the per-rank rows (``velocities``, ``inv_mass``, ``ids``, ``system``).
+      n_sys: number of systems S.
+    """
     valid = arrays["ids"] >= 0
     wide = jnp.promote_types(arrays["velocities"].dtype, jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
     v = arrays["velocities"].astype(wide)

@@ -178,17 +178,26 @@ class DomainParallel:
 
     def run(self, state: MDState, n_steps: int, *, thermo_every: int = 0, trajectory=None,
             trajectory_every: int = 0, progress: bool = False, log=None, observers=()) -> MDState:
-        """Advance ``n_steps`` steps (fewer if a minimiser converges).
+        """Advance ``n_steps`` steps (fewer if a minimiser converges). The input state is not modified.
 
-        thermo_every: print (or pass to ``log``) the thermo of every system every N steps
-        (0: never). trajectory: an extxyz path or an :class:`ExtXYZWriter`; the gathered
-        system is appended every ``trajectory_every`` steps (and at the start when the
-        file is new). progress: a progress line with atom-steps per second on stderr.
-        observers: objects with an ``every`` (int > 0) attribute, each called as
-        ``observer(md, state)`` after every step that is a multiple of its ``every`` (a
-        :class:`~jaxdd.dynamics.HeatFlux`, or one of yours); one with a ``check(md)`` method
-        has it called before the first step, to refuse a run it cannot observe. The input
-        state is not modified.
+        Args:
+          state: the state to start from.
+          n_steps: steps to take.
+          thermo_every: print (or pass to ``log``) the thermo of every system every N steps
+            (0: never).
+          trajectory: an extxyz path or an :class:`ExtXYZWriter`; the gathered system is
+            appended every ``trajectory_every`` steps (and at the start when the file is new).
+          trajectory_every: steps between trajectory frames (> 0 with a ``trajectory``).
+          progress: a progress line with atom-steps per second on stderr.
+          log: called as ``log(step, thermo)`` at each thermo step; None:
+            :func:`~jaxdd.dynamics.observables.print_thermo`.
+          observers: objects with an ``every`` (int > 0) attribute, each called as
+            ``observer(md, state)`` after every step that is a multiple of its ``every`` (a
+            :class:`~jaxdd.dynamics.HeatFlux`, or one of yours); one with a ``check(md)``
+            method has it called before the first step, to refuse a run it cannot observe.
+
+        Returns:
+          The state after the steps.
         """
         n_steps = integral("n_steps", n_steps, minimum=0)
         thermo_every = integral("thermo_every", thermo_every, minimum=0)
@@ -311,17 +320,17 @@ class DomainParallel:
     # ------------------------------------------------------------------ results
 
     def gather(self, state: MDState) -> Batch:
-        """The system now, as a Batch in the original atom order (positions unwrapped)."""
+        """The system of ``state``, as a Batch in the original atom order (positions unwrapped)."""
         positions, velocities = self.placement.global_rows(state, "positions", "velocities")
         dtype = state.template.positions.dtype
         return state.template.replace(positions=jnp.asarray(positions, dtype), velocities=jnp.asarray(velocities, dtype))
 
     def forces(self, state: MDState) -> np.ndarray:
-        """Forces [V, 3] eV/Å on the current positions, in the original atom order."""
+        """Forces [V, 3] eV/Å on the positions of ``state``, in the original atom order."""
         return self.placement.global_rows(state, "forces")[0]
 
     def thermo(self, state: MDState) -> dict:
-        """Per-system thermodynamics, numpy [S]: :func:`jaxdd.dynamics.observables.thermo`."""
+        """Per-system thermodynamics of ``state``, numpy [S]: :func:`jaxdd.dynamics.observables.thermo`."""
         return observables.thermo(self, state)
 
     def check_atom_terms(self) -> None:
@@ -329,11 +338,13 @@ class DomainParallel:
         observables.check_atom_terms(self)
 
     def atom_terms(self, state: MDState) -> dict:
-        """Per-atom energies and virials of the owned rows: :func:`jaxdd.dynamics.observables.atom_terms`."""
+        """Per-atom energies and virials of the owned rows of ``state``:
+        :func:`jaxdd.dynamics.observables.atom_terms`."""
         return observables.atom_terms(self, state)
 
     def pair_weights(self, state: MDState) -> np.ndarray:
-        """Each atom's cost 1 + its neighbour count, [V]: :func:`jaxdd.dynamics.observables.pair_weights`."""
+        """Each atom's cost 1 + its neighbour count in ``state``, [V]:
+        :func:`jaxdd.dynamics.observables.pair_weights`."""
         return observables.pair_weights(self, state)
 
     # ------------------------------------------------------------------ checkpoints

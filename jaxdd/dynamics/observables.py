@@ -27,7 +27,12 @@ def thermo(md, state: MDState) -> dict:
     (eV: the total energy plus the thermostat's and barostat's own, the quantity the
     integrator conserves; absent for Langevin and FIRE) and, when every system has a cell
     of non-zero volume, ``volume`` (Å³) and ``pressure`` (eV/Å³: 2 KE / 3V - tr(σ) / 3, σ
-    the potential stress)."""
+    the potential stress).
+
+    Args:
+      md: the :class:`~jaxdd.dynamics.DomainParallel` running ``state``.
+      state: its state.
+    """
     t = state.template
     n_sys = t.n_systems
     # Reduced on the devices: no process gathers the velocities.
@@ -57,7 +62,7 @@ def thermo(md, state: MDState) -> dict:
 
 
 def check_atom_terms(md) -> None:
-    """Raise ValueError unless :meth:`atom_terms` can run here (the halo strategy and a
+    """Raise ValueError unless :meth:`atom_terms` can run on ``md`` (the halo strategy and a
     model with an ``atomic_energies`` output); observers call it before the first step."""
     model = md.dist_model.model
     if md.node_blocks:
@@ -71,10 +76,16 @@ def check_atom_terms(md) -> None:
 def atom_terms(md, state: MDState) -> dict:
     """Per-atom energies and virials of the owned rows, on the devices (nothing gathered).
 
-    Returns a dict of per-rank arrays laid out as ``state.arrays`` ([P, n_owned, ...]):
-    ``atomic_energies`` [P, n] eV and ``atomic_virials`` [P, n, 3, 3] eV (W_i, summing to
-    the system's virial -dE/dε; :mod:`jaxdd.virials`), zero on free rows. The model
-    must output ``atomic_energies`` and see positions only through edge vectors.
+    The model must output ``atomic_energies`` and see positions only through edge vectors.
+
+    Args:
+      md: the :class:`~jaxdd.dynamics.DomainParallel` running ``state``.
+      state: its state.
+
+    Returns:
+      A dict of per-rank arrays laid out as ``state.arrays`` ([P, n_owned, ...]):
+      ``atomic_energies`` [P, n] eV and ``atomic_virials`` [P, n, 3, 3] eV (W_i, summing to
+      the system's virial -dE/dε; :mod:`jaxdd.virials`), zero on free rows.
     """
     model = md.dist_model.model
     check_atom_terms(md)
@@ -88,7 +99,7 @@ def atom_terms(md, state: MDState) -> dict:
 def pair_weights(md, state: MDState) -> np.ndarray:
     """The cost per atom ``DomainConfig(balance_by="pairs")`` shares out: 1 + each atom's
     neighbour count within the model's search range, [V] in the batch's atom order,
-    measured on the devices from the ranks' neighbour lists now."""
+    measured on the devices from the ranks' neighbour lists of ``state`` under ``md``."""
     counts = pair_counts(state.arrays, state.fixed, md.program(state))
     return 1.0 + atom_order(host_array(state.arrays["ids"]), host_array(counts), state.template.n_atoms)
 

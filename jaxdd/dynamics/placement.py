@@ -54,8 +54,20 @@ class Placement:
         self.counters = Counters()
 
     def place(self, template: Batch, positions, velocities, forces, *, step, extra, energy) -> MDState:
-        """Partition ``positions`` ([N, 3] Å, unwrapped), plan the halo and lay the atoms out
-        on the ranks (velocities and forces in the batch's order; forces None: zeros)."""
+        """Partition ``positions``, plan the halo and lay the atoms out on the ranks.
+
+        Args:
+          template: the batch (atoms, cell, masses ...; its positions are replaced).
+          positions: [N, 3] Å, unwrapped, in the batch's order.
+          velocities: [N, 3] Å per time unit, in the batch's order.
+          forces: [N, 3] eV/Å in the batch's order; None: zeros.
+          step: the state's step count.
+          extra: the integrator's own state.
+          energy: [S] eV potential energy of ``positions``; None: zeros.
+
+        Returns:
+          The placed :class:`MDState`.
+        """
         dm = self.dist_model
         batch = template.replace(positions=jnp.asarray(positions, template.positions.dtype))
         part, plan = dm.plan(batch, grid=self.grid, cuts=self.cuts, weights=self.weights)
@@ -121,10 +133,10 @@ class Placement:
                                     NamedSharding(dm.config.mesh, P()))
 
     def rebuild(self, state: MDState) -> MDState:
-        """Migrate atoms to the ranks whose blocks hold them now and rebuild the halo plan, on
-        the devices. Capacities that no longer fit grow (a new program); the host plans only
-        when the blocks have changed shape beyond what the plan's exchanges cover. Node
-        blocks are planned again on the host (their blocks never change)."""
+        """Migrate the atoms of ``state`` to the ranks whose blocks hold them now and rebuild
+        the halo plan, on the devices. Capacities that no longer fit grow (a new program); the
+        host plans only when the blocks have changed shape beyond what the plan's exchanges
+        cover. Node blocks are planned again on the host (their blocks never change)."""
         self.counters.rebuilds += 1
         if self.node_blocks:
             return self.rebuild_on_host(state)
@@ -161,8 +173,9 @@ class Placement:
         return self.rebuild_on_host(state) if rebuilt is None else rebuilt
 
     def rebalance(self, state: MDState, weights=None) -> MDState:
-        """Cut the blocks again where the atoms are now (each an equal share along each axis, of
-        atoms or of ``weights`` [V]) and plan on the host; the step and the dynamics are unchanged."""
+        """Cut the blocks again where the atoms of ``state`` are now (each an equal share along
+        each axis, of atoms or of ``weights`` [V]) and plan on the host; the step and the
+        dynamics are unchanged."""
         self.counters.rebalances += 1
         self.counters.rebuilds += 1
         self.cuts = None  # the next partition places them afresh
@@ -170,7 +183,7 @@ class Placement:
         return self.rebuild_on_host(state)
 
     def rebuild_on_host(self, state: MDState) -> MDState:
-        """The plan computed on the host from the gathered atoms (a partition afresh)."""
+        """``state`` with a plan computed on the host from its gathered atoms (a partition afresh)."""
         self.counters.host_rebuilds += 1
         positions, velocities, forces = self.global_rows(state, "positions", "velocities", "forces")
         before = rank_of_atom(state)
@@ -182,8 +195,17 @@ class Placement:
         return new
 
     def global_rows(self, state: MDState, *keys, unwrap: bool = True):
-        """Per-rank arrays in the batch's atom order, float64 numpy (a collective with several
-        processes). Positions are unwrapped, or with ``unwrap=False`` exactly the plan's frame."""
+        """Per-rank arrays of ``state`` in the batch's atom order, float64 numpy (a collective
+        with several processes).
+
+        Args:
+          state: the placed state.
+          keys: names of ``state.arrays`` (``"positions"``, ``"velocities"``, ``"forces"`` ...).
+          unwrap: unwrap the positions by each atom's lattice image; False: exactly the plan's frame.
+
+        Returns:
+          A list of ``[V, ...]`` arrays, one per key.
+        """
         t = state.template
         ids = host_array(state.arrays["ids"])
         out = []
@@ -206,13 +228,21 @@ def with_capacities(layout: HaloLayout, capacities: Capacities) -> HaloLayout:
 
 
 def partition_frame(template: Batch, ghost_width: float, cuts=None):
-    """The partition frame, in float64 where JAX has it (the host partition's precision)."""
+    """The partition frame of ``template``'s cell, in float64 where JAX has it (the host
+    partition's precision).
+
+    Args:
+      template: the batch (its cell and pbc).
+      ghost_width: the halo's width (Å).
+      cuts: a balanced partition's relative block boundaries; None: equal slices.
+    """
     return frame_of(template.cell, template.pbc, ghost_width, np.float64 if jax.config.jax_enable_x64 else np.float32,
                     cuts)
 
 
 def padded(arrays: dict, n_owned: int, mesh) -> dict:
-    """Per-rank rows ``[P, n, ...]`` padded to ``n_owned`` rows (free rows: id -1)."""
+    """Per-rank rows ``arrays`` (``[P, n, ...]`` each) padded to ``n_owned`` rows (free rows:
+    id -1), split over the ranks of ``mesh``."""
     n = arrays["ids"].shape[1]
     if n == n_owned:
         return arrays
@@ -235,7 +265,13 @@ def atom_order(ids, rows, n_atoms: int) -> np.ndarray:
 
 def unwrapped_positions(template: Batch, frame, image=None) -> np.ndarray:
     """Positions [V, 3] Å from the plan's frame, unwrapped by the lattice ``image`` of each
-    atom when given; padding rows keep the batch's own positions."""
+    atom when given; padding rows keep the batch's own positions.
+
+    Args:
+      template: the batch (its cell, batch_idx, atom_mask and positions).
+      frame: [V, 3] Å positions in the plan's wrapped frame, in the batch's order.
+      image: [V, 3] int lattice vectors wrapping removed; None: not unwrapped.
+    """
     if image is not None:
         cell = np.asarray(template.cell, np.float64)
         system = np.clip(np.asarray(template.batch_idx), 0, cell.shape[0] - 1)
@@ -244,7 +280,7 @@ def unwrapped_positions(template: Batch, frame, image=None) -> np.ndarray:
 
 
 def rank_of_atom(state: MDState) -> np.ndarray:
-    """The rank owning each atom of the batch, [V] (-1: padding)."""
+    """The rank owning each atom of the batch of ``state``, [V] (-1: padding)."""
     ids = host_array(state.arrays["ids"])
     out = np.full(state.template.n_atoms, -1)
     rank, row = np.nonzero(ids >= 0)
