@@ -19,7 +19,8 @@ __all__ = ["run_program", "per_node_keys"]
 
 
 def per_node_keys(program: RankProgram) -> set[str]:
-    """Outputs with one row per atom: forces, the per-atom energies, declared PER_NODE keys."""
+    """The outputs of ``program`` with one row per atom: forces, the per-atom energies and
+    virials, declared PER_NODE keys."""
     spec = program.spec
     return {k for k in program.outputs
             if k in ("forces", program.virial_key) or (program.use_node_energy and k == program.energy_key)

@@ -204,8 +204,10 @@ class DomainConfig:
 
     @property
     def n_ranks(self) -> int:
+        """Number of ranks P: the devices of the mesh."""
         return int(self.mesh.size)
 
     @property
     def axis_names(self) -> tuple[str, ...]:
+        """The mesh's axis names, the ranks' axes in ``shard_map`` and the collectives."""
         return tuple(self.mesh.axis_names)

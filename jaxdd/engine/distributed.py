@@ -107,10 +107,16 @@ class DistributedModel:
 
     def check_ghost_width(self, width: float, model=None, *, what: str = "the plan's ghost width") -> None:
         """Raise ValueError when a plan built for a ghost shell of ``width`` Å misses
-        neighbours of ``model`` (default: the wrapped one), naming both numbers.
+        neighbours of ``model``, naming both numbers.
 
         Every path that reuses a plan (a restored checkpoint, a state of another run, a
-        changed model) goes through this check before the plan is used."""
+        changed model) goes through this check before the plan is used.
+
+        Args:
+          width: the ghost width (Å) the plan was built for.
+          model: the model the plan is for; None: the wrapped one.
+          what: what ``width`` is, named in the error.
+        """
         if not self.ghost_width_covers(width, model):
             need = self.needed_ghost_width(model)
             name = type(self._model if model is None else model).__name__
@@ -138,20 +144,39 @@ class DistributedModel:
 
     def plan(self, batch: Batch, grid=None, *, bucketed: bool = False, cuts=None,
              weights=None) -> tuple[Partition, HaloPlan]:
-        """Partition ``batch`` and plan its halo: :func:`jaxdd.engine.placement.plan`."""
+        """Partition ``batch`` and plan its halo: :func:`jaxdd.engine.placement.plan`.
+
+        Args:
+          batch: the atoms.
+          grid: the rank grid (default ``DomainConfig.grid``, else the least-surface one).
+          bucketed: round the owned rows and exchange slots up to capacity buckets.
+          cuts: [S, 3, max(grid) + 1] relative block boundaries to keep; None: equal slices,
+            or balanced ones when ``DomainConfig.balance`` is set.
+          weights: [V] a cost per atom for a balanced partition; None: atoms.
+
+        Returns:
+          (partition, halo plan).
+        """
         return placement.plan(self, batch, grid, bucketed=bucketed, cuts=cuts, weights=weights)
 
     def search_pbc(self, pbc, grid) -> np.ndarray:
-        """The periodic axes of the ranks' neighbour search, [S, 3]: :func:`jaxdd.engine.placement.search_pbc`."""
+        """The periodic axes of the ranks' neighbour search, [S, 3] bool, for a batch's ``pbc``
+        [S, 3] split by ``grid``: :func:`jaxdd.engine.placement.search_pbc`."""
         return placement.search_pbc(self, pbc, grid)
 
     def rank_inputs(self, batch: Batch, part: Partition, plan: HaloPlan) -> tuple[RankInputs, np.ndarray]:
-        """Every rank's rows of ``batch`` under ``plan``: :func:`jaxdd.engine.placement.rank_inputs`."""
+        """Every rank's rows of ``batch`` under ``part`` and ``plan`` (its partition and halo
+        plan): :func:`jaxdd.engine.placement.rank_inputs`."""
         return placement.rank_inputs(self, batch, part, plan)
 
     def size_neighbors(self, inputs: RankInputs, local_positions: np.ndarray,
                        headroom: float | None = None) -> NeighborCapacity:
-        """The neighbour capacity these rows need: :func:`jaxdd.engine.placement.size_neighbors`."""
+        """The neighbour capacity these rows need: :func:`jaxdd.engine.placement.size_neighbors`.
+
+        Args:
+          inputs, local_positions: as :meth:`rank_inputs` returns them (host arrays).
+          headroom: factor over the exact needs (default: the capacity factor).
+        """
         return placement.size_neighbors(self, inputs, local_positions, headroom)
 
     # ------------------------------------------------------------------ call
@@ -274,7 +299,12 @@ class DistributedModel:
 
     def lower(self, data: AtomicData | Batch, outputs: Iterable[str] | str | None = None):
         """The lowered XLA program of one call (a ``jax.stages.Lowered``): for analysis
-        (``.compile().cost_analysis()``, ``.memory_analysis()``, ``.as_text()``), not to call."""
+        (``.compile().cost_analysis()``, ``.memory_analysis()``, ``.as_text()``), not to call.
+
+        Args:
+          data: the atoms (an :class:`~jaxdd.AtomicData` or :class:`~jaxdd.Batch`).
+          outputs: output keys (default: the model's active outputs).
+        """
         _, _, inputs = self._prepare(data, outputs, size=False)
         return run_program.lower(self.model, dataclasses.replace(inputs, n_atoms=0)).lowered
 

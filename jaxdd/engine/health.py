@@ -61,13 +61,18 @@ def per_rank(plan: HaloPlan, values) -> np.ndarray:
 
 
 def owned_and_ghosts(plan: HaloPlan) -> tuple[np.ndarray, np.ndarray]:
-    """Atoms every rank owns and ghost rows it holds, [P] each (agreed over processes)."""
+    """Atoms every rank of ``plan`` owns and ghost rows it holds, [P] each (agreed over processes)."""
     return per_rank(plan, plan.owned_counts()), per_rank(plan, plan.ghost_counts())
 
 
 def covers_every_atom(part: Partition, plan: HaloPlan) -> bool:
     """Whether some rank of several holds a row of every real atom (agreed over processes, so
-    every process decides alike): decomposition gains nothing."""
+    every process decides alike): decomposition gains nothing.
+
+    Args:
+      part: the partition (each atom's owner).
+      plan: its halo plan (each rank's rows).
+    """
     n_real = int((part.owner >= 0).sum())
     return part.n_ranks > 1 and n_real > 0 and bool(np.any(per_rank(plan, distinct_held(plan)) >= n_real))
 

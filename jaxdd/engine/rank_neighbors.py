@@ -25,7 +25,7 @@ __all__ = ["rank_neighbors", "neighbor_needs", "neighbor_stats", "half_list_orde
 
 
 def neighbor_stats(needed: dict) -> NeighborStats:
-    """The :class:`~jaxdd.neighbors.NeighborStats` of the sizes :func:`neighbor_needs` returned."""
+    """The :class:`~jaxdd.neighbors.NeighborStats` of the sizes ``needed`` that :func:`neighbor_needs` returned."""
     return NeighborStats(
         edges=int(needed["edges"]),
         neighbors=int(needed["neighbors"]),
@@ -36,7 +36,12 @@ def neighbor_stats(needed: dict) -> NeighborStats:
 
 
 def neighbor_needs(nl, axes) -> tuple[jax.Array, dict]:
-    """(overflow on any rank [] bool, the sizes the ranks' lists needed), both the same on every rank."""
+    """(overflow on any rank [] bool, the sizes the ranks' lists needed), both the same on every rank.
+
+    Args:
+      nl: this rank's neighbour list; call inside ``shard_map``.
+      axes: the mesh axis names the ranks span.
+    """
     needed = dict(
         edges=jax.lax.pmax(nl.n_edges, axes),
         neighbors=jax.lax.pmax(jnp.max(nl.num_neighbors), axes),
@@ -64,13 +69,20 @@ def half_list_order(row_ids, row_shifts):
 
 
 def rank_neighbors(positions, local, program: RankProgram, cell=None, routing=None):
-    """This rank's neighbour list over its local rows ([n_local, 3] Å, ghosts included) for the
-    model's search cutoff; only owned rows are receivers unless the halo is deep. Under the
-    graph-parallel strategy the search runs over every rank's rows (gathered here) in the
-    real ``cell`` ([S, 3, 3]) with the batch's pbc, and senders index the stacked rows.
-    A half list keeps each pair on one rank: the edge from the row that the parity rule of
-    :func:`jaxdd.neighbors.build_neighbor_list` picks by (global id, image shift), which needs
-    this rank's ``routing`` (its rows' ids and shifts)."""
+    """This rank's neighbour list over its local rows for the model's search cutoff; only owned
+    rows are receivers unless the halo is deep. Under the graph-parallel strategy the search
+    runs over every rank's rows (gathered here) in the real ``cell`` with the batch's pbc, and
+    senders index the stacked rows. A half list keeps each pair on one rank: the edge from the
+    row that the parity rule of :func:`jaxdd.neighbors.build_neighbor_list` picks by (global
+    id, image shift), which needs this rank's ``routing``.
+
+    Args:
+      positions: [n_local, 3] Å local rows, ghosts included.
+      local: the rank's local rows as a :class:`~jaxdd.Batch` (batch_idx, atom_mask, pbc).
+      program: the rank program (search cutoff, capacity, format, strategy).
+      cell: [S, 3, 3] Å; read by the graph-parallel strategy and a periodic search.
+      routing: the rank's halo routing (its rows' ids and shifts); read by a half list.
+    """
     layout, n_sys = program.layout, program.n_systems
     if program.strategy == "graph_partition":
         all_pos, all_sys, all_mask = gathered_inputs(local, positions, program.axes)

@@ -46,9 +46,11 @@ class ReportSink:
         self._reports = {}
 
     def put(self, program: RankProgram, report: DispatchReport) -> None:
+        """Keep ``report``, the dispatch report of tracing ``program`` (replacing an earlier one)."""
         self._reports[program.key] = report
 
     def get(self, program: RankProgram | None) -> DispatchReport | None:
+        """The dispatch report kept for ``program``, or None (not traced yet, or ``program`` None)."""
         return None if program is None else self._reports.get(program.key)
 
 
@@ -99,10 +101,12 @@ class RankProgram:
 
     @property
     def axes(self) -> tuple[str, ...]:
+        """The mesh's axis names, the ranks' axes in ``shard_map`` and the collectives."""
         return tuple(self.mesh.axis_names)
 
     @property
     def n_ranks(self) -> int:
+        """Number of ranks P: the devices of the mesh."""
         return int(self.mesh.size)
 
     @property
@@ -343,7 +347,12 @@ class Needs:
 
     @classmethod
     def of_neighbors(cls, overflow, needed) -> Needs | None:
-        """The needs of a program's neighbour lists (:func:`neighbor_needs`'s outputs), None when none overflowed."""
+        """The needs of a program's neighbour lists, None when none overflowed.
+
+        Args:
+          overflow: whether any rank's list overflowed (:func:`neighbor_needs`'s first output).
+          needed: the sizes the ranks needed (its second output).
+        """
         return cls(neighbors=neighbor_stats(needed)) if bool(overflow) else None
 
 
@@ -384,7 +393,7 @@ class Sizing:
         self._capacities = capacities
 
     def adopt_layout(self, layout: HaloLayout) -> None:
-        """Take a fresh plan's owned rows and exchange slots."""
+        """Take the owned rows and exchange slots of ``layout``, a fresh plan's."""
         self._capacities = dataclasses.replace(self._capacities or Capacities(0), owned=layout.n_owned,
                                                exchange=tuple(e.capacity for e in layout.exchanges))
 
@@ -394,7 +403,7 @@ class Sizing:
             self._capacities = dataclasses.replace(self._capacities, neighbors=capacity)
 
     def adopt_migrate(self, n_owned: int) -> None:
-        """Size the migration slots of on-device rebuilds, once: 8 + an eighth of the owned rows."""
+        """Size the migration slots of on-device rebuilds, once: 8 + an eighth of the ``n_owned`` owned rows."""
         if not self._capacities.migrate:
             self._capacities = dataclasses.replace(self._capacities, migrate=8 + int(n_owned) // 8)
 
