@@ -142,6 +142,10 @@ def capacity_bucket(n: int, minimum: int = BUCKET_MIN) -> int:
     Consecutive buckets differ by a factor 1.5 or 4/3, so a bucketed capacity is at most 1.5
     times the one asked for, and sizes from 1 to N fall into about 2 log2(N) buckets: systems
     of different sizes that land in one bucket share one compiled program.
+
+    Args:
+      n: the capacity asked for.
+      minimum: the smallest bucket.
     """
     n = max(int(n), int(minimum), 1)
     p = 1 << (n - 1).bit_length()  # smallest power of two >= n
