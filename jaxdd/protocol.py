@@ -61,8 +61,15 @@ def pad_atoms(batch: Batch, n_atoms: int) -> Batch:
 
 def unpad_atoms(out: ModelOutputs, n_atoms: int, n_padded: int, spec=None) -> ModelOutputs:
     """Per-atom outputs of a run on ``n_padded`` rows cut back to the first ``n_atoms``, on the
-    host. An output is per-atom when ``spec`` (an MLIPSpec or None) declares it PER_NODE, or,
-    undeclared, when its leading axis has ``n_padded`` entries (``forces``, ``atomic_energies``)."""
+    host. An output is per-atom when ``spec`` declares it PER_NODE, or, undeclared, when its
+    leading axis has ``n_padded`` entries (``forces``, ``atomic_energies``).
+
+    Args:
+      out: the outputs of the run.
+      n_atoms: the real atoms, the rows kept.
+      n_padded: the rows the run had.
+      spec: an :class:`~jaxdd.spec.MLIPSpec` declaring the output kinds, or None.
+    """
     if n_padded == n_atoms:
         return out
     kept = {}
