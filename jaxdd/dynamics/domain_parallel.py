@@ -204,14 +204,7 @@ class DomainParallel:
         trajectory_every = integral("trajectory_every", trajectory_every, minimum=0)
         if trajectory is not None and trajectory_every == 0:
             raise ValueError("a trajectory needs trajectory_every > 0 (steps between frames)")
-        observers = tuple(observers)
-        for i, obs in enumerate(observers):
-            every = getattr(obs, "every", None)
-            if not callable(obs) or isinstance(every, bool) or not isinstance(every, int) or every <= 0:
-                raise ValueError(f"observers[{i}] must be callable as observer(md, state) and have an int attribute "
-                                 f"every > 0 (steps between calls); got {obs!r}")
-            if callable(getattr(obs, "check", None)):
-                obs.check(self)  # before any step runs
+        observers = _checked_observers(self, observers)
         writer = ExtXYZWriter(trajectory) if isinstance(trajectory, (str, Path)) else trajectory
         log = log if log is not None else observables.print_thermo
         rebalance_every = self.dist_model.config.balance_every if self.dist_model.config.balance == "dynamic" else 0
@@ -356,3 +349,17 @@ class DomainParallel:
     def restore(self, path) -> MDState:
         """The state saved at ``path``: :func:`jaxdd.dynamics.checkpoints.restore`."""
         return checkpoints.restore(self, path)
+
+
+def _checked_observers(md: DomainParallel, observers) -> tuple:
+    """``observers`` as a tuple, each checked (callable, an int ``every`` > 0) and its
+    ``check(md)`` called, before any step runs. Args: md: the run. observers: the objects."""
+    observers = tuple(observers)
+    for i, obs in enumerate(observers):
+        every = getattr(obs, "every", None)
+        if not callable(obs) or isinstance(every, bool) or not isinstance(every, int) or every <= 0:
+            raise ValueError(f"observers[{i}] must be callable as observer(md, state) and have an int attribute "
+                             f"every > 0 (steps between calls); got {obs!r}")
+        if callable(getattr(obs, "check", None)):
+            obs.check(md)
+    return observers
