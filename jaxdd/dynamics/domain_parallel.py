@@ -165,15 +165,6 @@ class DomainParallel:
         self.placement.counters.rebuilds += 1
         return self.with_forces(self.placement.rebuild_on_host(state))
 
-    def _reach(self):
-        """For an integrator that moves the cell: (ghost width of the plans, the model's
-        neighbour range) in Å, which bound how far the cell may shrink before a plan or a
-        neighbour list is stale; None otherwise."""
-        if not self.integrator.moves_cell:
-            return None
-        nc = self.dist_model.model.model_config.neighbor_config
-        return (float(self.dist_model.ghost_width), float(nc.search_cutoff))
-
     # ------------------------------------------------------------------ running
 
     def run(self, state: MDState, n_steps: int, *, thermo_every: int = 0, trajectory=None,
@@ -256,7 +247,7 @@ class DomainParallel:
             self.dist_model.model, state.arrays, state.energy, state.extra, state.virial, state.fixed,
             jnp.asarray(state.step, jnp.int32), jnp.asarray(integral("n_steps", n_steps, minimum=0), jnp.int32),
             self.program(state), self.integrator, self.threshold, self.step_limit, self.nl_skin,
-            self._reach()).lowered
+            _reach(self)).lowered
 
     def _advance(self, state: MDState, n: int) -> MDState:
         """Take ``n`` steps, leaving the device only to rebuild plans and grow capacities."""
@@ -269,7 +260,7 @@ class DomainParallel:
                 arrays, energy, extra, cell, virial, k, reason, needed = advance(
                     self.dist_model.model, state.arrays, state.energy, state.extra, state.virial, state.fixed,
                     jnp.asarray(state.step, jnp.int32), jnp.asarray(n, jnp.int32), self.program(state),
-                    self.integrator, self.threshold, self.step_limit, self.nl_skin, self._reach())
+                    self.integrator, self.threshold, self.step_limit, self.nl_skin, _reach(self))
                 k, reason = int(k), int(reason)
                 state.arrays, state.energy, state.extra, state.virial = arrays, energy, extra, virial
                 if self.integrator.moves_cell:
@@ -363,3 +354,13 @@ def _checked_observers(md: DomainParallel, observers) -> tuple:
         if callable(getattr(obs, "check", None)):
             obs.check(md)
     return observers
+
+
+def _reach(md: DomainParallel):
+    """For an integrator that moves the cell: (ghost width of the plans, the model's
+    neighbour range) in Å, which bound how far the cell may shrink before a plan or a
+    neighbour list is stale; None otherwise. Args: md: the run."""
+    if not md.integrator.moves_cell:
+        return None
+    nc = md.dist_model.model.model_config.neighbor_config
+    return (float(md.dist_model.ghost_width), float(nc.search_cutoff))
