@@ -1,29 +1,34 @@
 """Build of jaxdd's compiled kernels; everything else about the package is in pyproject.toml.
 
-The CPU kernels (csrc/cpu_kernels.cc, XLA FFI handlers) are built as a setuptools
-extension module ``jaxdd.ffi._kernels``: setuptools then compiles them on every
-``pip install`` (editable installs included, where the library lands beside
-jaxdd/ffi/__init__.py) and puts them in the wheel, with nothing to install by hand but
-a C++17 compiler. jaxdd loads the library with ctypes (jaxdd/ffi/_library.py); the
-module stub in it only makes it a valid extension.
+Each kernel keeps its sources in a folder of its own, csrc/<name>/ (``<name>_cpu.cc``,
+and ``<name>_cuda.cu`` when it has a GPU version), beside its Python op module
+jaxdd/ffi/<name>.py; headers shared by several kernels sit in csrc/ itself. The sources
+are found, not listed: every .cc file under csrc/ (the vendored third_party/ aside) goes
+into the CPU library, every .cu file into the CUDA one.
+
+The CPU kernels (XLA FFI handlers) are built as a setuptools extension module
+``jaxdd.ffi._kernels``: setuptools then compiles them on every ``pip install`` (editable
+installs included, where the library lands beside jaxdd/ffi/__init__.py) and puts them in
+the wheel, with nothing to install by hand but a C++17 compiler. jaxdd loads the library
+with ctypes (jaxdd/ffi/_library.py); the module stub (csrc/kernels_module.cc) only makes
+it a valid extension.
 
 Why setuptools rather than scikit-build-core + CMake: the package layout maps models/
 and specs/ into jaxdd (see pyproject.toml) and relies on setuptools' editable-install
-finder for that; one compiled file does not justify a second build system. Why the
+finder for that; one compiled library does not justify a second build system. Why the
 XLA FFI headers are vendored (csrc/third_party/xla) rather than read from
 ``jax.ffi.include_dir()``: an isolated build environment has no jax, and installing
 jaxlib into it just for three headers would make every build slow and need the
 network; see csrc/third_party/xla/README.md.
 
-CUDA: csrc/cuda_kernels.cu and csrc/cuda_neighbors.cu are compiled into
-jaxdd/ffi/_kernels_cuda.so when a CUDA compiler is found -- nvcc on PATH, under
-$CUDA_HOME/bin or $CUDA_PATH/bin, or the one NVIDIA's ``nvidia-cuda-nvcc`` wheel puts at
-site-packages/nvidia/cu13/bin (``jax[cuda13]`` installs it) -- and a CUDA build is wanted:
-JAXDD_CUDA=1, or (the default, JAXDD_CUDA=auto) a jax CUDA plugin is installed or an NVIDIA
-driver is loaded. JAXDD_CUDA=0 never builds it. JAXDD_CUDA_ARCH picks the GPU
-architectures ("90", "80;90"; default: sm_80 and sm_90 code with compute_90 PTX, which
-newer GPUs compile when loading). An automatic CUDA build that fails only warns: the CPU
-kernels and the pure-jnp paths do not need it.
+CUDA: the .cu files under csrc/ are compiled into jaxdd/ffi/_kernels_cuda.so when a CUDA
+compiler is found -- nvcc on PATH, under $CUDA_HOME/bin or $CUDA_PATH/bin, or the one
+NVIDIA's ``nvidia-cuda-nvcc`` wheel puts at site-packages/nvidia/cu13/bin (``jax[cuda13]``
+installs it) -- and a CUDA build is wanted: JAXDD_CUDA=1, or (the default, JAXDD_CUDA=auto)
+a jax CUDA plugin is installed or an NVIDIA driver is loaded. JAXDD_CUDA=0 never builds it.
+JAXDD_CUDA_ARCH picks the GPU architectures ("90", "80;90"; default: sm_80 and sm_90 code
+with compute_90 PTX, which newer GPUs compile when loading). An automatic CUDA build that
+fails only warns: the CPU kernels and the pure-jnp paths do not need it.
 
 pip builds in an isolated environment that does not see the packages of the environment
 it installs into, so the plugin and the nvcc wheel are looked up by asking that
@@ -44,9 +49,24 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 CSRC = "csrc"
+VENDORED = "third_party"
 # Another copy of the headers (a folder holding xla/ffi/api/ffi.h), e.g. jax.ffi.include_dir().
-FFI_INCLUDE = os.environ.get("JAXDD_FFI_INCLUDE") or f"{CSRC}/third_party"
-CUDA_SOURCES = [f"{CSRC}/cuda_kernels.cu", f"{CSRC}/cuda_neighbors.cu"]
+FFI_INCLUDE = os.environ.get("JAXDD_FFI_INCLUDE") or f"{CSRC}/{VENDORED}"
+
+
+def kernel_files(suffix: str) -> list[str]:
+    """Files under csrc/ ending in ``suffix`` (".cc", ".cu", ".h"), the vendored headers aside.
+
+    Returns: paths relative to the repository root, "/"-separated and sorted, as setuptools
+    wants them (the sorted order keeps builds reproducible)."""
+    root = ROOT / CSRC
+    found = (p for p in root.rglob(f"*{suffix}") if p.is_file() and VENDORED not in p.relative_to(root).parts)
+    return sorted(p.relative_to(ROOT).as_posix() for p in found)
+
+
+CPU_SOURCES = kernel_files(".cc")
+CUDA_SOURCES = kernel_files(".cu")
+HEADERS = kernel_files(".h")
 
 
 _TRUE = ("1", "yes", "on", "true")
@@ -164,8 +184,8 @@ setup(
     ext_modules=[
         Extension(
             "jaxdd.ffi._kernels",
-            sources=[f"{CSRC}/cpu_kernels.cc", f"{CSRC}/cpu_neighbors.cc"],
-            depends=[f"{CSRC}/kernels_math.h", f"{CSRC}/pair_pick.h", f"{CSRC}/parallel.h", f"{CSRC}/scan_row.h", f"{CSRC}/stencil.h"],
+            sources=CPU_SOURCES,
+            depends=HEADERS,
             include_dirs=[CSRC],
             # -isystem: the vendored headers are not ours to warn about.
             extra_compile_args=["-std=c++17", "-O3", "-isystem", FFI_INCLUDE],

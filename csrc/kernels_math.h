@@ -1,4 +1,4 @@
-// Per-edge arithmetic shared by the CPU (cpu_kernels.cc) and CUDA (cuda_kernels.cu)
+// Per-edge arithmetic shared by the CPU (lj/lj_cpu.cc) and CUDA (lj/lj_cuda.cu)
 // builds of jaxdd's FFI kernels, so both compute exactly the same formulas.
 #ifndef JAXDD_KERNELS_MATH_H_
 #define JAXDD_KERNELS_MATH_H_

@@ -1,5 +1,5 @@
 // Picking a block of a pair list's edges that lie within the cutoff (the first pass of
-// cpu_kernels.cc's Lennard-Jones kernel, whose scalar loop picks a block's last edges, fewer
+// lj/lj_cpu.cc's Lennard-Jones kernel, whose scalar loop picks a block's last edges, fewer
 // than four): for each edge e of [e0, e1) (a length that is a multiple of four) that is not
 // padding (mask set, receiver and sender in [0, n)) and whose vector d = x[s] - x[r] has
 // |d|^2 < rc2, the receiver, sender, d and |d|^2 are written packed at the slot after the

@@ -1,4 +1,4 @@
-// One receiver's passes over its contiguous runs of binned candidates (cpu_neighbors.cc): the
+// One receiver's passes over its contiguous runs of binned candidates (neighbors_cpu.cc): the
 // candidates within the cutoff, not the receiver itself and, for a half list, those whose pair
 // this row lists (HalfKeeps), written packed to dst. A scalar loop and, on x86-64 CPUs with AVX2 (chosen
 // at run time; the library is built for plain x86-64), the same test 8 (float) or 4 (double)

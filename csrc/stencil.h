@@ -1,6 +1,6 @@
 // The bins a cell-list receiver scans and the half-list rule it keeps pairs by, shared by the
-// CPU and CUDA kernels (cpu_neighbors.cc, cuda_neighbors.cu) so that both visit the same
-// candidates and keep the same pairs.
+// CPU and CUDA kernels (neighbors/neighbors_cpu.cc, neighbors/neighbors_cuda.cu) so that both
+// visit the same candidates and keep the same pairs.
 //
 // Bins are cubes of edge `width` (at least the cutoff over kBinsPerCutoff) from a system's
 // origin `lo`. A receiver scans the bins around its own whose box lies within the search

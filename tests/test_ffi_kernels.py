@@ -264,11 +264,20 @@ def test_attention_kernel_refuses_values_of_another_shape():
 
 
 def test_missing_library_fails_the_kernel_call_with_build_instructions(monkeypatch):
-    monkeypatch.setattr(_library, "_registered", set())
+    monkeypatch.setattr(_library, "_registered", {})
     monkeypatch.setenv("JAXDD_KERNELS_LIBRARY", "")
     q, k, v, w, s, r = attention_inputs(features=7)  # a shape not compiled before: the call really traces
     with pytest.raises(ffi.KernelLibraryError, match=r"not built; build it .*pip install -e \."):
         ffi.attention_message(q, k, v, w, s, r)
+
+
+def test_a_library_without_a_declared_kernel_names_the_missing_handler(monkeypatch):
+    monkeypatch.setattr(_library, "_declared", dict(_library._declared))
+    _library.declare("no_such_kernel")
+    with pytest.raises(ffi.KernelLibraryError, match=r"has no handler jaxdd_no_such_kernel_f32 .*pip install -e \."):
+        _library.ensure_registered(("no_such_kernel",))
+    with pytest.raises(ValueError, match="was not declared"):
+        _library.ensure_registered(("never_declared",))
 
 
 _WITHOUT_LIBRARY = r"""

@@ -1,7 +1,9 @@
-"""One FFI call of a jaxdd kernel: dtype checks, result types, manual mesh axes."""
+"""One FFI call of a jaxdd kernel: the kernel's declaration, dtype checks, result types,
+manual mesh axes."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import jax
@@ -9,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..ops import match_varying, varying_axes
-from ._library import ensure_registered
+from ._library import declare, ensure_registered
 
-__all__ = ["KERNEL_DTYPES", "float_suffix", "call", "check_array"]
+__all__ = ["KERNEL_DTYPES", "Target", "target", "float_suffix", "check_array"]
 
 KERNEL_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 
@@ -34,21 +36,36 @@ def check_array(kernel: str, name: str, x, shape: Sequence[int | None], dtype) -
         raise ValueError(f"{kernel}: {name} must have shape {want}, got {list(x.shape)}")
 
 
-def call(kernel: str, suffix: str, results: Sequence[tuple[tuple[int, ...], object]], *args, **attrs):
-    """``jaxdd_{kernel}_{suffix}`` on ``args``; results given as (shape, dtype) pairs, ``attrs``
-    the handler's static attributes (numpy scalars or bools).
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A kernel's FFI handlers, ``jaxdd_{kernel}_f32`` and ``_f64`` (see :func:`target`)."""
 
-    Inside ``shard_map`` (with ``check_vma=True``) an FFI call needs all operands varying
-    over the same mesh axes, and result types that say so: operands are made varying over
-    the union of their axes, and each result type is derived from an operand's type
-    (``jax.typeof``), which carries those axes. Without that the backward pass of a
-    ``custom_vjp`` around the call fails ("manual axis types do not match").
+    kernel: str
+
+    def __call__(self, suffix: str, results: Sequence[tuple[tuple[int, ...], object]], *args, **attrs):
+        """``jaxdd_{kernel}_{suffix}`` on ``args``; results given as (shape, dtype) pairs, ``attrs``
+        the handler's static attributes (numpy scalars or bools).
+
+        Inside ``shard_map`` (with ``check_vma=True``) an FFI call needs all operands varying
+        over the same mesh axes, and result types that say so: operands are made varying over
+        the union of their axes, and each result type is derived from an operand's type
+        (``jax.typeof``), which carries those axes. Without that the backward pass of a
+        ``custom_vjp`` around the call fails ("manual axis types do not match").
+        """
+        ensure_registered((self.kernel,))
+        args = match_varying(tuple(jnp.asarray(a) for a in args))
+        if varying_axes(args[0]):
+            ref = jax.typeof(args[0])
+            types = [ref.update(shape=tuple(shape), dtype=np.dtype(dtype)) for shape, dtype in results]
+        else:
+            types = [jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype)) for shape, dtype in results]
+        return jax.ffi.ffi_call(f"jaxdd_{self.kernel}_{suffix}", types, vmap_method="sequential")(*args, **attrs)
+
+
+def target(kernel: str) -> Target:
+    """Declare the FFI handlers a kernel module calls and return them as a callable :class:`Target`.
+
+    kernel: the handlers' stem: csrc/<name>/<name>_cpu.cc (and _cuda.cu) export
+    ``jaxdd_{kernel}_f32`` and ``jaxdd_{kernel}_f64``, which the first call registers with XLA.
     """
-    ensure_registered()
-    args = match_varying(tuple(jnp.asarray(a) for a in args))
-    if varying_axes(args[0]):
-        ref = jax.typeof(args[0])
-        types = [ref.update(shape=tuple(shape), dtype=np.dtype(dtype)) for shape, dtype in results]
-    else:
-        types = [jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype)) for shape, dtype in results]
-    return jax.ffi.ffi_call(f"jaxdd_{kernel}_{suffix}", types, vmap_method="sequential")(*args, **attrs)
+    return Target(declare(kernel))

@@ -24,6 +24,9 @@ from . import _call
 __all__ = ["attention_message", "attention_message_reference", "ATTENTION_OP"]
 
 _NAME = "attention_message"
+# The handlers of csrc/attention/attention_cpu.cc and attention_cuda.cu.
+_FORWARD = _call.target("attention_forward")
+_BACKWARD = _call.target("attention_backward")
 
 
 def _reference(q, k, v, w, senders, receivers):
@@ -39,8 +42,7 @@ def _reference(q, k, v, w, senders, receivers):
 
 def _forward(q, k, v, w, senders, receivers):
     suffix = _call.float_suffix(_NAME, "q", q)
-    m, z = _call.call("attention_forward", suffix, [(q.shape, q.dtype), (q.shape[:1], q.dtype)],
-                      q, k, v, w, senders, receivers)
+    m, z = _FORWARD(suffix, [(q.shape, q.dtype), (q.shape[:1], q.dtype)], q, k, v, w, senders, receivers)
     return m, (q, k, v, w, senders, receivers, m, z)
 
 
@@ -53,8 +55,8 @@ def _backward(residuals, ct):
     if ct is None:
         return (None,) * 6
     suffix = _call.float_suffix(_NAME, "q", q)
-    gq, gk, gv, gw = _call.call("attention_backward", suffix, [(q.shape, q.dtype)] * 3 + [(w.shape, w.dtype)],
-                                q, k, v, w, senders, receivers, m, z, ct)
+    gq, gk, gv, gw = _BACKWARD(suffix, [(q.shape, q.dtype)] * 3 + [(w.shape, w.dtype)], q, k, v, w, senders,
+                               receivers, m, z, ct)
     return gq, gk, gv, gw, None, None
 
 

@@ -24,6 +24,9 @@ from . import _call
 __all__ = ["lennard_jones", "lennard_jones_reference", "LJ_OP"]
 
 _NAME = "lennard_jones"
+# The handlers of csrc/lj/lj_cpu.cc and lj_cuda.cu.
+_FORWARD = _call.target("lj_forward")
+_BACKWARD = _call.target("lj_backward")
 
 
 def _rows(x, idx):
@@ -84,10 +87,9 @@ def _kernel(positions, shifts, cells, system, senders, receivers, mask, types, s
     args = (positions, shifts, cells, system, senders, receivers, mask, types, sigma, epsilon, v_shift, cutoff,
             half_list)
     # Two passes, so that a program that never reads the virial (dynamics) drops its pass.
-    energies, forces, _ = _call.call("lj_forward", suffix, [((n,), dtype), ((n, 3), dtype), ((0, 3, 3), dtype)],
-                                     *args, parts=np.int64(1))
-    _, _, virial = _call.call("lj_forward", suffix, [((0,), dtype), ((0, 3), dtype), ((n, 3, 3), dtype)],
-                              *args, parts=np.int64(2))
+    energies, forces, _ = _FORWARD(suffix, [((n,), dtype), ((n, 3), dtype), ((0, 3, 3), dtype)], *args,
+                                   parts=np.int64(1))
+    _, _, virial = _FORWARD(suffix, [((0,), dtype), ((0, 3), dtype), ((n, 3, 3), dtype)], *args, parts=np.int64(2))
     return energies, forces, virial
 
 
@@ -103,9 +105,8 @@ def _backward(args, cts):
                           v_shift, cutoff, half)
 
     if ct_energy is not None:
-        g_pos, g_cells = _call.call(
-            "lj_backward", suffix, [(positions.shape, positions.dtype), (cells.shape, cells.dtype)],
-            *args, ct_energy)
+        g_pos, g_cells = _BACKWARD(suffix, [(positions.shape, positions.dtype), (cells.shape, cells.dtype)], *args,
+                                   ct_energy)
         # Parameter derivatives by the jnp formula; XLA drops them unless something asks.
         _, pullback = jax.vjp(lambda sg, ep, vs: reference(positions, cells, sg, ep, vs)[0], sigma, epsilon, v_shift)
         g_sigma, g_eps, g_vs = pullback(ct_energy)

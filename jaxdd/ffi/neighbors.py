@@ -2,8 +2,8 @@
 
 Under domain decomposition a rank whose rows are its owned atoms and explicit ghost images
 on every axis (a half list, or this search asked for) searches with no periodic axis.
-:func:`cell_list` is that search as one C++ pass (csrc/cpu_neighbors.cc; on CUDA GPUs
-csrc/cuda_neighbors.cu, which gives the same list edge for edge): per-system bins of half
+:func:`cell_list` is that search as one C++ pass (csrc/neighbors/neighbors_cpu.cc; on CUDA GPUs
+neighbors_cuda.cu, which gives the same list edge for edge): per-system bins of half
 the cutoff, a counting sort, a stencil scan per receiver. It computes what :func:`jaxdd.neighbors.build_neighbor_list`
 computes with an identity cell and no periodic axis (the same pairs, grouped by receiver
 in receiver order; the order within a receiver may differ), in a small fraction of the
@@ -20,6 +20,8 @@ from . import _call
 __all__ = ["cell_list"]
 
 _NAME = "jaxdd cell_list"
+# The handlers of csrc/neighbors/neighbors_cpu.cc and neighbors_cuda.cu.
+_CELL_LIST = _call.target("cell_list")
 
 
 def cell_list(positions, system, atom_mask, *, cutoff: float, max_edges: int, n_receivers: int | None = None,
@@ -58,8 +60,8 @@ def cell_list(positions, system, atom_mask, *, cutoff: float, max_edges: int, n_
     for name, key in zip(("order[0]", "order[1]"), order):
         _call.check_array(_NAME, name, key, (n,), np.int32)
     results = [((e,), np.int32), ((e,), np.int32), ((n,), np.int32), ((), np.int32)]
-    senders, receivers, per_atom, n_edges = _call.call(
-        "cell_list", suffix, results, positions, system, atom_mask, *order, n_receivers=np.int64(n_recv),
+    senders, receivers, per_atom, n_edges = _CELL_LIST(
+        suffix, results, positions, system, atom_mask, *order, n_receivers=np.int64(n_recv),
         n_systems=np.int64(n_systems), cutoff=np.float64(cutoff), half=bool(half))
     # The kernel writes no shifts (there are none); zeros built here cost nothing where unused.
     return senders, receivers, jnp.zeros((e, 3), jnp.int32), per_atom, n_edges

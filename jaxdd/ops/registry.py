@@ -2,29 +2,44 @@
 
 A *named op* (``"namespace::op"``) is a kernel the dispatch cannot see into, declared on a
 spec by an :class:`~jaxdd.spec.OpAdapter`; :func:`register_op` names it, :func:`get_op`
-finds it again (importing jaxdd's own providers on first use, so a spec file naming them
-loads without importing them first). All errors are :class:`~jaxdd.ops.SpecError`.
+finds it again. All errors are :class:`~jaxdd.ops.SpecError`.
+
+A module provides a namespace by registering its ops when it is imported: a module-level
+call of :func:`register_op` (or of a helper named ``*_op`` around it, such as
+``jaxdd.ffi.warp.warp_op``) with the op's name written out. jaxdd's own providers
+(``jaxdd_ffi``, ``jaxdd_warp``, ``jaxdd_mesh``, and any a new module adds) are found by
+reading jaxdd's sources for such calls (:func:`op_providers`), and :func:`get_op` imports
+them on first use, so a spec file naming their ops loads without importing them first.
+Ops of other packages resolve once the module that registers them is imported.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 import jax
 
 from .errors import SpecError
 from .sharding import match_varying
 
-__all__ = ["OpHandle", "register_op", "get_op", "registered_ops"]
+__all__ = ["OpHandle", "register_op", "get_op", "registered_ops", "op_providers"]
 
 _OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_.]*", re.ASCII)
 _REGISTRY: dict[str, "OpHandle"] = {}
-# Namespaces of ops that jaxdd itself provides → the module that registers them, imported
-# on first use so that a spec file naming them loads without importing it first.
-_PROVIDERS = {"jaxdd_ffi": "jaxdd.ffi", "jaxdd_warp": "jaxdd.ffi.warp", "jaxdd_mesh": "jaxdd.pme_grid"}
+# The package whose modules op_providers reads: the one holding jaxdd.ops.
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+_PACKAGE = __name__.split(".", 1)[0]
+# A registration at module level (a line that is not indented): a call of register_op or a
+# *_op helper, bare, assigned or as a decorator, whose first argument is a written-out op name.
+# Groups: the function called, the op's namespace.
+_REGISTRATION = re.compile(
+    r"""^(?:@|[A-Za-z_][\w.]*\s*(?::[^=\n]*)?=\s*)?(?:[A-Za-z_][\w]*\.)*(\w*_op)\(\s*["']([A-Za-z_]\w*)::""",
+    re.MULTILINE | re.ASCII)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -157,8 +172,9 @@ def get_op(name: str) -> OpHandle:
     if not isinstance(name, str) or "::" not in name:
         raise SpecError(f"an op handle is a 'namespace::op' string, got {name!r}")
     namespace = name.split("::", 1)[0]
-    if name not in _REGISTRY and namespace in _PROVIDERS:
-        importlib.import_module(_PROVIDERS[namespace])
+    if name not in _REGISTRY:
+        for module in _discovered_providers().get(namespace, ()):
+            importlib.import_module(module)
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -171,3 +187,33 @@ def get_op(name: str) -> OpHandle:
 def registered_ops() -> tuple[str, ...]:
     """Names of all registered ops, sorted."""
     return tuple(sorted(_REGISTRY))
+
+
+def op_providers() -> dict[str, tuple[str, ...]]:
+    """jaxdd's own providers of named ops: namespace → the modules that register its ops.
+
+    Found by reading (not importing) every module of the jaxdd package for registrations at
+    module level (see the module docstring), once per process; :func:`get_op` imports a
+    namespace's modules when asked for one of its ops that is not registered yet.
+
+    Returns: {namespace: (module name, ...)}, modules in path order.
+    """
+    return dict(_discovered_providers())
+
+
+@functools.cache
+def _discovered_providers() -> dict[str, tuple[str, ...]]:
+    found: dict[str, list[str]] = {}
+    for path in sorted(_PACKAGE_DIR.rglob("*.py")):
+        parts = path.relative_to(_PACKAGE_DIR).with_suffix("").parts
+        if "__pycache__" in parts:
+            continue
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        module = ".".join((_PACKAGE, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+        namespaces = {m.group(2) for m in _REGISTRATION.finditer(source) if m.group(1) != "get_op"}
+        for namespace in sorted(namespaces):
+            found.setdefault(namespace, []).append(module)
+    return {namespace: tuple(modules) for namespace, modules in found.items()}

@@ -1,5 +1,5 @@
 // The open-boundary cell list for CUDA GPUs, as an XLA FFI handler: the GPU twin of
-// cpu_neighbors.cc (read that file and jaxdd/ffi/neighbors.py for the definition). The
+// neighbors_cpu.cc (read that file and jaxdd/ffi/neighbors.py for the definition). The
 // same bins (per system, cubes of cutoff / 2 that grow only where a sparse system would
 // need more bins than twice its atoms), the same capacity contract (edges past max_edges
 // are counted, not written) and the same order keys for half lists; the result is the
