@@ -1,5 +1,6 @@
 """bench/gpu_check.sh --smoke: the GPU check's stages (build, test collection, the dynamics
-table) run here at tiny sizes, so the script is known to work before a GPU is at hand."""
+table) run here at tiny sizes, so the script is known to work before a GPU is at hand; the
+default suite runs two sections of the table, the slow set all of them."""
 
 from __future__ import annotations
 
@@ -17,19 +18,38 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="bench/gpu_check.sh needs bash")
 
 
-def test_gpu_check_smoke_runs_every_stage_and_prints_the_table(tmp_path):
+def smoke(out_dir, *table_args):
+    """bench/gpu_check.sh --smoke (table arguments after --): (its stdout, the table printed)."""
     env = dict(os.environ, PYTHON=sys.executable)
     env.pop("OUT", None)
-    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--smoke", "--out", str(tmp_path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    argv = ["bash", str(ROOT / "bench" / "gpu_check.sh"), "--smoke", "--out", str(out_dir)]
+    if table_args:
+        argv += ["--", *table_args]
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-2000:]
     assert "gpu_check: all stages passed" in out
-    table = (tmp_path / "gpu_table.txt").read_text()
-    for row in ("fused float32", "jnp float64", "jax-md float32", "schnet float32", "nequip float32", "mace float32",
-                "jax-md NequIP (own loop)", "jaxdd NequIP (jax-md's network)", "largest fit"):
+    assert "error" not in (out_dir / "gpu_table.json").read_text().lower()
+    return out, (out_dir / "gpu_table.txt").read_text()
+
+
+def assert_rows(table, rows):
+    for row in rows:
         assert row in table, f"row {row!r} missing from the table:\n{table}"
-    assert "error" not in (tmp_path / "gpu_table.json").read_text().lower()
+
+
+def test_gpu_check_smoke_runs_every_stage_and_prints_the_table(tmp_path):
+    """Every stage; of the table, the LJ rows and the zoo models' rows (jax-md's loops beside
+    them and the largest-fit search: the slow test below)."""
+    _, table = smoke(tmp_path, "--sections", "lj,mlip")
+    assert_rows(table, ("fused float32", "jnp float64", "schnet float32", "nequip float32", "mace float32"))
+
+
+@pytest.mark.slow
+def test_gpu_check_smoke_prints_every_row_of_the_table(tmp_path):
+    _, table = smoke(tmp_path)
+    assert_rows(table, ("fused float32", "jnp float64", "jax-md float32", "schnet float32", "nequip float32",
+                        "mace float32", "jax-md NequIP (own loop)", "jaxdd NequIP (jax-md's network)", "largest fit"))
 
 
 def test_gpu_check_refuses_to_run_without_its_wheels(tmp_path):
