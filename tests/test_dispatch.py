@@ -9,6 +9,7 @@ to 1e-9 absolute, on grids (2,2,2) and (3,2,1), with a one-cutoff halo and
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -117,6 +118,13 @@ def distributed(name, grid, mode="halo_correction", data=SYSTEM, spec=None):
     return dm, dm(data, outputs=("energy", "forces"))
 
 
+@functools.lru_cache(maxsize=None)
+def halo_run(name, grid):
+    """``distributed(name, grid)`` with the default spec, built once: the tests that read its
+    dispatch report share the compiled model."""
+    return distributed(name, grid)
+
+
 def assert_same(got, ref):
     e_ref = np.asarray(ref["energy"])
     assert np.max(np.abs(np.asarray(got["energy"]) - e_ref) / np.abs(e_ref)) <= 1e-10
@@ -132,24 +140,24 @@ def scatters_in_program(name):
 
 
 def _halo_cases():
-    """Every default model on (3, 2, 1); on (2, 2, 2) the first four in the default suite (the
-    scatter idioms of the others run there in tests/test_dispatch_idioms.py), the rest slow."""
+    """Every default model on the uneven grid (3, 2, 1); on (2, 2, 2), where every axis is
+    split, in the slow set (the default suite splits every axis for mpnn_segment_sum in the
+    refresh, stress and deep-halo tests below)."""
     for name in DEFAULT_MODELS:
         yield pytest.param(name, (3, 2, 1), id=f"{name}-3x2x1")
-        slow = name in ("mpnn_jraph", "custom_vjp_mpnn", "sum_readout")
-        yield pytest.param(name, (2, 2, 2), id=f"{name}-2x2x2", marks=pytest.mark.slow if slow else ())
+        yield pytest.param(name, (2, 2, 2), id=f"{name}-2x2x2", marks=pytest.mark.slow)
 
 
 @pytest.mark.parametrize("name, grid", list(_halo_cases()))
 def test_unchanged_model_with_halo_correction_equals_single_device(name, grid):
-    dm, got = distributed(name, grid)
+    dm, got = halo_run(name, grid)
     assert_same(got, reference(name))
     # Every message sum is onto the list's receivers (owned atoms): owners' sums copied to ghosts.
     assert dm.dispatch_report.counts["scatter_add.owned_rows"] == scatters_in_program(name)
     assert not dm.dispatch_report.fallbacks
 
 
-@pytest.mark.parametrize("name", ["mpnn_segment_sum", "sum_readout"])
+@pytest.mark.parametrize("name", ["mpnn_segment_sum", pytest.param("sum_readout", marks=pytest.mark.slow)])
 def test_unchanged_model_with_local_scatters_and_deep_halo_equals_single_device(name):
     dm, got = distributed(name, (2, 2, 2), mode="local")
     assert_same(got, reference(name))
@@ -188,17 +196,17 @@ def test_stress_equals_single_device():
 
 
 def test_readout_reduction_is_masked_and_summed_across_ranks():
-    dm, _ = distributed("sum_readout", (2, 2, 2))
+    dm, _ = halo_run("sum_readout", (3, 2, 1))
     assert dm.dispatch_report.counts["reduce.sum"] == 1
 
 
 def test_scan_over_layers_is_entered_once():
-    dm, _ = distributed("flax_scan", (2, 2, 2))
+    dm, _ = halo_run("flax_scan", (3, 2, 1))
     assert dm.dispatch_report.counts["enter.scan"] == 1
 
 
 def test_custom_vjp_without_halo_rules_inside_keeps_its_derivative_rule():
-    dm, _ = distributed("custom_vjp_mpnn", (2, 2, 2))
+    dm, _ = halo_run("custom_vjp_mpnn", (3, 2, 1))
     assert not any(k.startswith("enter.custom") for k in dm.dispatch_report.counts)
 
 
