@@ -145,8 +145,10 @@ def md_of(integrator, grid=(1, 1, 1), strategy=None) -> DomainParallel:
     return DomainParallel(dist_model(grid, strategy=strategy), integrator, kB=kB)
 
 
-@pytest.mark.parametrize("integrator", [VelocityVerlet(0.5), NoseHooverChain(**dict(NVT, dt=0.5, period=50.0))],
-                         ids=["nve", "nvt"])
+# The check is the device loop's, whatever the integrator: NVT is in the slow set.
+@pytest.mark.parametrize("integrator", [
+    VelocityVerlet(0.5), pytest.param(NoseHooverChain(**dict(NVT, dt=0.5, period=50.0)), marks=pytest.mark.slow)],
+    ids=["nve", "nvt"])
 def test_a_time_step_far_too_large_is_refused_on_one_device_as_on_many(integrator):
     md = md_of(integrator)
     with pytest.raises(RuntimeError, match=r"more than 0\.15 Å .*dt = 0\.5"):
@@ -200,9 +202,10 @@ def test_a_float32_time_step_runs_as_the_float64_one():
     assert math.isfinite(e1) and abs(e1 - e0) < 5e-3 * abs(e0)
 
 
-# A halo grid's checkpoints are also specified in test_dynamics.py: here that case is slow.
-@pytest.mark.parametrize("grid, strategy", [((1, 1, 1), None), ((2, 1, 1), "graph_partition"),
-                                            pytest.param((2, 1, 1), None, marks=pytest.mark.slow)],
+# The slow set: test_checkpoint_compat.py restores a checkpoint of each run kind (one device, a
+# halo grid, node blocks; Nosé-Hoover too) and continues it bit for bit in the default suite.
+@pytest.mark.slow
+@pytest.mark.parametrize("grid, strategy", [((1, 1, 1), None), ((2, 1, 1), "graph_partition"), ((2, 1, 1), None)],
                          ids=["one-device", "graph-parallel", "halo"])
 def test_a_checkpoint_restores_bit_for_bit_on_every_run_kind(grid, strategy, tmp_path):
     md = md_of(NoseHooverChain(**NVT), grid, strategy)

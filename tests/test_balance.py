@@ -135,7 +135,9 @@ def test_a_device_rebuild_on_balanced_blocks_equals_the_host_plan(name, grid):
 # ----------------------------------------------------------------------------- results
 
 
-@pytest.mark.parametrize("name, grid", [("film", (2, 2, 2)), ("drop", (3, 2, 1)),
+# The film on (2, 2, 2) is in the slow set: balanced film blocks follow one device through
+# the dynamics below (test_dynamic_balancing_follows_one_device, the restart).
+@pytest.mark.parametrize("name, grid", [pytest.param("film", (2, 2, 2), marks=pytest.mark.slow), ("drop", (3, 2, 1)),
                                         pytest.param("slab", (2, 2, 2), marks=pytest.mark.slow)])
 def test_a_balanced_distributed_model_equals_one_device(name, grid):
     dm = DistributedModel(MODEL, DomainConfig(2.5, skin=0.3, mesh=mesh_of(math.prod(grid)), grid=grid,
@@ -199,6 +201,9 @@ def test_pair_weights_are_each_atoms_neighbour_count_plus_one():
     np.testing.assert_array_equal(md.pair_weights(state), expected)
 
 
+# In the slow set: the default suite specifies the pair weights (test_pair_weights_...), the cuts
+# weights move (test_weights_move_the_cuts_...) and dynamic balancing under dynamics (by atoms).
+@pytest.mark.slow
 def test_balancing_by_pairs_follows_one_device():
     dm = DistributedModel(MODEL, DomainConfig(2.5, skin=0.3, mesh=mesh_of(8), grid=(2, 2, 2), balance="dynamic",
                                               balance_by="pairs", balance_every=50))

@@ -346,7 +346,9 @@ def test_neighbour_list_overflow_grows_and_the_trajectory_is_unchanged():
     np.testing.assert_allclose(np.asarray(md.gather(state).positions), reference(200)[19][0], rtol=0, atol=1e-9)
 
 
-@pytest.mark.parametrize("grid", [(2, 2, 1), (1, 1, 1)])
+# One rank: the slow set (the kept list of one rank follows one device in the default suite
+# through test_one_rank_trajectory_equals_single_device_without_plan_rebuilds).
+@pytest.mark.parametrize("grid", [(2, 2, 1), pytest.param((1, 1, 1), marks=pytest.mark.slow)], ids=["2x2x1", "1x1x1"])
 def test_a_kept_neighbour_list_that_overflowed_when_built_grows_and_the_trajectory_is_unchanged(grid):
     """With a skin the loop keeps its list between steps; the list built before the first
     step is checked at that step (a list too small there is never used)."""

@@ -192,7 +192,7 @@ def test_each_system_of_a_batch_has_its_own_flux():
 # ----------------------------------------------------------------------------- distributed = one device
 
 
-@pytest.mark.parametrize("grid", [(2, 2, 1), (3, 2, 1)])
+@pytest.mark.parametrize("grid", [pytest.param((2, 2, 1), marks=pytest.mark.slow), (3, 2, 1)], ids=["2x2x1", "3x2x1"])
 def test_distributed_records_the_one_device_series(grid):
     _, _, one = lj_series((1, 1, 1))
     _, _, many = lj_series(grid)

@@ -357,7 +357,8 @@ def test_a_jax_md_potential_drives_ase_through_the_calculator():
     from jaxdd.ase import Calculator
 
     data, _, _, z = system("cubic")
-    model = wrap(lambda d, b: morse(_ids(z))(d, b, format=partition.Sparse), "cubic", "Sparse")
+    # The model of test_pair_potential_through_compute_equals_jax_md's morse case: ``ref`` is its program.
+    model = wrap(lambda d, b: morse(_ids(z))(d, b, format=partition.OrderedSparse), "cubic", "OrderedSparse")
     atoms = data.to_ase()
     atoms.calc = Calculator(model)
     ref = jaxdd.compute(model, data)
