@@ -80,8 +80,17 @@ def test_spec_option_validates_the_graph_parallel_preset():
 
 @pytest.mark.parametrize("args", [("--world-size", "0"), ("--builtin", "nonesuch"), ("no_such_module:factory",),
                                   ("--dtype", "float16"), ("--spec", "no_such_preset")])
-def test_usage_errors_exit_2(args):
-    proc = cli(*args)
+def test_usage_errors_exit_2(args, capsys):
+    # In this process: main's status, or the status argparse exits with.
+    try:
+        status = main(list(args))
+    except SystemExit as exit:
+        status = exit.code
+    assert status == 2, capsys.readouterr()
+
+
+def test_the_module_exits_with_the_status_of_main():
+    proc = cli("--spec", "no_such_preset")
     assert proc.returncode == 2, proc.stdout + proc.stderr
 
 

@@ -251,7 +251,9 @@ def test_padding_atoms_and_systems_get_zero_energy_and_forces(name):
     assert out["energy"][-1] == 0
 
 
-@pytest.mark.parametrize("name", NAMES)
+# NequIP in the default suite; for BP and SchNet it follows there from the list never joining
+# systems (test_neighbors.py) and their per-system sums (test_atomic_energies_sum_...).
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == "nequip" else pytest.mark.slow) for n in NAMES])
 def test_a_molecule_in_a_batch_has_its_energy_alone(name):
     mol = molecule_list()[6]  # benzene: the most neighbours of the list
     alone = as_numpy(jaxdd.compute(model(name), jaxdd.AtomicData.from_ase(mol), ("energy", "forces")))
