@@ -119,7 +119,8 @@ class CommunityModel(eqx.Module, BaseModel):
 
     def __init__(self, net: nn.Module, pairs: str, seed: int = 0):
         self.net, self.pairs = net, pairs
-        self.params = net.init(jax.random.PRNGKey(seed), *self._dummy_inputs())
+        # One compiled init: flax's init op by op compiles a small program per operation.
+        self.params = jax.jit(net.init)(jax.random.PRNGKey(seed), *self._dummy_inputs())
         self.model_config = ModelConfig(
             outputs=frozenset({"energy", "forces", "stress"}), autograd_outputs=frozenset({"forces", "stress"}),
             autograd_inputs=frozenset({"positions", "cell"}), neighbor_config=NeighborConfig(cutoff=CUTOFF))

@@ -48,7 +48,7 @@ class Plain(eqx.Module, BaseModel):
 
     def __init__(self, name: str, seed: int = 0):
         init, fn, _ = MODELS[name]
-        self.params = init(jax.random.PRNGKey(seed))
+        self.params = jax.jit(init)(jax.random.PRNGKey(seed))  # one program, not one per operation
         self.fn = fn
         self.model_config = ModelConfig(
             outputs=frozenset({"energy", "forces", "stress"}),

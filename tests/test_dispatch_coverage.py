@@ -117,7 +117,7 @@ class FlaxMLP(nn.Module):
 def flax_mlp():
     """FlaxMLP of the descriptors, random weights from its own init."""
     net = FlaxMLP()
-    params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 8)))
+    params = jax.jit(net.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8)))  # one program, not one per operation
     return AtomicEnergyModel(lambda p, data: net.apply(p, descriptors(data)), params)
 
 
@@ -214,7 +214,8 @@ def jax_md_nequip():
     neighbor_fn, init_fn, _ = energy.nequip_neighbor_list(lambda a, b, **kw: a - b, box, cfg)
     R = jnp.asarray(data.positions)
     atoms = jax.nn.one_hot(np.searchsorted(JAX_MD_SPECIES, data.atomic_numbers), len(JAX_MD_SPECIES))
-    params = init_fn(jax.random.PRNGKey(0), R, neighbor_fn.allocate(R), atoms=atoms)
+    nbrs = neighbor_fn.allocate(R)
+    params = jax.jit(lambda key: init_fn(key, R, nbrs, atoms=atoms))(jax.random.PRNGKey(0))  # one program
     params = jax.tree.map(lambda x: x.astype(jnp.float64), params)
     return _jax_md(lambda d, b: energy.nequip_neighbor_list(d, b, cfg), partition.Sparse, species_as="atoms",
                    params=params)

@@ -181,7 +181,8 @@ def nequip_reference(kind, n=4, a=1.3):
     R = jnp.asarray(R)
     nbr = neighbor_fn.allocate(R)
     atoms = jax.nn.one_hot(_ids(z), len(SPECIES))
-    params = jax.tree.map(lambda x: x.astype(jnp.float64), init_fn(jax.random.PRNGKey(0), R, nbr, atoms=atoms))
+    init = jax.jit(lambda key: init_fn(key, R, nbr, atoms=atoms))  # one program, not one per operation
+    params = jax.tree.map(lambda x: x.astype(jnp.float64), init(jax.random.PRNGKey(0)))
     e, g = jax.jit(jax.value_and_grad(energy_fn, argnums=1))(params, R, nbr, atoms=atoms)
     f = -g
     model = wrap(lambda d, b: energy.nequip_neighbor_list(d, b, cfg), kind, "Sparse", species_as="atoms",
