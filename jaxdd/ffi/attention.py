@@ -83,14 +83,26 @@ def _prepare(q, k, v, w, senders, receivers):
 def attention_message(q, k, v, w, senders, receivers):
     """Attention-weighted messages onto receivers (the compiled kernel).
 
-    q, k, v: [n, F] queries, keys, values (float32 or float64); w: [E] edge weights >= 0
-    (0 on padding edges); senders, receivers: [E] int32 (an index outside [0, n) skips
-    the edge). Returns m: [n, F] (formula in the module docstring). Differentiable
-    (reverse mode) in q, k, v and w.
+    Differentiable (reverse mode) in q, k, v and w.
+
+    Args:
+      q, k, v: [n, F] queries, keys, values (float32 or float64).
+      w: [E] edge weights >= 0 (0 on padding edges), q's dtype.
+      senders, receivers: [E] int32 (an index outside [0, n) skips the edge).
+
+    Returns:
+      m: [n, F] messages (formula in the module docstring).
     """
     return ATTENTION_OP(*_prepare(q, k, v, w, senders, receivers))
 
 
 def attention_message_reference(q, k, v, w, senders, receivers):
-    """What :func:`attention_message` computes, in jnp."""
+    """What :func:`attention_message` computes, in jnp.
+
+    Args:
+      q, k, v, w, senders, receivers: as in :func:`attention_message`.
+
+    Returns:
+      m: [n, F] messages.
+    """
     return _reference(*_prepare(q, k, v, w, senders, receivers))

@@ -173,23 +173,31 @@ def lennard_jones(positions, shifts, cells, senders, receivers, mask, sigma, eps
                   types=None, shift: bool = False, half_list: bool = False):
     """Fused Lennard-Jones pass over a COO list (the compiled kernel).
 
-    positions: [n, 3] Å (float32 or float64); shifts: [E, 3] int32 image shift of each
-    edge's sender in cell vectors (``NeighborList.shifts``), or [0, 3] when no edge has one
-    (a rank's list under decomposition: the pass then reads no shifts); cells: [S, 3, 3] Å (or one
-    [3, 3]), row i the i-th cell vector; system: [n] int32 system of each atom (default
-    0; an edge uses its receiver's cell); senders, receivers: [E] int32; mask: [E] bool;
-    sigma, epsilon: σ (Å) and ε (eV), scalars or [K, K] tables indexed by ``types`` ([n]
-    int32 in [0, K), default all 0); cutoff: r_c (Å); shift: subtract V(r_c) from every
-    pair; half_list: each pair is listed once (else twice, once per receiver).
+    Differentiable (reverse mode) in positions, cells, sigma and epsilon.
 
-    Returns (energies [n] eV, forces [n, 3] eV/Å, virial [n, 3, 3] eV): each pair's energy
-    and virial ``-d ⊗ dV/dd`` split evenly between its atoms (a full list credits the
-    receiver of each of the pair's two edges). Forces: with a half list ``-dE/dx`` (E the
-    sum of the energies); with a full list each receiver gets the whole force of each of
-    its pairs (LAMMPS's "newton off"): ``-dE/dx`` on every atom that receives all its pairs
-    (every atom of a symmetric list, every owned atom under decomposition), zero on rows
-    that receive no edge. Differentiable (reverse mode) in positions, cells, sigma and
-    epsilon.
+    Args:
+      positions: [n, 3] Å (float32 or float64).
+      shifts: [E, 3] int32 image shift of each edge's sender in cell vectors
+        (``NeighborList.shifts``), or [0, 3] when no edge has one (a rank's list under
+        decomposition: the pass then reads no shifts).
+      cells: [S, 3, 3] Å (or one [3, 3]), row i the i-th cell vector.
+      senders, receivers: [E] int32.
+      mask: [E] bool, False on padding edges.
+      sigma, epsilon: σ (Å) and ε (eV), scalars or [K, K] tables indexed by ``types``.
+      cutoff: r_c (Å).
+      system: [n] int32 system of each atom (default all 0); an edge uses its receiver's cell.
+      types: [n] int32 in [0, K) (default all 0).
+      shift: subtract V(r_c) from every pair.
+      half_list: each pair is listed once (else twice, once per receiver).
+
+    Returns:
+      (energies [n] eV, forces [n, 3] eV/Å, virial [n, 3, 3] eV): each pair's energy and
+      virial ``-d ⊗ dV/dd`` split evenly between its atoms (a full list credits the
+      receiver of each of the pair's two edges). Forces: with a half list ``-dE/dx`` (E the
+      sum of the energies); with a full list each receiver gets the whole force of each of
+      its pairs (LAMMPS's "newton off"): ``-dE/dx`` on every atom that receives all its
+      pairs (every atom of a symmetric list, every owned atom under decomposition), zero on
+      rows that receive no edge.
     """
     return LJ_OP(*_prepare(positions, shifts, cells, senders, receivers, mask, sigma, epsilon, cutoff, system, types,
                            shift, half_list))
@@ -197,6 +205,14 @@ def lennard_jones(positions, shifts, cells, senders, receivers, mask, sigma, eps
 
 def lennard_jones_reference(positions, shifts, cells, senders, receivers, mask, sigma, epsilon, *, cutoff,
                             system=None, types=None, shift: bool = False, half_list: bool = False):
-    """What :func:`lennard_jones` computes, in jnp (forces and virial by autodiff)."""
+    """What :func:`lennard_jones` computes, in jnp (forces and virial by autodiff).
+
+    Args:
+      positions, shifts, cells, senders, receivers, mask, sigma, epsilon, cutoff, system,
+        types, shift, half_list: as in :func:`lennard_jones` (Å, eV).
+
+    Returns:
+      (energies [n] eV, forces [n, 3] eV/Å, virial [n, 3, 3] eV).
+    """
     return _reference(*_prepare(positions, shifts, cells, senders, receivers, mask, sigma, epsilon, cutoff, system,
                                 types, shift, half_list))

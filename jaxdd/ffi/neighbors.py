@@ -28,18 +28,27 @@ def cell_list(positions, system, atom_mask, *, cutoff: float, max_edges: int, n_
               n_systems: int = 1, half: bool = False, order=None):
     """Pairs closer than ``cutoff`` among atoms of the same system, no periodic images.
 
-    positions: [n, 3] Å (float32 or float64); system: [n] int32; atom_mask: [n] bool
-    (False rows, and rows whose system is outside [0, n_systems), take no part);
-    n_receivers: only rows [0, n_receivers) receive edges (default all); half: list each
-    pair once, from the row ``order`` picks (two [n] int32 keys, e.g. global atom id and
-    image: the row of lower (key a, key b) when the keys a have the same parity, else the
-    row of higher, as :func:`jaxdd.neighbors.build_neighbor_list`; default the row index: a
-    receiver's sender index is then above its own).
+    Args:
+      positions: [n, 3] Å (float32 or float64).
+      system: [n] int32 system of each atom.
+      atom_mask: [n] bool (False rows, and rows whose system is outside [0, n_systems),
+        take no part).
+      cutoff: Å.
+      max_edges: edge slots of the result (>= 1).
+      n_receivers: only rows [0, n_receivers) receive edges (default all).
+      n_systems: systems of the batch.
+      half: list each pair once, from the row ``order`` picks.
+      order: for a half list, two [n] int32 keys, e.g. global atom id and image: the row of
+        lower (key a, key b) when the keys a have the same parity, else the row of higher,
+        as :func:`jaxdd.neighbors.build_neighbor_list` (default the row index: a receiver's
+        sender index is then above its own).
 
-    Returns (senders [max_edges] int32, receivers [max_edges] int32 (padding: n), shifts
-    [max_edges, 3] int32 (all zero), num_neighbors [n] int32, n_edges [] int32). n_edges counts every pair found, also
-    those past ``max_edges`` that were not written: a result with n_edges > max_edges is
-    incomplete, and the caller must build again with more slots.
+    Returns:
+      (senders [max_edges] int32, receivers [max_edges] int32 (padding: n), shifts
+      [max_edges, 3] int32 (all zero), num_neighbors [n] int32, n_edges [] int32). n_edges
+      counts every pair found, also those past ``max_edges`` that were not written: a result
+      with n_edges > max_edges is incomplete, and the caller must build again with more
+      slots.
     """
     positions = jnp.asarray(positions)
     suffix = _call.float_suffix(_NAME, "positions", positions)

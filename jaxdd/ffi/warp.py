@@ -58,11 +58,20 @@ def available() -> bool:
 def warp_op(name: str, kernels, *, num_outputs: int = 1):
     """Register Warp ``kernels`` as the named op ``name``; returns its handle.
 
-    kernels: a Warp kernel, or a mapping numpy dtype → kernel for ops that come in several
-    precisions (chosen by the first argument's dtype). All arguments are arrays, inputs
-    before outputs as Warp's JAX interop requires; the kernel launches over the first
-    argument's rows, and its outputs have that many rows. Derivatives come from Warp's
-    adjoint kernels.
+    All arguments of the kernel are arrays, inputs before outputs as Warp's JAX interop
+    requires; the kernel launches over the first argument's rows, and its outputs have that
+    many rows. Derivatives come from Warp's adjoint kernels.
+
+    Args:
+      name: the op's name, ``"namespace::op"``.
+      kernels: a Warp kernel, or a mapping numpy dtype → kernel for ops that come in several
+        precisions (chosen by the first argument's dtype); a kernel or mapped value may also be a
+        function of no arguments that builds the kernel on first use.
+      num_outputs: output arrays of the kernel.
+
+    Returns:
+      The op's :class:`~jaxdd.ops.OpHandle`: a call returns one array, or a tuple of
+      ``num_outputs`` arrays.
     """
     table = kernels if isinstance(kernels, dict) else None
 
@@ -118,9 +127,19 @@ LJ_EDGE_OP = warp_op("jaxdd_warp::lj_edge",
 def lj_edge_energy(vectors, mask, sigma, epsilon, cutoff, shift: bool = False):
     """Half the Lennard-Jones energy of each edge (eV): the receiver's share of its pair.
 
-    vectors: [E, 3] Å receiver → sender; mask: [E] bool real edges; sigma (Å), epsilon
-    (eV), cutoff (Å): scalars; shift: subtract V(r_c) per pair. Summed over a full list's
-    edges by receiver, these are the atomic energies; Warp differentiates them.
+    Summed over a full list's edges by receiver, these are the atomic energies; Warp
+    differentiates them.
+
+    Args:
+      vectors: [E, 3] Å, receiver → sender (float32 or float64).
+      mask: [E] bool, True on real edges.
+      sigma: σ (Å), scalar.
+      epsilon: ε (eV), scalar.
+      cutoff: r_c (Å), scalar.
+      shift: subtract V(r_c) per pair.
+
+    Returns:
+      [E] eV, vectors' dtype (0 on masked edges and beyond the cutoff).
     """
     dtype = vectors.dtype
     if vectors.ndim != 2 or vectors.shape[1] != 3:

@@ -70,6 +70,7 @@ class OpHandle:
 
     @property
     def namespace(self) -> str:
+        """The part of the name before ``::`` (the provider's namespace)."""
         return self.name.split("::", 1)[0]
 
     @property
@@ -125,20 +126,30 @@ def register_op(name: str, fn: Callable | None = None, *, fwd: Callable | None =
                 bwd: Callable | None = None, replace: bool = False):
     """Register ``fn`` as the named op ``"namespace::op"`` and return its :class:`OpHandle`.
 
-    fn(*arrays) -> array or tuple of arrays. All arguments are arrays (scalars as 0-d
-    arrays): the dispatch may call the op again on transformed arguments, so nothing may
-    hide in keyword arguments.
-
-    bwd: the op's reverse-mode rule (a backward kernel or a jnp formula), making the op a
-    ``jax.custom_vjp``: ``bwd(residuals, cotangents)`` returns one cotangent per argument
-    (``None`` for integer, boolean or non-differentiated ones); an entry of
-    ``cotangents`` is ``None`` when nothing depends on that output. fwd(*arrays) ->
-    (outputs, residuals) computes them (default: ``fn`` and the arguments themselves).
-    Without ``bwd``, JAX differentiates ``fn`` itself (it must then be made of jax ops).
-
     Usable as a decorator: ``@register_op("mymodel::fused_message")``. Registering a name
     twice with different functions is refused unless ``replace=True`` (re-running a module,
     e.g. in a notebook, re-registers the same function and is allowed).
+
+    Args:
+      name: ``"namespace::op"`` (identifiers).
+      fn: fn(*arrays) -> array or tuple of arrays. All arguments are arrays (scalars as
+        0-d arrays): the dispatch may call the op again on transformed arguments, so
+        nothing may hide in keyword arguments. None: return a decorator.
+      fwd: fwd(*arrays) -> (outputs, residuals), the forward half of the rule (default:
+        ``fn`` and the arguments themselves); only with ``bwd``.
+      bwd: the op's reverse-mode rule (a backward kernel or a jnp formula), making the op a
+        ``jax.custom_vjp``: ``bwd(residuals, cotangents)`` returns one cotangent per
+        argument (``None`` for integer, boolean or non-differentiated ones); an entry of
+        ``cotangents`` is ``None`` when nothing depends on that output. Without ``bwd``,
+        JAX differentiates ``fn`` itself (it must then be made of jax ops).
+      replace: allow replacing an op registered under ``name`` by another function.
+
+    Returns:
+      The op's :class:`OpHandle` (a decorator when ``fn`` is None).
+
+    Raises:
+      SpecError: a malformed name, a non-callable ``fn``/``fwd``/``bwd``, ``fwd`` without
+        ``bwd``, or a name already registered by another function.
     """
     if not isinstance(name, str) or not _OP_NAME.fullmatch(name):
         raise SpecError(f"op name must look like 'namespace::op' (identifiers), got {name!r}")
