@@ -60,8 +60,12 @@ def bulk() -> AtomicData:
                       np.asarray(atoms.cell), True)
 
 
-@pytest.mark.parametrize("concatenate", [False, True], ids=["stack", "concatenate"])
-@pytest.mark.parametrize("axis", [0, -1], ids=["rows", "columns"])
+# Each axis and each construction once in the default suite (rows-stack, columns-concatenate);
+# the other two pairs in the slow set.
+@pytest.mark.parametrize("axis, concatenate", [
+    pytest.param(0, False, id="rows-stack"), pytest.param(-1, True, id="columns-concatenate"),
+    pytest.param(-1, False, id="columns-stack", marks=pytest.mark.slow),
+    pytest.param(0, True, id="rows-concatenate", marks=pytest.mark.slow)])
 def test_stacked_edge_indices_distribute_exactly(axis, concatenate):
     model, data = StackedPairs(axis, concatenate), bulk()
     want = jaxdd.compute(model, data, ("energy", "forces"))

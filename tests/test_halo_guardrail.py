@@ -34,7 +34,7 @@ def test_a_rank_with_ten_times_more_ghosts_than_atoms_warns_with_the_numbers():
     dm = DistributedModel(model(), DomainConfig(cutoff=CUTOFF, grid=(2, 1, 1)))
     with pytest.warns(HaloSizeWarning, match=r"\d+ ghost rows for 1 owned atoms .* neighbour-list edges and at least "
                                              r"[\d.]+ MiB"):
-        dm(slab_and_a_loner())
+        dm.prepare(slab_and_a_loner())  # the host work of a call: the check comes before any program
 
 
 def test_a_balanced_halo_does_not_warn():
@@ -43,7 +43,7 @@ def test_a_balanced_halo_does_not_warn():
                         cell=np.diag([20.0, 10.0, 10.0]))
     with warnings.catch_warnings():
         warnings.simplefilter("error", HaloSizeWarning)
-        DistributedModel(model(), DomainConfig(cutoff=CUTOFF, grid=(2, 1, 1)))(data)
+        DistributedModel(model(), DomainConfig(cutoff=CUTOFF, grid=(2, 1, 1))).prepare(data)
 
 
 def test_a_halo_over_the_memory_limit_is_refused_before_compiling():

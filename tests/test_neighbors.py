@@ -95,7 +95,7 @@ def _half_list_once(case):
 
 # Each example compiles its own search (the cutoff is static): a few in the default suite,
 # a longer sweep in the slow set.
-@settings(max_examples=10)
+@settings(max_examples=5)
 @given(systems())
 def test_pairs_equal_ase_neighbor_list(case):
     _pairs_equal_ase(case)
@@ -108,7 +108,7 @@ def test_pairs_equal_ase_neighbor_list_sweep(case):
     _pairs_equal_ase(case)
 
 
-@settings(max_examples=5)
+@settings(max_examples=3)
 @given(systems())
 def test_half_list_keeps_each_pair_once(case):
     _half_list_once(case)

@@ -94,7 +94,9 @@ def test_a_device_rebuild_equals_the_host_plan_of_the_moved_atoms(name):
     assert_rebuild_equals_host_plan(batch, part, before, moved(batch), grid, width)
 
 
-@pytest.mark.parametrize("name", ["triclinic-3x2x1-multihop", "batch-3x2x1"])
+# Two systems in one grid: the slow set (test_a_device_rebuild_equals_the_host_plan_of_the_moved_atoms
+# rebuilds them in the default suite).
+@pytest.mark.parametrize("name", ["triclinic-3x2x1-multihop", pytest.param("batch-3x2x1", marks=pytest.mark.slow)])
 def test_a_device_rebuild_of_a_periodic_search_plan_equals_the_host_plan(name):
     """A plan with no exchange along the axes the grid leaves whole (the ranks search their
     images) is rebuilt on the devices from its own layout, as the host plans it."""
