@@ -82,3 +82,25 @@ def pytest_xdist_auto_num_workers(config):
     if os.environ.get("JAXDD_TEST_WORKERS"):
         return int(os.environ["JAXDD_TEST_WORKERS"])
     return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 4))
+
+
+#: The modules that take longest (cold compilation cache), longest first. pytest-xdist hands out
+#: whole modules (--dist loadfile): these go first, so that the run does not end on one long
+#: module while the other workers wait; the rest follow in collection order.
+LONG_MODULES = (
+    "test_zoo_models.py", "test_dispatch.py", "test_distributed.py", "test_dynamics.py", "test_nose_hoover.py",
+    "test_gpu_check.py", "test_balance.py", "test_mace.py", "test_neighbors.py", "test_interop_jax_md.py",
+    "test_bad_inputs.py", "test_training.py", "test_validate_scatter_fix.py", "test_zoo_qeq_backbone.py",
+    "test_heat_flux.py", "test_community_models.py", "test_lj.py",
+)
+
+
+def pytest_configure(config):
+    # Hand the modules out in the order below, not sorted by their number of tests.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONG_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: tests keep their order
