@@ -41,7 +41,7 @@ def bench(tmp_path_factory):
     return out, path
 
 
-@pytest.mark.slow  # the README's first command end to end (about a minute)
+@pytest.mark.slow  # the README's first command end to end (about 20 s from an empty compilation cache)
 def test_demo_validates_then_runs_the_melt():
     # Without JAX_NUM_CPU_DEVICES the demo asks for its 4 virtual devices itself.
     out = run("-m", "jaxdd.demo", "--n-cells", "4", "--steps", "10", "--thermo-every", "5", "--warmup", "5",

@@ -103,6 +103,12 @@ class DomainParallel:
         self.placement = Placement(dist_model, moves_cell=bool(integrator.moves_cell), node_blocks=self.node_blocks)
         self.last_run: RunStats | None = None
 
+    @property
+    def grid(self) -> tuple:
+        """The rank grid ``(nx, ny, nz)``: the configured one until the first partition, which
+        fixes it (a ``grid=None`` config is resolved there), so plans keep their shapes."""
+        return tuple(self.placement.grid) if self.placement.grid is not None else None
+
     # ------------------------------------------------------------------ set-up
 
     def init(self, data: AtomicData | Batch) -> MDState:
