@@ -41,7 +41,7 @@ CUTOFF, SKIN, DT = 2.5, 0.3, 0.005
 def systems(quick: bool, thick: bool = False) -> dict:
     """The three systems; ``thick``: the film and drop of the 2-device runs, whose halves are
     several ghost widths across (thinner blocks are mostly ghost shell, whoever owns them)."""
-    from jaxdd.systems import lj_droplet, lj_slab
+    from jaxdd.data.systems import lj_droplet, lj_slab
 
     if thick:
         film = (4, 4, 6) if quick else (8, 8, 12)

@@ -44,11 +44,11 @@ import numpy as np  # noqa: E402
 
 import jaxdd  # noqa: E402
 from jaxdd.engine import DistributedModel, DomainConfig, default_mesh  # noqa: E402
-from jaxdd.driver import _run as compute_program  # noqa: E402
+from jaxdd.engine.driver import _run as compute_program  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
 from jaxdd.models.mpnn import SchNet  # noqa: E402
 from jaxdd.models.nequip import NequIP  # noqa: E402
-from jaxdd.systems import fcc_lattice, lj_melt_data  # noqa: E402
+from jaxdd.data.systems import fcc_lattice, lj_melt_data  # noqa: E402
 from timing import cost, median_time  # noqa: E402
 
 OUTPUTS = ("energy", "forces")

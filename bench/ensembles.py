@@ -3,7 +3,7 @@
     python bench/ensembles.py [--n-cells 10] [--steps 20000] [--sample-every 10] [--ensembles nvt,npt]
                               [--no-jaxdd | --no-lammps] [--quick] [--json PATH]
 
-The system is the LJ melt of ``jaxdd.systems.lj_melt(10, temperature=1.0)``: fcc at density
+The system is the LJ melt of ``jaxdd.data.systems.lj_melt(10, temperature=1.0)``: fcc at density
 0.8442, 4,000 atoms, Maxwell–Boltzmann velocities at T = 1.0 (numpy's random stream, seed
 ``--seed``), ``pair_style lj/cut 2.5`` without shift (``--shift`` for ``pair_modify shift
 yes``), neighbour skin 0.3, dt = 0.005 τ, in LJ reduced units (σ = ε = m = k_B = 1). Both
@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))  # the shared bench/timing.py
 sys.path.insert(0, str(ROOT / "tests"))  # lammps_oracle: LAMMPS from Python on numpy arrays
 
-from jaxdd.systems import lj_melt  # noqa: E402
+from jaxdd.data.systems import lj_melt  # noqa: E402
 
 CUTOFF = 2.5
 SKIN = 0.3

@@ -46,7 +46,7 @@ import jaxdd  # noqa: E402
 from jaxdd.data import Batch  # noqa: E402
 from jaxdd.engine import DistributedModel, DomainConfig, default_mesh  # noqa: E402
 from jaxdd.models.mpnn import SchNet  # noqa: E402
-from jaxdd.systems import fcc_lattice  # noqa: E402
+from jaxdd.data.systems import fcc_lattice  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared bench/timing.py
 from timing import collectives, cost, median_time, write_record  # noqa: E402

@@ -34,9 +34,9 @@ import equinox as eqx  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxdd  # noqa: E402
-from jaxdd.driver import energy_and_derivatives, neighbor_list_for  # noqa: E402
+from jaxdd.engine.driver import energy_and_derivatives, neighbor_list_for  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
-from jaxdd.systems import LAMMPS_MELT_ENERGY_PER_ATOM, lj_melt, lj_melt_data  # noqa: E402
+from jaxdd.data.systems import LAMMPS_MELT_ENERGY_PER_ATOM, lj_melt, lj_melt_data  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared bench/timing.py
 from timing import check_args, write_record  # noqa: E402

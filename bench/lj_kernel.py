@@ -60,10 +60,10 @@ import numpy as np  # noqa: E402
 
 import jaxdd  # noqa: E402
 from jaxdd import ffi  # noqa: E402
-from jaxdd.driver import energy_and_derivatives  # noqa: E402
+from jaxdd.engine.driver import energy_and_derivatives  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
 from jaxdd.models.lj_kernel import LennardJonesKernel  # noqa: E402
-from jaxdd.systems import LAMMPS_MELT_ENERGY_PER_ATOM, lj_melt_data  # noqa: E402
+from jaxdd.data.systems import LAMMPS_MELT_ENERGY_PER_ATOM, lj_melt_data  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared bench/timing.py and md_lj.py
 from md_lj import IN_LJ, LAMMPS_REFERENCE, REFERENCE_LABEL, parse_lammps_log  # noqa: E402

@@ -63,7 +63,7 @@ import jaxdd  # noqa: E402
 from jaxdd.engine import DistributedModel, DomainConfig, default_mesh  # noqa: E402
 from jaxdd.dynamics import DomainParallel, VelocityVerlet  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
-from jaxdd.systems import LAMMPS_MELT_ENERGY_PER_ATOM, lj_melt_data  # noqa: E402
+from jaxdd.data.systems import LAMMPS_MELT_ENERGY_PER_ATOM, lj_melt_data  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared bench/timing.py
 from timing import check_args, run_pinned, write_record  # noqa: E402

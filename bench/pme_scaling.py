@@ -13,7 +13,7 @@ is compiled (not run) and XLA's analyses of the per-rank program are read:
 - flops: XLA's cost analysis of the per-rank program.
 
 ``distributed``: each rank holds one block of the mesh (mesh halo + all_to_all FFT, see
-jaxdd/pme_grid.py); its mesh memory and FFT work should fall near 1/P. ``replicated``: every rank
+models/pme_grid.py); its mesh memory and FFT work should fall near 1/P. ``replicated``: every rank
 spreads onto the whole mesh, all-reduces it and transforms it whole (the PyTorch system's
 PME); its mesh memory and FFT work stay those of one device. Ratios are against 1 rank.
 On a CPU the devices are virtual (set by the script); memory and flops are per device and
@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 import jaxdd  # noqa: E402
 from jaxdd.data import AtomicData, as_batch  # noqa: E402
 from jaxdd.engine import DistributedModel, DomainConfig, default_mesh  # noqa: E402
-from jaxdd.pme_grid import mesh_problems  # noqa: E402
+from jaxdd.models.pme_grid import mesh_problems  # noqa: E402
 from jaxdd.models.pme import PME  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared bench/timing.py

@@ -55,7 +55,7 @@ def build(name: str, quick: bool, large: bool = False):
     the validation's, big enough that a call's fixed overheads do not dominate."""
     import numpy as np
 
-    from jaxdd.systems import fcc_lattice, lj_melt
+    from jaxdd.data.systems import fcc_lattice, lj_melt
 
     if name == "lj":
         from jaxdd.models.lj import LennardJones

@@ -12,7 +12,7 @@ from ase.calculators.lj import LennardJones as AseLJ  # noqa: E402
 
 import jaxdd  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
-from jaxdd.systems import fcc_lattice  # noqa: E402
+from jaxdd.data.systems import fcc_lattice  # noqa: E402
 
 
 def main():

@@ -17,7 +17,7 @@ __all__ = ["MOVED", "install", "moved_attribute"]
 
 #: Earlier module path → present module path.
 MOVED = {
-    "jaxdd.mesh": "jaxdd.pme_grid",
+    "jaxdd.mesh": "jaxdd.models.pme_grid",
     "jaxdd.capacity": "jaxdd.neighbors.capacity",
     "jaxdd.engine.capacity": "jaxdd.neighbors.capacity",
     "jaxdd.rank_program": "jaxdd.engine.rank_program",
@@ -25,6 +25,14 @@ MOVED = {
     **{f"{prefix}.{name}": f"jaxdd.decomposition.{name}"
        for prefix in ("jaxdd", "jaxdd.engine") for name in ("partition", "halo", "replan", "graph_partition")},
     "jaxdd.engine.guardrail": "jaxdd.decomposition.guardrail",
+    # The flat top-level modules, grouped into the packages of their layer.
+    **{f"jaxdd.{name}": f"jaxdd.data.{name}" for name in ("checks", "periodic", "constants", "systems", "segments")},
+    **{f"jaxdd.{name}": f"jaxdd.spec.{name}" for name in ("model", "protocol", "checkpoint", "context", "adapters")},
+    "jaxdd.intent": "jaxdd.dispatch.intent",
+    "jaxdd.driver": "jaxdd.engine.driver",
+    "jaxdd.virials": "jaxdd.engine.virials",
+    "jaxdd.ase": "jaxdd.interop.ase",
+    "jaxdd.pme_grid": "jaxdd.models.pme_grid",
 }
 
 _warned: set[str] = set()

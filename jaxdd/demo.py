@@ -174,7 +174,7 @@ def thermo_line(step: int, thermo: dict, n_atoms: int) -> str:
 
 def lammps_check(energy_per_atom: float, max_force: float, dtype: str) -> tuple[bool, str]:
     """(agrees, one line) for the step-0 potential energy per atom and the largest force."""
-    from jaxdd.systems import LAMMPS_MELT_ENERGY_PER_ATOM
+    from jaxdd.data.systems import LAMMPS_MELT_ENERGY_PER_ATOM
 
     tol = _TOLERANCE[dtype]
     delta = energy_per_atom - LAMMPS_MELT_ENERGY_PER_ATOM
@@ -228,7 +228,7 @@ def compilations():
 
 def run_melt(args, devices) -> bool:
     """Warm up, run the measured steps with thermo, print the figures; True when step 0 agrees with LAMMPS."""
-    from jaxdd.systems import LJ_MELT_DENSITY, lj_melt_data
+    from jaxdd.data.systems import LJ_MELT_DENSITY, lj_melt_data
 
     c = args.n_cells
     data = lj_melt_data(c, temperature=_TEMPERATURE, dtype=np.dtype(args.dtype))

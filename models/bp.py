@@ -42,8 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdd.checks import integral
-from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
+from jaxdd.data.checks import integral
+from jaxdd.spec.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import NeighborListFormat
 
 from .species import check_cutoff, check_species, neighbor_inputs, species_table, validate_species

@@ -9,7 +9,7 @@ damping). The expressions and the conventions below are those of simple-dftd3 (t
 Everything is evaluated in atomic units (bohr, hartree) and converted at the boundary:
 positions and cells in Å, energies in eV, forces in eV/Å, stress in eV/Å³, with the CODATA
 2018 constants simple-dftd3 uses (:data:`BOHR` Å per bohr, :data:`HARTREE` eV per hartree, from
-:mod:`jaxdd.constants`).
+:mod:`jaxdd.data.constants`).
 
 For atoms A, B at distance r (bohr):
 
@@ -61,11 +61,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdd.checks import integral
-from jaxdd.constants import BOHR, HARTREE
-from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
+from jaxdd.data.checks import integral
+from jaxdd.data.constants import BOHR, HARTREE
+from jaxdd.spec.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import NeighborListFormat, edge_vectors
-from jaxdd.segments import per_system_sum
+from jaxdd.data.segments import per_system_sum
 
 from .species import neighbor_inputs
 

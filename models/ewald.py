@@ -10,7 +10,7 @@ For charges q_i (e) at positions r_i (Å) in a periodic cell of volume V (Å³)
     E_self  = -k α / √π Σ_i q_i²
     E_background = -π k Q² / (2 V α²),   Q = Σ_i q_i
 
-with k = 14.3996454784 eV Å / e² (:data:`COULOMB`, CODATA 2018, from :mod:`jaxdd.constants`).
+with k = 14.3996454784 eV Å / e² (:data:`COULOMB`, CODATA 2018, from :mod:`jaxdd.data.constants`).
 Energies are in eV, forces in eV/Å, stress in eV/Å³ (forces and stress are the framework's
 derivatives of the energy).
 
@@ -42,11 +42,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdd.checks import integral
-from jaxdd.constants import COULOMB
-from jaxdd.model import BaseModel, ModelConfig, NeighborConfig
+from jaxdd.data.checks import integral
+from jaxdd.data.constants import COULOMB
+from jaxdd.spec.model import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.neighbors import edge_vectors
-from jaxdd.segments import per_system_sum
+from jaxdd.data.segments import per_system_sum
 
 __all__ = ["Ewald", "COULOMB", "ewald_parameters", "HostSizes"]
 

@@ -30,9 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdd.checks import integral
+from jaxdd.data.checks import integral
 from jaxdd.ffi import attention
-from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
+from jaxdd.spec.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import edge_vectors
 from jaxdd.ops import ScatterOutputs
 from jaxdd.spec import SPEC_MPNN_HALO, OpAdapter

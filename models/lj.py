@@ -17,10 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdd.checks import integral
-from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
+from jaxdd.data.checks import integral
+from jaxdd.spec.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import NeighborListFormat, edge_vectors
-from jaxdd.segments import per_system_sum
+from jaxdd.data.segments import per_system_sum
 
 __all__ = ["LennardJones"]
 

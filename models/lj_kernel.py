@@ -18,10 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdd.ffi import lennard_jones
-from jaxdd.model import ModelConfig
+from jaxdd.spec.model import ModelConfig
 from jaxdd.neighbors import NeighborListFormat
 from jaxdd.ops import ScatterOutputs
-from jaxdd.segments import per_system_sum
+from jaxdd.data.segments import per_system_sum
 from jaxdd.spec import SPEC_LJ_HALO, OpAdapter
 
 from .lj import LennardJones

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from jaxdd.ffi import warp
 from jaxdd.neighbors import edge_vectors
-from jaxdd.segments import per_system_sum
+from jaxdd.data.segments import per_system_sum
 
 from .lj import LennardJones
 

@@ -1,7 +1,7 @@
 """Smooth particle-mesh Ewald (Essmann et al., J. Chem. Phys. 103, 8577 (1995)).
 
 The energy has the terms of :mod:`jaxdd.models.ewald` (same units: e, Å, eV; Coulomb
-constant k = 14.3996454784 eV Å / e², :data:`jaxdd.constants.COULOMB`); only the reciprocal sum
+constant k = 14.3996454784 eV Å / e², :data:`jaxdd.data.constants.COULOMB`); only the reciprocal sum
 is approximated. Charges are spread onto a periodic K1 × K2 × K3 mesh with cardinal B-splines
 of order p (default 6, even, >= 4), Fourier transformed, and
 
@@ -15,12 +15,12 @@ from each batch's cells (:meth:`PME.validate_input`): K_a covers the reciprocal 
 |k| < k_max with :data:`MESH_MARGIN` times the Nyquist minimum, rounded up to a size the
 distributed FFT can cut: a multiple of 24, which fits every rank grid whose Px and Py·Pz divide
 24 (all grids of up to 8 ranks, and e.g. (3, 2, 1) or (2, 3, 2); see
-:func:`jaxdd.pme_grid.mesh_problems`). Other grids need a ``mesh`` that fits them.
+:func:`jaxdd.models.pme_grid.mesh_problems`). Other grids need a ``mesh`` that fits them.
 
 Two ways to run under decomposition (the model's ``distribution_spec`` follows the choice):
 
 - ``distributed_fft=True`` (default): the mesh is distributed, each rank holding one block
-  (:mod:`jaxdd.pme_grid`): O(mesh / P) memory per rank. Spec: ``SPEC_PME_HALO``.
+  (:mod:`jaxdd.models.pme_grid`): O(mesh / P) memory per rank. Spec: ``SPEC_PME_HALO``.
 - ``distributed_fft=False``: the PyTorch system's way: each rank spreads its owned atoms
   onto the whole mesh, the meshes are all-reduced and every rank transforms the whole mesh.
   Spec: ``SPEC_PME_HALO`` with an :class:`~jaxdd.spec.OpAdapter` for
@@ -38,10 +38,10 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdd import pme_grid
-from jaxdd.checks import integral
-from jaxdd.model import BaseModel, ModelConfig, NeighborConfig
-from jaxdd.segments import per_system_sum
+from jaxdd.models import pme_grid
+from jaxdd.data.checks import integral
+from jaxdd.spec.model import BaseModel, ModelConfig, NeighborConfig
+from jaxdd.data.segments import per_system_sum
 
 from .ewald import (COULOMB, HostSizes, charged_inputs, check_periodic_charges, ewald_parameters, real_cells,
                     real_space, reciprocal, self_and_background)

@@ -12,7 +12,7 @@ the batch has none). The energy is
 
     E = Σ_i [ε(h_i) + χ_i q_i + ½ J_i q_i²] + ½ Σ_{i≠j, r<r_c} k q_i q_j erf(r/σ) / r · f_c(r)
 
-with k = 14.3996454784 eV Å / e² (CODATA 2018, :data:`jaxdd.constants.COULOMB`) and a cosine
+with k = 14.3996454784 eV Å / e² (CODATA 2018, :data:`jaxdd.data.constants.COULOMB`) and a cosine
 envelope f_c. The per-molecule sums go through :func:`jaxdd.models.qeq_helpers.mol_sum`, a
 helper that assumes contiguous molecules; the spec declares a :class:`~jaxdd.PythonAdapter`
 that swaps it for :func:`distributed_mol_sum` under decomposition. Outputs: ``energy`` [S] eV,
@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdd.constants import COULOMB
-from jaxdd.model import BaseModel, ModelConfig, NeighborConfig
+from jaxdd.data.constants import COULOMB
+from jaxdd.spec.model import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.neighbors import edge_vectors
 
 from . import qeq_helpers

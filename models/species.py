@@ -8,7 +8,7 @@ import numbers
 
 import numpy as np
 
-from jaxdd.checks import integral
+from jaxdd.data.checks import integral
 
 __all__ = ["species_table", "check_species", "check_cutoff", "validate_species", "neighbor_inputs"]
 

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdd.model import BaseModel, ModelConfig, NeighborConfig
+from jaxdd.spec.model import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.neighbors import NeighborListFormat
 
 from .species import check_cutoff, check_species, species_table, validate_species

@@ -6,7 +6,7 @@ Run by tests/test_compile_reuse.py in a fresh interpreter::
 
 Lennard-Jones argon (cubic fcc supercells of 1 to ``--max-reps`` cells per axis, up to ``--vacancies`` of
 the atoms removed, strained and rattled; at most ``--max-atoms`` atoms) is evaluated by
-``jaxdd.compute`` (energy, forces, stress, atomic energies), by ``jaxdd.ase.Calculator``
+``jaxdd.compute`` (energy, forces, stress, atomic energies), by ``jaxdd.interop.ase.Calculator``
 (energy, forces) and by a ``DistributedModel`` on 4 virtual CPU devices (energy, forces,
 stress); every result is compared with ASE's own Lennard-Jones calculator, and the distributed
 forces with those of ``jaxdd.compute``. Prints one JSON object with, per path and
@@ -38,7 +38,9 @@ from ase.calculators.lj import LennardJones as AseLJ  # noqa: E402
 from ase.stress import full_3x3_to_voigt_6_stress  # noqa: E402
 
 import jaxdd  # noqa: E402
-from jaxdd import driver, programs, protocol
+from jaxdd import programs
+from jaxdd.engine import driver
+from jaxdd.spec import protocol
 from jaxdd.engine import call, distributed  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
 
@@ -95,7 +97,7 @@ def run(path: str, atoms_list, model, single: list) -> dict:
     if path == "dist":
         mesh = distributed.default_mesh(jax.devices()[:DEVICES])
         dist = jaxdd.DistributedModel(model, jaxdd.DomainConfig(CUTOFF, mesh=mesh))
-    calc = jaxdd.ase.Calculator(model) if path == "ase" else None
+    calc = jaxdd.interop.ase.Calculator(model) if path == "ase" else None
     record = dict(maps=[], new_programs=[], keys=[], releases=[], regrowths=[], worst=0.0,
                   releases_before=programs.releases)
     for i, atoms in enumerate(atoms_list):

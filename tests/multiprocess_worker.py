@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jaxdd  # noqa: E402
 from jaxdd import DistributedModel, DomainConfig, DomainParallel, VelocityVerlet  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
-from jaxdd.systems import fcc_lattice, lj_melt_data  # noqa: E402
+from jaxdd.data.systems import fcc_lattice, lj_melt_data  # noqa: E402
 
 OUTPUTS = ("energy", "forces", "stress")
 

@@ -1,4 +1,4 @@
-"""Specification of ``jaxdd.ase.Calculator``: a jaxdd model driven by ASE.
+"""Specification of ``jaxdd.interop.ase.Calculator``: a jaxdd model driven by ASE.
 
 Reference: ASE's own ``LennardJones(sigma, epsilon, rc, smooth=False)``, which is jaxdd's
 ``LennardJones(sigma, epsilon, cutoff, shift=True)``, on a rattled 108-atom periodic argon
@@ -21,11 +21,11 @@ from ase.md.verlet import VelocityVerlet
 from ase.optimize import LBFGS
 
 import jaxdd
-import jaxdd.ase
-from jaxdd.ase import Calculator
+import jaxdd.interop.ase
+from jaxdd.interop.ase import Calculator
 from jaxdd.engine import DistributedModel, DomainConfig, default_mesh
 from jaxdd.models.lj import LennardJones
-from jaxdd.systems import fcc_lattice, maxwell_boltzmann_velocities
+from jaxdd.data.systems import fcc_lattice, maxwell_boltzmann_velocities
 
 # Two ranks over 108 atoms: each rank's ghost shell holds the whole crystal; expected here.
 pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
@@ -133,7 +133,7 @@ def test_the_model_is_asked_only_for_what_ase_requests_and_results_are_cached(mo
         asked.append(tuple(outputs))
         return jaxdd.compute(model, data, outputs, **kwargs)
 
-    monkeypatch.setattr(jaxdd.ase, "compute", spy)
+    monkeypatch.setattr(jaxdd.interop.ase, "compute", spy)
     atoms = crystal()
     atoms.calc = Calculator(MODEL)
     atoms.get_forces()

@@ -20,7 +20,7 @@ from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.dynamics import (FIRE, CRescale, DomainParallel, HeatFlux, Langevin, MTKBarostat, NoseHooverChain,
                             VelocityVerlet)
 from jaxdd.models.lj import LennardJones
-from jaxdd.systems import lj_melt_data
+from jaxdd.data.systems import lj_melt_data
 from jaxdd.validate.__main__ import main as validate_main
 
 CUTOFF, SKIN, DT = 2.5, 0.3, 0.005

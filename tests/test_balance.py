@@ -27,7 +27,7 @@ from jaxdd.decomposition.halo_plan import build_halo_plan
 from jaxdd.decomposition.partition import balanced_cuts, partition
 from jaxdd.decomposition.replan import ReplanConfig, frame_of, replan
 from jaxdd.models.lj import LennardJones
-from jaxdd.systems import lj_droplet, lj_slab
+from jaxdd.data.systems import lj_droplet, lj_slab
 
 pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
 

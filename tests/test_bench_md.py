@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from jaxdd import ffi
-from jaxdd.systems import LAMMPS_MELT_ENERGY_PER_ATOM
+from jaxdd.data.systems import LAMMPS_MELT_ENERGY_PER_ATOM
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "md_lj.py"

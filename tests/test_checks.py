@@ -1,11 +1,11 @@
-"""Specification of jaxdd.checks: integers given by users are never truncated."""
+"""Specification of jaxdd.data.checks: integers given by users are never truncated."""
 
 import re
 
 import numpy as np
 import pytest
 
-from jaxdd.checks import integral, integral_array
+from jaxdd.data.checks import integral, integral_array
 
 
 @pytest.mark.parametrize("value", [3, 3.0, np.int64(3), np.float32(3.0), np.asarray(3)])

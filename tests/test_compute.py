@@ -13,7 +13,7 @@ import pytest
 import jaxdd
 from jaxdd import AtomicData, Batch, NeighborCapacity
 from jaxdd.models.lj import LennardJones
-from jaxdd.systems import fcc_lattice
+from jaxdd.data.systems import fcc_lattice
 
 LATTICE = 1.6796
 CUTOFF = 2.5

@@ -1,4 +1,4 @@
-"""Physical constants: defined once (``jaxdd.constants``), CODATA 2018 at full precision.
+"""Physical constants: defined once (``jaxdd.data.constants``), CODATA 2018 at full precision.
 
 ASE's CODATA 2018 units (``ase.units.create_units("2018")``) are the outside reference; ASE
 derives a0 and E_h from other constants, so they agree with the recommended values to ~1e-11.
@@ -9,7 +9,7 @@ import math
 import pytest
 from ase.units import create_units
 
-from jaxdd import constants
+from jaxdd.data import constants
 from jaxdd.models import dftd3, ewald, qeq
 
 ASE_2018 = create_units("2018")

@@ -25,7 +25,7 @@ import jaxdd
 import plain_helpers
 import plain_models
 from jaxdd import BaseModel, ModelConfig, NeighborConfig
-from jaxdd.adapters import AdapterRegistry, MethodAdapter, PythonAdapter
+from jaxdd.spec.adapters import AdapterRegistry, MethodAdapter, PythonAdapter
 from jaxdd.dispatch import DispatchError, DispatchWarning, Dispatcher, DispatchReport, Kind, Layout, REPLICATED, TOTAL
 from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.neighbors import edge_vectors
@@ -574,7 +574,7 @@ def test_method_adapter_swaps_and_restores_an_inherited_method():
 
 
 def test_module_forward_adapter_swaps_call():
-    from jaxdd.adapters import ModuleForwardAdapter
+    from jaxdd.spec.adapters import ModuleForwardAdapter
 
     registry = AdapterRegistry()
     with registry.installed([ModuleForwardAdapter("plain_helpers", "Readout", replacement=_tripled)]):
@@ -583,7 +583,7 @@ def test_module_forward_adapter_swaps_call():
 
 
 def test_jit_adapter_installs_a_jitted_replacement():
-    from jaxdd.adapters import JitAdapter
+    from jaxdd.spec.adapters import JitAdapter
 
     original = plain_helpers.doubled
     registry = AdapterRegistry()

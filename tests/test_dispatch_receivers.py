@@ -20,8 +20,8 @@ from jaxdd import AtomicData, BaseModel, ModelConfig, NeighborConfig, ffi
 from jaxdd.dispatch import Dispatcher, DispatchReport, Kind, Layout
 from jaxdd.engine import DistributedModel, DomainConfig, default_mesh
 from jaxdd.neighbors import build_neighbor_list, local_neighbor_list, neighbor_capacity
-from jaxdd.segments import per_system_sum
-from jaxdd.systems import fcc_lattice
+from jaxdd.data.segments import per_system_sum
+from jaxdd.data.systems import fcc_lattice
 from plain_helpers import density_energies
 
 pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")

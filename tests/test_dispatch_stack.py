@@ -14,8 +14,8 @@ import pytest
 import jaxdd
 from jaxdd import AtomicData, BaseModel, ModelConfig, NeighborConfig
 from jaxdd.engine import DistributedModel, DomainConfig, default_mesh
-from jaxdd.segments import per_system_sum
-from jaxdd.systems import fcc_lattice
+from jaxdd.data.segments import per_system_sum
+from jaxdd.data.systems import fcc_lattice
 from plain_helpers import density_energies
 
 pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")

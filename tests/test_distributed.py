@@ -29,7 +29,7 @@ from jaxdd.engine import DistributedModel, DomainConfig, PartitionHealth, defaul
 from jaxdd.decomposition.halo_plan import build_halo_plan
 from jaxdd.models.lj import LennardJones
 from jaxdd.decomposition.partition import partition
-from jaxdd.systems import fcc_lattice
+from jaxdd.data.systems import fcc_lattice
 
 LATTICE = 1.6796
 CUTOFF = 2.5

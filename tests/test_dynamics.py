@@ -24,7 +24,7 @@ import jaxdd
 from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.dynamics import FIRE, DomainParallel, Langevin, VelocityVerlet
 from jaxdd.models.lj import LennardJones
-from jaxdd.systems import lj_melt, lj_melt_data
+from jaxdd.data.systems import lj_melt, lj_melt_data
 
 pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
 

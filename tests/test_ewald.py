@@ -28,7 +28,7 @@ from jax.sharding import AxisType, Mesh
 import jaxdd
 from jaxdd import AtomicData, Batch
 from jaxdd.engine import DistributedModel, DomainConfig
-from jaxdd.driver import neighbor_list_for
+from jaxdd.engine.driver import neighbor_list_for
 from jaxdd.models.ewald import COULOMB, Ewald
 from jaxdd.neighbors import neighbor_capacity
 

@@ -26,7 +26,7 @@ from jax.test_util import check_grads
 from jaxdd import ffi
 from jaxdd.ffi import _library
 from jaxdd.ops import SpecError, get_op, register_op
-from jaxdd.systems import fcc_lattice
+from jaxdd.data.systems import fcc_lattice
 
 pytestmark = pytest.mark.skipif(not ffi.available(), reason="compiled kernels not built (pip install -e .)")
 
@@ -286,7 +286,7 @@ import jax.numpy as jnp
 import jaxdd, jaxdd.ffi
 from jaxdd.spec import MLIPSpec
 from jaxdd.models.lj import LennardJones
-from jaxdd.systems import fcc_lattice
+from jaxdd.data.systems import fcc_lattice
 spec = MLIPSpec.from_json(sys.argv[1])  # names jaxdd_ffi::lj_pair: resolved on load
 energy = jaxdd.compute(LennardJones(), jaxdd.AtomicData.from_ase(fcc_lattice(2, 1.6796)), outputs=("energy",))
 print(json.dumps({"ops": [a.op.name for a in spec.distribution.custom_ops], "energy": float(energy["energy"][0]),

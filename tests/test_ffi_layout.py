@@ -79,7 +79,7 @@ def test_jaxdd_own_op_providers_are_found_by_reading_their_modules():
     providers = op_providers()
     assert {"jaxdd.ffi.attention", "jaxdd.ffi.lj"} <= set(providers["jaxdd_ffi"])
     assert providers["jaxdd_warp"] == ("jaxdd.ffi.warp",)
-    assert providers["jaxdd_mesh"] == ("jaxdd.pme_grid",)
+    assert providers["jaxdd_mesh"] == ("jaxdd.models.pme_grid",)
     assert "jaxdd" not in providers  # dispatch rules and verbs ("jaxdd::...") are not named ops
 
 

@@ -21,7 +21,7 @@ from jaxdd.models.lj import LennardJones
 from jaxdd.models.lj_kernel import SPEC_LJ_KERNEL_HALO, LennardJonesKernel
 from jaxdd.ops import ScatterOutputs
 from jaxdd.spec import SPEC_MPNN_HALO, MLIPSpec
-from jaxdd.systems import fcc_lattice
+from jaxdd.data.systems import fcc_lattice
 from jaxdd.validate import trace_and_validate
 
 pytestmark = pytest.mark.skipif(not ffi.available(), reason="compiled kernels not built (pip install -e .)")

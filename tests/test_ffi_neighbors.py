@@ -19,7 +19,7 @@ from jaxdd.engine import DistributedModel, DomainConfig, default_mesh
 from jaxdd.models.lj import LennardJones
 from jaxdd.neighbors import (NeighborCapacity, NeighborListFormat, build_neighbor_list, local_neighbor_list,
                              neighbor_capacity)
-from jaxdd.systems import lj_melt_data
+from jaxdd.data.systems import lj_melt_data
 
 pytestmark = pytest.mark.skipif(not ffi.available(), reason="compiled kernels not built (pip install -e .)")
 

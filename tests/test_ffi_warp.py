@@ -19,7 +19,7 @@ from jaxdd import DistributedModel, DomainConfig
 from jaxdd.engine import default_mesh
 from jaxdd.ffi import warp
 from jaxdd.models.lj import LennardJones
-from jaxdd.systems import fcc_lattice
+from jaxdd.data.systems import fcc_lattice
 
 pytestmark = pytest.mark.skipif(not warp.available(), reason='warp-lang not installed (pip install "jaxdd[warp]")')
 

@@ -124,7 +124,7 @@ def test_a_model_that_builds_its_own_graph_is_refused():
 
 def test_dynamics_run_node_blocks_without_migration():
     """DomainParallel keeps each node block on its rank: no rebuilds, the one-device steps."""
-    from jaxdd.systems import lj_melt_data
+    from jaxdd.data.systems import lj_melt_data
 
     data = lj_melt_data(3, temperature=1.0, dtype=np.float64)
     md = jaxdd.DomainParallel(gp_model(LennardJones(1.0, 1.0, 2.5), 2), jaxdd.VelocityVerlet(dt=0.005), kB=1.0)

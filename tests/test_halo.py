@@ -23,7 +23,7 @@ from jaxdd.engine import default_mesh
 from jaxdd.decomposition.halo import HaloLayout, halo_forward, halo_reverse
 from jaxdd.decomposition.halo_plan import build_halo_plan, build_rank_plans
 from jaxdd.decomposition.partition import partition
-from jaxdd.systems import fcc_lattice
+from jaxdd.data.systems import fcc_lattice
 
 LATTICE = 1.6796
 GHOST_WIDTH = 2.5

@@ -30,7 +30,7 @@ from jaxdd.dynamics import DomainParallel, VelocityVerlet
 from jaxdd.dynamics.heat_flux import HeatFlux, heat_flux
 from jaxdd.models.lj import LennardJones
 from jaxdd.models.mpnn import SchNet
-from jaxdd.systems import fcc_lattice, lj_melt_data
+from jaxdd.data.systems import fcc_lattice, lj_melt_data
 
 pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
 

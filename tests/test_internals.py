@@ -55,6 +55,6 @@ def test_module_uses_only_public_names_of_other_modules_and_objects(path):
 
 
 def test_the_check_catches_a_private_import_and_a_reach_in():
-    source = "from jaxdd.driver import _run\n\ndef f(dm):\n    return dm._inputs\n"
-    assert violations(source, "probe.py") == ["probe.py:1 imports _run from jaxdd.driver",
+    source = "from jaxdd.engine.driver import _run\n\ndef f(dm):\n    return dm._inputs\n"
+    assert violations(source, "probe.py") == ["probe.py:1 imports _run from jaxdd.engine.driver",
                                               "probe.py:4 reaches into dm._inputs"]

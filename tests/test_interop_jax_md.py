@@ -355,7 +355,7 @@ def test_a_jax_md_potential_passes_trace_and_validate_with_no_fix():
 
 
 def test_a_jax_md_potential_drives_ase_through_the_calculator():
-    from jaxdd.ase import Calculator
+    from jaxdd.interop.ase import Calculator
 
     data, _, _, z = system("cubic")
     # The model of test_pair_potential_through_compute_equals_jax_md's morse case: ``ref`` is its program.

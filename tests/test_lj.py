@@ -9,7 +9,7 @@ from ase.neighborlist import neighbor_list as ase_neighbor_list
 
 import jaxdd
 from jaxdd.models.lj import LennardJones
-from jaxdd.systems import LAMMPS_MELT_ENERGY_PER_ATOM, fcc_lattice, lj_melt
+from jaxdd.data.systems import LAMMPS_MELT_ENERGY_PER_ATOM, fcc_lattice, lj_melt
 
 # Published by oracles: ASE LennardJones(sigma=1, epsilon=1, rc=2.5, smooth=False) on the
 # 256-atom fcc crystal with nearest-neighbour distance 2^(1/6) sigma.

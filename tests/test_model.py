@@ -1,4 +1,4 @@
-"""Specification of jaxdd.model: ModelConfig, NeighborConfig, ModelOutputs and BaseModel,
+"""Specification of jaxdd.spec.model: ModelConfig, NeighborConfig, ModelOutputs and BaseModel,
 and the promise that a wrapper's parameters are traced leaves (equinox and flax.nnx)."""
 
 import math
@@ -13,10 +13,10 @@ from flax import nnx
 
 import jaxdd
 from jaxdd import AtomicData, Batch, BaseModel, ModelConfig, ModelOutputs, NeighborConfig, NeighborListFormat
-from jaxdd.driver import energy_and_derivatives
+from jaxdd.engine.driver import energy_and_derivatives
 from jaxdd.models.lj import LennardJones
-from jaxdd.segments import per_system_sum
-from jaxdd.systems import fcc_lattice
+from jaxdd.data.segments import per_system_sum
+from jaxdd.data.systems import fcc_lattice
 
 CUTOFF = 2.5
 

@@ -222,7 +222,7 @@ def test_two_processes_give_the_single_process_models(tmp_path):
 
 @pytest.mark.slow
 def test_fifty_md_steps_on_two_processes_give_the_single_process_trajectory(md_dir):
-    from jaxdd.systems import lj_melt_data
+    from jaxdd.data.systems import lj_melt_data
 
     _, got = uninterrupted(md_dir)
     model = LennardJones(1.0, 1.0, 2.5, skin=0.3)

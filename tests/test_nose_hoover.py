@@ -31,7 +31,7 @@ from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.dynamics import CRescale, DomainParallel, MTKBarostat, NoseHooverChain, VelocityVerlet, register_integrator
 from jaxdd.models.lj import LennardJones
 from jaxdd.models.mpnn import SchNet
-from jaxdd.systems import fcc_lattice, lj_melt, lj_melt_data
+from jaxdd.data.systems import fcc_lattice, lj_melt, lj_melt_data
 
 pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
 

@@ -13,7 +13,7 @@ import pytest
 
 from jaxdd import Batch
 from jaxdd.decomposition.partition import choose_grid, grids_of, partition, rank_coords, rank_of
-from jaxdd.systems import fcc_lattice
+from jaxdd.data.systems import fcc_lattice
 
 LATTICE = 1.6796
 SHEAR = np.array([[1.0, 0.0, 0.0], [0.15, 1.0, 0.0], [-0.1, 0.1, 1.0]])

@@ -1,4 +1,4 @@
-"""Specification of jaxdd.periodic: the one wrap rule.
+"""Specification of jaxdd.data.periodic: the one wrap rule.
 
 Fractional coordinates fold into [0, 1) on periodic axes, with the lattice image recorded,
 and the wrapped position ``r - image @ cell`` never lands on the upper face because of
@@ -12,7 +12,7 @@ import pytest
 
 from jaxdd.data import wrap_positions
 from jaxdd.decomposition.partition import partition
-from jaxdd.periodic import wrap_fractional
+from jaxdd.data.periodic import wrap_fractional
 
 EDGES = [0.0, -0.0, -1e-17, -1e-300, -5e-324, 1e-300, np.nextafter(1.0, 0.0), 1.0, -1.0, 1.0 + 1e-16,
          -5e-16, 0.5, 7.25, -3.75, -1e-17 - 4.0]

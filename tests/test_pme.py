@@ -20,8 +20,8 @@ from jax.test_util import check_grads
 import jaxdd
 from jaxdd import Batch
 from jaxdd.engine import DistributedModel, DomainConfig
-from jaxdd.driver import neighbor_list_for
-from jaxdd.pme_grid import mesh_problems
+from jaxdd.engine.driver import neighbor_list_for
+from jaxdd.models.pme_grid import mesh_problems
 from jaxdd.models.ewald import Ewald
 from jaxdd.models.pme import MESH_MULTIPLE, PME
 from jaxdd.neighbors import neighbor_capacity
@@ -159,7 +159,7 @@ def two_rank_mesh_sums():
     owning atom r; the plain single-device sum)."""
     from jax.sharding import PartitionSpec as P
 
-    from jaxdd import pme_grid as mesh
+    from jaxdd.models import pme_grid as mesh
     from jaxdd.dispatch import Runtime
     from jaxdd.decomposition.halo import HaloLayout
     from jaxdd.models.ewald import reciprocal

@@ -141,8 +141,8 @@ def test_a_rule_must_be_callable_and_a_primitive_named():
 
 
 def test_every_intent_verb_and_the_pme_verb_have_registered_rules():
-    import jaxdd.pme_grid  # noqa: F401  (registers its verb on import)
-    from jaxdd.intent import VERBS
+    import jaxdd.models.pme_grid  # noqa: F401  (registers its verb on import)
+    from jaxdd.dispatch.intent import VERBS
 
     rules = jaxdd.dispatch.registered_rules()
     for name in VERBS + ("jaxdd::pme_energy",):

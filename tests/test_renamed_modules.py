@@ -1,5 +1,5 @@
 """Names keep working across the package reorganisations: moved modules (``jaxdd.mesh``, now
-``jaxdd.pme_grid``, a deprecated alias), ``jaxdd.ops`` (now a package) and
+``jaxdd.models.pme_grid``, a deprecated alias), ``jaxdd.ops`` (now a package) and
 ``jaxdd.dispatch`` (now a package)."""
 
 from __future__ import annotations
@@ -14,19 +14,19 @@ import pytest
 
 
 def test_jaxdd_mesh_is_a_deprecated_alias_of_the_pme_grid():
-    import jaxdd.pme_grid
+    import jaxdd.models.pme_grid
 
     sys.modules.pop("jaxdd.mesh", None)
-    with pytest.warns(DeprecationWarning, match="jaxdd.pme_grid"):
+    with pytest.warns(DeprecationWarning, match="jaxdd.models.pme_grid"):
         mesh = importlib.import_module("jaxdd.mesh")
-    for name in jaxdd.pme_grid.__all__:
-        assert getattr(mesh, name) is getattr(jaxdd.pme_grid, name)
+    for name in jaxdd.models.pme_grid.__all__:
+        assert getattr(mesh, name) is getattr(jaxdd.models.pme_grid, name)
 
 
 def test_a_spec_naming_the_pme_spread_op_imports_the_pme_grid_not_the_alias():
     code = ("import sys, jaxdd.ops\n"
             "assert jaxdd.ops.get_op('jaxdd_mesh::spread').name == 'jaxdd_mesh::spread'\n"
-            "assert 'jaxdd.pme_grid' in sys.modules and 'jaxdd.mesh' not in sys.modules\n")
+            "assert 'jaxdd.models.pme_grid' in sys.modules and 'jaxdd.mesh' not in sys.modules\n")
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxdd.adapters import JitAdapter, MethodAdapter, ModuleForwardAdapter, PythonAdapter, resolve_reference
+from jaxdd.spec.adapters import JitAdapter, MethodAdapter, ModuleForwardAdapter, PythonAdapter, resolve_reference
 from jaxdd.ops import (
     AllReduceSum,
     GatherInputs,
@@ -83,7 +83,7 @@ OPS = (OP_A, OP_B, OP_C, OP_D)
 
 # Importable module-level callables usable as saved helper replacements.
 REPLACEMENT_REFS = (
-    "jaxdd.segments:per_system_sum",
+    "jaxdd.data.segments:per_system_sum",
     "jaxdd.neighbors:edge_vectors",
     "jaxdd.neighbors:neighbor_capacity",
     "jaxdd.neighbors:neighbor_list",
@@ -117,7 +117,7 @@ RICH = MLIPSpec(
             ),
         ),
         third_party_helpers=(
-            PythonAdapter("chem.mol", "mol_sum", "jaxdd.segments:per_system_sum"),
+            PythonAdapter("chem.mol", "mol_sum", "jaxdd.data.segments:per_system_sum"),
             JitAdapter("chem.jitted", "fused", "jaxdd.neighbors:edge_vectors"),
             MethodAdapter("chem.layers", "Conv", "aggregate", resolve_reference("jaxdd.neighbors:neighbor_capacity")),
             ModuleForwardAdapter("chem.layers", "Readout", "jaxdd.neighbors:neighbor_list"),
@@ -368,8 +368,8 @@ INTERESTING_STRINGS = (
     "jaxddtest::op_a",
     "jaxddtest::missing",
     "noseparator",
-    "jaxdd.segments:per_system_sum",
-    "jaxdd.segments:nope",
+    "jaxdd.data.segments:per_system_sum",
+    "jaxdd.data.segments:nope",
     "no.such.module:fn",
     ".relative:fn",
     "jaxdd.spec:SPEC_VERSION",
@@ -586,7 +586,7 @@ def test_two_helpers_for_one_target_are_refused():
     with pytest.raises(SpecError, match=r"\['chem.mol.mol_sum'\] more than once"):
         DistributionSpec(
             third_party_helpers=(
-                PythonAdapter("chem.mol", "mol_sum", "jaxdd.segments:per_system_sum"),
+                PythonAdapter("chem.mol", "mol_sum", "jaxdd.data.segments:per_system_sum"),
                 JitAdapter("chem.mol", "mol_sum", "jaxdd.neighbors:edge_vectors"),
             )
         )
@@ -598,8 +598,8 @@ def test_helper_replacement_in_a_missing_module_names_the_module():
 
 
 def test_helper_replacement_missing_from_its_module_names_the_attribute():
-    with pytest.raises(SpecError, match=r"module 'jaxdd.segments' has no attribute 'nope'"):
-        JitAdapter("chem.mol", "mol_sum", "jaxdd.segments:nope")
+    with pytest.raises(SpecError, match=r"module 'jaxdd.data.segments' has no attribute 'nope'"):
+        JitAdapter("chem.mol", "mol_sum", "jaxdd.data.segments:nope")
 
 
 def test_unresolvable_helper_replacement_in_a_file_names_the_reference():
@@ -609,7 +609,7 @@ def test_unresolvable_helper_replacement_in_a_file_names_the_reference():
         MLIPSpec.from_dict(minimal_dict(core=core))
 
 
-@pytest.mark.parametrize("ref", ["per_system_sum", "a:b:c", ":fn", "jaxdd.segments:"])
+@pytest.mark.parametrize("ref", ["per_system_sum", "a:b:c", ":fn", "jaxdd.data.segments:"])
 def test_malformed_helper_reference_is_refused(ref):
     with pytest.raises(SpecError, match="'module:qualname' reference"):
         PythonAdapter("chem.mol", "mol_sum", ref)
@@ -824,7 +824,7 @@ def test_with_custom_ops_replaces_the_adapter_for_the_same_op():
 
 def test_with_helpers_replaces_the_adapter_for_the_same_target():
     spec = SPEC_MPNN_HALO.with_helpers(
-        PythonAdapter("chem.mol", "mol_sum", "jaxdd.segments:per_system_sum"),
+        PythonAdapter("chem.mol", "mol_sum", "jaxdd.data.segments:per_system_sum"),
         MethodAdapter("chem.layers", "Conv", "aggregate", "jaxdd.neighbors:edge_vectors"),
     )
     before = spec.to_json()
@@ -832,7 +832,7 @@ def test_with_helpers_replaces_the_adapter_for_the_same_target():
     by_target = {h.target: h for h in new.distribution.third_party_helpers}
     assert sorted(by_target) == ["chem.layers.Conv.aggregate", "chem.mol.mol_sum"]
     assert by_target["chem.mol.mol_sum"] == JitAdapter("chem.mol", "mol_sum", "jaxdd.neighbors:neighbor_capacity")
-    assert spec.distribution.third_party_helpers[0].replacement_ref == "jaxdd.segments:per_system_sum"
+    assert spec.distribution.third_party_helpers[0].replacement_ref == "jaxdd.data.segments:per_system_sum"
     assert _unchanged(spec, before)
 
 

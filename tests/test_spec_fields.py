@@ -23,9 +23,9 @@ from jaxdd.neighbors.capacity import Capacities
 from jaxdd.data import as_batch
 from jaxdd.engine import DistributedModel, DomainConfig, default_mesh
 from jaxdd.models.lj import LennardJones
-from jaxdd.segments import per_system_sum
+from jaxdd.data.segments import per_system_sum
 from jaxdd.spec import SPEC_LJ_HALO, CompilePolicy, DistributionSpec, MLIPSpec, OutputKind, SpecError
-from jaxdd.systems import fcc_lattice
+from jaxdd.data.systems import fcc_lattice
 
 pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
 

@@ -1,4 +1,4 @@
-"""Specification of jaxdd.systems: the built-in fcc lattice and LAMMPS LJ melt."""
+"""Specification of jaxdd.data.systems: the built-in fcc lattice and LAMMPS LJ melt."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxdd.data import AtomicData
-from jaxdd.systems import (
+from jaxdd.data.systems import (
     LAMMPS_MELT_ENERGY_PER_ATOM,
     fcc_lattice,
     lj_melt,

@@ -22,13 +22,13 @@ from flax import nnx
 
 import jaxdd
 from jaxdd import AtomicData, BaseModel, ModelConfig, NeighborConfig
-from jaxdd.segments import per_system_sum
+from jaxdd.data.segments import per_system_sum
 from jaxdd.engine import DistributedModel, DomainConfig, default_mesh
 from jaxdd.models.bp import BehlerParrinello
 from jaxdd.models.mpnn import SchNet
 from jaxdd.models.nequip import NequIP
 from jaxdd.engine.rank_program import RankInputs
-from jaxdd.systems import fcc_lattice
+from jaxdd.data.systems import fcc_lattice
 
 pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
 

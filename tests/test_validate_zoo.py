@@ -8,7 +8,7 @@ from jaxdd.models.mpnn import SchNet
 from jaxdd.models.nequip import NequIP
 from jaxdd.models.qeq import ChargeEquilibration
 from jaxdd.models.uma_like import InternalGraphBackbone
-from jaxdd.systems import lj_melt_data
+from jaxdd.data.systems import lj_melt_data
 from jaxdd.validate import trace_and_validate
 from test_zoo_models import SPECIES, system
 from test_zoo_qeq_backbone import MOLECULES

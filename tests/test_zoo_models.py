@@ -37,7 +37,7 @@ from jaxdd.models.nequip import NequIP
 from jaxdd.models.qeq import ChargeEquilibration
 from jaxdd.models.uma_like import InternalGraphBackbone
 from jaxdd.spec import SPEC_MPNN_HALO
-from jaxdd.systems import fcc_lattice
+from jaxdd.data.systems import fcc_lattice
 
 # Small systems replicate every rank's whole neighbourhood; that is expected here.
 pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")

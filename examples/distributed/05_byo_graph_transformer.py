@@ -37,7 +37,7 @@ from jaxdd.engine import DistributedModel, DomainConfig, default_mesh  # noqa: E
 from jaxdd.models.graph_transformer import GraphTransformer  # noqa: E402
 from jaxdd.ops import ScatterOutputs  # noqa: E402
 from jaxdd.spec import SPEC_MPNN_HALO, MLIPSpec, OpAdapter  # noqa: E402
-from jaxdd.systems import fcc_lattice  # noqa: E402
+from jaxdd.data.systems import fcc_lattice  # noqa: E402
 from jaxdd.validate import trace_and_validate  # noqa: E402
 
 SPECIES = (1, 6, 8)

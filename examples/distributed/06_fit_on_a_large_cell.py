@@ -45,7 +45,7 @@ import optax  # noqa: E402
 import jaxdd  # noqa: E402
 from jaxdd.engine import DistributedModel, DomainConfig  # noqa: E402
 from jaxdd.models.mpnn import SchNet  # noqa: E402
-from jaxdd.systems import fcc_lattice  # noqa: E402
+from jaxdd.data.systems import fcc_lattice  # noqa: E402
 
 SPECIES = (1, 6, 7, 8)
 CUTOFF = 5.0  # Å

@@ -19,7 +19,10 @@ cells, index consistency) only on concrete values.
 Modules: :mod:`.fields` (coercion and shape checks), :mod:`.validation` (value checks),
 :mod:`.wrap` (wrapping into the cell), :mod:`.pytree` (frozen pytree classes),
 :mod:`.atomic_data`, :mod:`.batch` (with :func:`as_batch`), :mod:`.padding`,
-:mod:`.concat` (lists of systems) and :mod:`.ase_atoms` (``ase.Atoms``).
+:mod:`.concat` (lists of systems) and :mod:`.ase_atoms` (``ase.Atoms``); beside them the geometry
+and numbers every layer above shares: :mod:`.periodic` (the one wrap rule), :mod:`.segments`
+(per-system sums), :mod:`.constants` (CODATA, in Å, eV, e), :mod:`.checks` (user-given integers)
+and :mod:`.systems` (the built-in example systems).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..checks import integral_array
+from .checks import integral_array
 
 __all__ = ["default_float", "float_dtype", "coerce_positions", "coerce_float", "coerce_int",
            "coerce_cell", "coerce_pbc", "coerce_atoms", "check_shapes"]

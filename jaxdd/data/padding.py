@@ -6,7 +6,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from ..checks import integral
+from .checks import integral
 from .validation import is_concrete
 
 __all__ = ["padded_fields"]

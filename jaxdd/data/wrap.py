@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..periodic import wrap_fractional
+from .periodic import wrap_fractional
 
 __all__ = ["wrap_positions"]
 
@@ -22,7 +22,7 @@ def wrap_positions(positions: jax.Array, cell: jax.Array, pbc: jax.Array,
     its component along non-periodic directions is untouched; atoms already inside the cell
     (0 <= f < 1) are returned bit for bit, and no atom is moved onto the upper face: one a
     rounding error below the lower face (``f > -ulp``) stays where it is, as ASE's ``wrap``
-    leaves it (see :mod:`jaxdd.periodic`).
+    leaves it (see :mod:`jaxdd.data.periodic`).
 
     Args:
       positions: [V, 3] Å.

@@ -24,7 +24,7 @@ import itertools
 import numpy as np
 
 from ..neighbors import effective_cell
-from ..periodic import wrap_fractional
+from ..data.periodic import wrap_fractional
 
 __all__ = ["Partition", "balanced_cuts", "block_of", "choose_grid", "imbalance", "partition", "rank_coords",
            "rank_of", "uniform_cuts"]

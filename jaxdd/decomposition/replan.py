@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..neighbors import effective_cell
-from ..periodic import wrap_fractional
+from ..data.periodic import wrap_fractional
 from .halo import HaloLayout, HaloRouting
 from .partition import rank_coords, rank_of
 from .ranks import on_ranks

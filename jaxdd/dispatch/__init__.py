@@ -15,7 +15,7 @@ policy. Most equations are re-bound unchanged; a few get a distributed meaning:
   ``dot_general`` contracting the atom axis, a scatter into per-system rows) → ghost and pad
   rows masked, then ``psum``/``pmax``/``pmin`` across ranks.
 - a registered custom op with an :class:`~jaxdd.spec.OpAdapter` → its transforms; a verb
-  (a named ``jax.jit`` with a registered rule, like those of :mod:`jaxdd.intent`) → its
+  (a named ``jax.jit`` with a registered rule, like those of :mod:`jaxdd.dispatch.intent`) → its
   distributed meaning.
 - jit, closed_call, remat, custom_jvp/vjp, scan, cond and while are entered recursively when
   something inside them needs a rule, and re-bound untouched otherwise (so custom derivative

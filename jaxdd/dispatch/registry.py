@@ -5,7 +5,7 @@ A *rule* is ``rule(ctx, eqn, in_layouts) -> Decision``: ``ctx`` is the running
 jaxpr equation, ``in_layouts`` the :class:`~jaxdd.dispatch.Layout` of each of its inputs.
 Rules are looked up by the primitive's name; a name ending in ``*`` covers every primitive
 whose name starts with what precedes it (``"reduce_*"``); a name ``"namespace::op"`` is a
-*verb*: a ``jax.jit`` whose function carries that name (as the verbs of :mod:`jaxdd.intent`
+*verb*: a ``jax.jit`` whose function carries that name (as the verbs of :mod:`jaxdd.dispatch.intent`
 do), seen in a jaxpr as one ``jit`` equation. A primitive with no rule gets the
 elementwise rule (:func:`jaxdd.dispatch.rules.elementwise.elementwise`).
 """

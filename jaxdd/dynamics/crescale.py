@@ -25,7 +25,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from ..checks import integral
+from ..data.checks import integral
 from .integrators import (KB_EV_PER_K, Dynamics, RankState, StepContext, check_number, check_period,
                           register_integrator)
 from .nose_hoover import cell_volume, check_barostat_cell

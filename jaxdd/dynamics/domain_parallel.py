@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..checks import integral
+from ..data.checks import integral
 from ..data import AtomicData, Batch, as_batch
 from ..engine.distributed import DistributedModel
 from ..engine.rank_program import Needs

@@ -3,7 +3,7 @@
     J = Σᵢ eᵢ vᵢ + Σᵢ Wᵢ · vᵢ      [S, 3] eV·Å per time unit (ε·σ/τ in reduced units)
 
 eᵢ: the energy of atom i, its potential energy (the model's ``atomic_energies``) plus
-½ mᵢ vᵢ² unless ``include_kinetic=False``. Wᵢ [3, 3]: its virial (:mod:`jaxdd.virials`),
+½ mᵢ vᵢ² unless ``include_kinetic=False``. Wᵢ [3, 3]: its virial (:mod:`jaxdd.engine.virials`),
 the per-atom terms of the system's virial -dE/dε, and (Wᵢ · vᵢ)_a = Σ_b Wᵢ_ab vᵢ_b. This
 is LAMMPS's ``compute heat/flux`` (Σ eᵢvᵢ - Σ Sᵢvᵢ, its per-atom stress Sᵢ = -Wᵢ), the
 flux of the Green–Kubo thermal conductivity (divide by the volume for a current density).
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..checks import integral
+from ..data.checks import integral
 from .io import host_array
 
 __all__ = ["HeatFlux", "heat_flux"]
@@ -39,7 +39,7 @@ def heat_flux(energies, virials, velocities, masses, system, n_systems: int, inc
 
     Args:
       energies: [n] eV potential energy of each atom. virials: [n, 3, 3] eV per-atom virials
-      (edge-vector index first, gradient index second; :mod:`jaxdd.virials`). velocities:
+      (edge-vector index first, gradient index second; :mod:`jaxdd.engine.virials`). velocities:
       [n, 3] Å per time unit. masses: [n] amu (read only with ``include_kinetic``). system:
       [n] system of each row; rows outside ``[0, n_systems)`` (padding) are left out.
       n_systems: S. include_kinetic: eᵢ also holds ½ mᵢ vᵢ² (LAMMPS's ke + pe).

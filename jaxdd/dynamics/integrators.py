@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..checks import integral
+from ..data.checks import integral
 
 __all__ = ["RankState", "StepContext", "Dynamics", "VelocityVerlet", "Langevin", "FIRE", "KB_EV_PER_K",
            "INTEGRATORS", "register_integrator", "cell_map", "carry_with_cell"]

@@ -17,7 +17,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from ..checks import integral
+from ..data.checks import integral
 from .integrators import (KB_EV_PER_K, Dynamics, RankState, StepContext, carry_with_cell, check_number, check_period,
                           register_integrator)
 

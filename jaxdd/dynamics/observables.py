@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from ..engine.rank_program import Needs
-from ..virials import refuse_broken
+from ..engine.virials import refuse_broken
 from .device_programs import atom_terms as device_atom_terms
 from .device_programs import evaluate, kinetic, pair_counts
 from .io import host_array
@@ -85,7 +85,7 @@ def atom_terms(md, state: MDState) -> dict:
     Returns:
       A dict of per-rank arrays laid out as ``state.arrays`` ([P, n_owned, ...]):
       ``atomic_energies`` [P, n] eV and ``atomic_virials`` [P, n, 3, 3] eV (W_i, summing to
-      the system's virial -dE/dε; :mod:`jaxdd.virials`), zero on free rows.
+      the system's virial -dE/dε; :mod:`jaxdd.engine.virials`), zero on free rows.
     """
     model = md.dist_model.model
     check_atom_terms(md)

@@ -1,5 +1,7 @@
 """The engine above the dispatch: one rank's program and the model that runs it on every rank.
 
+- :mod:`~jaxdd.engine.driver` — ``compute``: the single-device reference every distributed run is checked against.
+- :mod:`~jaxdd.engine.virials` — per-atom virials from the edge vectors.
 - :mod:`~jaxdd.engine.rank_program` — one rank's program, its inputs, and the evaluation on a rank.
 - :mod:`~jaxdd.engine.distributed` — ``DomainConfig`` and ``DistributedModel``.
 

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
-from ..checks import integral
+from ..data.checks import integral
 from ..decomposition.graph_partition import STRATEGIES
 from ..neighbors import NEIGHBOR_BACKENDS
 

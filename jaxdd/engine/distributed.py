@@ -23,14 +23,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import programs, virials
+from .. import programs
+from . import virials
 from ..data import AtomicData, Batch, as_batch, is_concrete
 from ..decomposition.guardrail import check_halo, device_memory, halo_size
 from ..decomposition.halo import HaloLayout, HaloPlan
 from ..decomposition.partition import Partition
 from ..dispatch import warn_fallbacks
-from ..protocol import check_stress_cells, model_config, requested_outputs, unpad_atoms
-from ..model import ModelOutputs
+from ..spec.protocol import check_stress_cells, model_config, requested_outputs, unpad_atoms
+from ..spec.model import ModelOutputs
 from ..neighbors import NeighborCapacity, NeighborListFormat
 from ..neighbors.capacity import Capacities, factors
 from ..ops import GraphParallelPolicy, HaloRefreshPolicy, HaloStoragePolicy

@@ -22,17 +22,17 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..adapters import AdapterRegistry
+from ..spec.adapters import AdapterRegistry
 from ..neighbors.capacity import Capacities, run_until_fits
-from ..context import DDContext, dd_scope
+from ..spec.context import DDContext, dd_scope
 from ..data import Batch
 from ..dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model, unfollowed_error
 from ..decomposition.halo import HaloLayout, halo_forward
 from ..decomposition.ranks import on_ranks, place_ranked
 from ..neighbors import NeighborCapacity, NeighborListFormat, edge_vectors
-from ..segments import per_system_sum
+from ..data.segments import per_system_sum
 from ..spec import MLIPSpec
-from ..virials import atomic_virials, enforce_sum_rule
+from .virials import atomic_virials, enforce_sum_rule
 from .rank_neighbors import neighbor_stats, rank_neighbors
 
 __all__ = ["RankProgram", "RankInputs", "RankRows", "Evaluation", "ReportSink", "Needs", "Sizing", "rank_evaluate",
@@ -202,7 +202,7 @@ def rank_evaluate(model, rows: RankRows, program: RankProgram, report: DispatchR
       model: the model on this rank. rows: this rank's :class:`RankRows`.
       program: the rank program. report: the dispatch report the trace writes to.
       forces, stress: which gradients to take. virials: also the per-atom virials of the
-        owned atoms (:mod:`jaxdd.virials`; a full COO list, halo strategy).
+        owned atoms (:mod:`jaxdd.engine.virials`; a full COO list, halo strategy).
       neighbors: a list from :func:`~jaxdd.engine.rank_neighbors.rank_neighbors` to reuse
         (built for a model that declares a neighbour skin, while no atom has moved half of
         it); None builds one.

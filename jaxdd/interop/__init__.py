@@ -2,10 +2,14 @@
 
 Each submodule wraps one library's way of writing a potential into a :class:`~jaxdd.BaseModel`
 that ``jaxdd.compute``, ``DistributedModel``, ``DomainParallel``, ``trace_and_validate`` and the
-ASE calculator run like any other. The submodules import their library on import, so this
-package imports none of them:
+ASE calculator run like any other, and the other way round, ASE drives any jaxdd model:
 
-- :mod:`jaxdd.interop.jax_md`: jax-md neighbour-list potentials (``energy_fn(R, neighbor)``).
+- :mod:`jaxdd.interop.ase`: ``Calculator``, an ASE calculator around a jaxdd model (ASE is a core
+  dependency, so this package imports it);
+- :mod:`jaxdd.interop.jax_md`: jax-md neighbour-list potentials (``energy_fn(R, neighbor)``; it
+  imports jax-md on import, so this package leaves it to be imported by name).
 """
 
-__all__ = ["jax_md"]
+from . import ase
+
+__all__ = ["ase", "jax_md"]

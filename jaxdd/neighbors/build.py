@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import programs
-from ..checks import integral
+from ..data.checks import integral
 from ..data import is_concrete
 from .capacity import run_until_fits
 from .cell_list import candidate_mask

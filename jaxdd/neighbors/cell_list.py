@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..periodic import wrap_fractional
+from ..data.periodic import wrap_fractional
 from .geometry import effective_cell
 
 __all__ = ["search_lengths", "bin_atoms", "block_counts", "candidate_mask"]

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..checks import integral
+from ..data.checks import integral
 from .capacity import DEFAULT_GROWTH_FACTOR, grow
 
 __all__ = ["NeighborListFormat", "NeighborCapacity", "NeighborStats", "NeighborList", "capacity_bucket", "BUCKET_MIN",
@@ -184,7 +184,7 @@ class NeighborList:
     overflow: [] bool, True when any capacity was too small; the list is then incomplete.
     displacement: [max_edges, 3] Å added to every edge vector by
         :func:`~jaxdd.neighbors.edge_vectors`, or None (the default). Zeros set there are what
-        per-atom virials are differentiated by (:mod:`jaxdd.virials`): the gradient of the
+        per-atom virials are differentiated by (:mod:`jaxdd.engine.virials`): the gradient of the
         energy with respect to them is dE/dr_e.
     zero_shifts: static; True when every shift is zero by construction (a rank's list under
         decomposition, :func:`~jaxdd.neighbors.local_neighbor_list`): kernels may then skip

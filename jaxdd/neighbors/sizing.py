@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import programs
-from ..checks import integral
+from ..data.checks import integral
 from .capacity import headroom as with_headroom
 from .cell_list import bin_atoms, block_counts, candidate_mask, search_lengths
 from .formats import NeighborCapacity, capacity_bucket

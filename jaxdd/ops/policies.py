@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from ..checks import integral
+from ..data.checks import integral
 from .errors import SpecError, check_choice
 
 __all__ = ["StoragePolicy", "HaloStoragePolicy", "HaloRefreshPolicy", "GraphParallelPolicy", "POLICIES"]

@@ -8,7 +8,8 @@ A module provides a namespace by registering its ops when it is imported: a modu
 call of :func:`register_op` (or of a helper named ``*_op`` around it, such as
 ``jaxdd.ffi.warp.warp_op``) with the op's name written out. jaxdd's own providers
 (``jaxdd_ffi``, ``jaxdd_warp``, ``jaxdd_mesh``, and any a new module adds) are found by
-reading jaxdd's sources for such calls (:func:`op_providers`), and :func:`get_op` imports
+reading the sources of jaxdd and its model zoo (``jaxdd.models``, whose ``pme_grid`` provides
+``jaxdd_mesh``) for such calls (:func:`op_providers`), and :func:`get_op` imports
 them on first use, so a spec file naming their ops loads without importing them first.
 Ops of other packages resolve once the module that registers them is imported.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -31,9 +33,11 @@ __all__ = ["OpHandle", "register_op", "get_op", "registered_ops", "op_providers"
 
 _OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_.]*", re.ASCII)
 _REGISTRY: dict[str, "OpHandle"] = {}
-# The package whose modules op_providers reads: the one holding jaxdd.ops.
+# The package whose modules op_providers reads: the one holding jaxdd.ops, and its model zoo,
+# installed as a subpackage from a folder of its own.
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 _PACKAGE = __name__.split(".", 1)[0]
+_ZOO = f"{_PACKAGE}.models"
 # A registration at module level (a line that is not indented): a call of register_op or a
 # *_op helper, bare, assigned or as a decorator, whose first argument is a written-out op name.
 # Groups: the function called, the op's namespace.
@@ -215,16 +219,22 @@ def op_providers() -> dict[str, tuple[str, ...]]:
 @functools.cache
 def _discovered_providers() -> dict[str, tuple[str, ...]]:
     found: dict[str, list[str]] = {}
-    for path in sorted(_PACKAGE_DIR.rglob("*.py")):
-        parts = path.relative_to(_PACKAGE_DIR).with_suffix("").parts
-        if "__pycache__" in parts:
-            continue
-        try:
-            source = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        module = ".".join((_PACKAGE, *(parts[:-1] if parts[-1] == "__init__" else parts)))
-        namespaces = {m.group(2) for m in _REGISTRATION.finditer(source) if m.group(1) != "get_op"}
-        for namespace in sorted(namespaces):
-            found.setdefault(namespace, []).append(module)
+    roots = [(_PACKAGE, _PACKAGE_DIR)]
+    zoo = importlib.util.find_spec(_ZOO)  # located, not imported
+    if zoo is not None and zoo.submodule_search_locations:
+        roots += [(_ZOO, Path(folder)) for folder in zoo.submodule_search_locations
+                  if Path(folder).resolve() != _PACKAGE_DIR / "models"]
+    for package, folder in roots:
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if "__pycache__" in parts:
+                continue
+            try:
+                source = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+            module = ".".join((package, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+            namespaces = {m.group(2) for m in _REGISTRATION.finditer(source) if m.group(1) != "get_op"}
+            for namespace in sorted(namespaces):
+                found.setdefault(namespace, []).append(module)
     return {namespace: tuple(modules) for namespace, modules in found.items()}

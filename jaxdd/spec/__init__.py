@@ -14,7 +14,10 @@ loaded here. Every error is a :class:`~jaxdd.ops.SpecError` with a message to ac
 
 Modules: :mod:`.outputs` (:class:`OutputKind`), :mod:`.compile_policy`,
 :mod:`.distribution` (:class:`DistributionSpec`, :class:`OpAdapter`), :mod:`.mlip_spec`,
-:mod:`.json_format` (reading spec files), :mod:`.presets` and :mod:`.frozen_map`.
+:mod:`.json_format` (reading spec files), :mod:`.presets` and :mod:`.frozen_map`. Beside them the
+rest of what a model declares: :mod:`.model` (the :class:`~jaxdd.BaseModel` protocol),
+:mod:`.protocol` (what every path that calls a model agrees on), :mod:`.adapters` (helper
+adapters), :mod:`.context` (:class:`~jaxdd.DDContext`) and :mod:`.checkpoint` (model checkpoints).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..checks import integral
+from ..data.checks import integral
 from ..ops import SpecError
 
 __all__ = ["CompilePolicy", "FORCE_STRATEGIES"]

@@ -8,8 +8,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..adapters import HelperAdapter
-from ..checks import integral
+from .adapters import HelperAdapter
+from ..data.checks import integral
 from ..ops import POLICIES, TRANSFORMS, HaloStoragePolicy, OpHandle, SpecError, StoragePolicy, Transform, get_op
 from .frozen_map import FrozenMap
 

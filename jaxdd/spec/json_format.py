@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from ..adapters import HELPER_ADAPTERS, HelperAdapter
+from .adapters import HELPER_ADAPTERS, HelperAdapter
 from ..ops import POLICIES, TRANSFORMS, HaloStoragePolicy, SpecError, StoragePolicy, Transform, get_op
 from .compile_policy import CompilePolicy
 from .distribution import DEFAULT_SHARD_FIELDS, DistributionSpec, OpAdapter

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..adapters import HelperAdapter
+from .adapters import HelperAdapter
 from ..ops import SpecError, StoragePolicy
 from .compile_policy import CompilePolicy
 from .distribution import DistributionSpec, OpAdapter
@@ -45,7 +45,7 @@ class MLIPSpec:
         ``all_reduce_outputs`` instead).
     node_energy_key: the model's per-atom energy output, which forces are differentiated from.
     node_virial_key: the key under which jaxdd returns per-atom virials [V, 3, 3] eV when asked
-        (derived from the energy by edge vector, :mod:`jaxdd.virials`; None: not available).
+        (derived from the energy by edge vector, :mod:`jaxdd.engine.virials`; None: not available).
     compile: a :class:`CompilePolicy`, or None for the defaults.
     """
 

@@ -22,7 +22,7 @@ def lennard_jones():
 
 def _lj_fcc(dtype):
     from ..data import AtomicData
-    from ..systems import fcc_lattice, melt_lattice_constant
+    from ..data.systems import fcc_lattice, melt_lattice_constant
 
     atoms = fcc_lattice(6, melt_lattice_constant())
     atoms.rattle(0.03, seed=1)

@@ -4,9 +4,9 @@
 
 from __future__ import annotations
 
-from ..adapters import reference_of, resolve_reference
+from ..spec.adapters import reference_of, resolve_reference
 from ..ops import SpecError
-from ..protocol import model_config
+from ..spec.protocol import model_config
 
 __all__ = ["ModelFactoryError", "resolve_factory", "build_model"]
 

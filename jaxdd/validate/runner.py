@@ -15,11 +15,11 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
-from ..checks import integral
+from ..data.checks import integral
 from ..data import Batch, as_batch
 from ..dispatch import DispatchReport, Runtime, call_model
-from ..driver import compute
-from ..protocol import bucketed_atoms, default_order, model_config, systems_without_volume
+from ..engine.driver import compute
+from ..spec.protocol import bucketed_atoms, default_order, model_config, systems_without_volume
 from ..neighbors import neighbor_list
 from ..ops import HaloStoragePolicy
 from ..spec import SPEC_MPNN_HALO, MLIPSpec

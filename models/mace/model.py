@@ -33,8 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdd.checks import integral
-from jaxdd.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
+from jaxdd.data.checks import integral
+from jaxdd.spec.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import edge_vectors
 
 from .. import species as species_lib

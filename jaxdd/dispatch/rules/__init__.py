@@ -6,7 +6,7 @@
 - :mod:`.indexing`: gather and scatter (halo correction, per-system collectives, graph parallel);
 - :mod:`.control_flow`: calls, custom derivatives, remat, scan, while, cond;
 - :mod:`.custom_ops`: named ops with an :class:`~jaxdd.spec.OpAdapter` on the spec;
-- :mod:`.verbs`: the intent verbs of :mod:`jaxdd.intent`;
+- :mod:`.verbs`: the intent verbs of :mod:`jaxdd.dispatch.intent`;
 - :mod:`.coverage`: the elementwise allow-list, identities, ``split``, small linear algebra.
 """
 

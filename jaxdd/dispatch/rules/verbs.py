@@ -1,4 +1,4 @@
-"""The distributed meaning of the intent verbs of :mod:`jaxdd.intent`.
+"""The distributed meaning of the intent verbs of :mod:`jaxdd.dispatch.intent`.
 
 Each verb is a named ``jax.jit`` whose body is its single-device meaning; these rules,
 registered under the verbs' names, give the meaning under decomposition instead.

@@ -8,7 +8,7 @@ need it. Run from the repository root (a few seconds, one core)::
 
 Writes ``nh_reference.npz`` next to this file. Every case is a Lennard-Jones system in LJ
 reduced units (σ = ε = m = k_B = 1, ``pair_style lj/cut 2.5``, ``pair_modify shift no``,
-neighbour skin 0.3 checked every step) started from ``jaxdd.systems.lj_melt`` and run by
+neighbour skin 0.3 checked every step) started from ``jaxdd.data.systems.lj_melt`` and run by
 :func:`lammps_oracle.run_nh` (``tests/lammps_oracle.py``) with ``fix 1 all <fix>``:
 
 * ``nvt``: ``lj_melt(4, temperature=1.44, seed=1)`` (256 atoms, density 0.8442),
@@ -49,7 +49,7 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from jaxdd.systems import lj_melt  # noqa: E402
+from jaxdd.data.systems import lj_melt  # noqa: E402
 from lammps_oracle import THERMO, available, run_nh, version  # noqa: E402
 
 DT = 0.005

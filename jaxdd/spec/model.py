@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .neighbors import NeighborListFormat
+from ..neighbors import NeighborListFormat
 
 __all__ = [
     "NeighborListFormat",

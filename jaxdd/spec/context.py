@@ -27,7 +27,7 @@ class DDContext:
     world_size: ranks. n_owned: owned rows per rank (capacity). n_padded: local rows per
     rank, ``[owned | ghosts | pad]``. n_edges: neighbour-list edge slots per rank.
     n_systems: systems in the batch. halo_layers: message-passing depth the ghost shell
-    covers. adapters: the :class:`~jaxdd.adapters.AdapterRegistry` of this trace, for
+    covers. adapters: the :class:`~jaxdd.spec.adapters.AdapterRegistry` of this trace, for
     replacements built in ``distributed_setup(ctx)`` (None when inactive).
     """
 

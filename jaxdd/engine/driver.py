@@ -1,7 +1,7 @@
 """Single-device driver: neighbour list, model call, and the framework's autodiff.
 
 ``compute(model, data)`` is the reference every distributed run is compared with. It
-builds the neighbour list the model's :class:`~jaxdd.model.NeighborConfig` asks for, calls
+builds the neighbour list the model's :class:`~jaxdd.spec.model.NeighborConfig` asks for, calls
 the wrapper, and derives the outputs listed in ``autograd_outputs`` itself:
 
 * forces = -dE/dR (eV/Å), taken with respect to the positions as given;
@@ -25,15 +25,16 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from . import programs, virials
-from .data import AtomicData, Batch, as_batch
-from .model import BaseModel, ModelOutputs
-from .neighbors import NeighborCapacity, NeighborListFormat, build_neighbor_list, edge_vectors, neighbor_capacity
-from .neighbors.capacity import run_until_fits
-from .protocol import (bucketed_atoms, check_stress_cells, model_config, pad_atoms, requested_outputs,
+from .. import programs
+from . import virials
+from ..data import AtomicData, Batch, as_batch
+from ..spec.model import BaseModel, ModelOutputs
+from ..neighbors import NeighborCapacity, NeighborListFormat, build_neighbor_list, edge_vectors, neighbor_capacity
+from ..neighbors.capacity import run_until_fits
+from ..spec.protocol import (bucketed_atoms, check_stress_cells, model_config, pad_atoms, requested_outputs,
                        unpad_atoms)
-from .segments import per_system_sum
-from .spec import MLIPSpec
+from ..data.segments import per_system_sum
+from ..spec import MLIPSpec
 
 __all__ = ["compute", "energy_and_derivatives", "neighbor_list_for"]
 
@@ -73,7 +74,7 @@ def energy_and_derivatives(model, batch: Batch, outputs: tuple[str, ...], virial
       batch: the Batch, ``neighbors`` attached.
       outputs: the keys to return.
       virial_key: the key under which per-atom virials are derived when requested
-        (:mod:`jaxdd.virials`; the spec's ``node_virial_key``), or None.
+        (:mod:`jaxdd.engine.virials`; the spec's ``node_virial_key``), or None.
 
     Returns:
       ModelOutputs with only the requested keys.
@@ -178,7 +179,7 @@ def compute(
       max_rebuilds: how many times an overflowing neighbour list is grown and rebuilt before
         giving up.
       spec: the :class:`~jaxdd.spec.MLIPSpec` whose ``node_virial_key`` names per-atom virials
-        that may be requested beside the model's outputs ([V, 3, 3] eV, :mod:`jaxdd.virials`;
+        that may be requested beside the model's outputs ([V, 3, 3] eV, :mod:`jaxdd.engine.virials`;
         default: the model's ``distribution_spec``).
 
     Returns:

@@ -1,6 +1,6 @@
 """What every path that calls a model agrees on, one device or many: the model's config, the
 outputs a call asks for and their order, atom rows padded up to capacity buckets and per-atom
-outputs cut back, and the cells a stress needs. :mod:`jaxdd.driver` and :mod:`jaxdd.engine`
+outputs cut back, and the cells a stress needs. :mod:`jaxdd.engine.driver` and :mod:`jaxdd.engine`
 both build on it.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from .data import Batch, is_concrete
+from ..data import Batch, is_concrete
 from .model import ModelConfig, ModelOutputs
-from .neighbors import capacity_bucket
-from .spec import MLIPSpec, OutputKind
+from ..neighbors import capacity_bucket
+from . import MLIPSpec, OutputKind
 
 __all__ = ["model_config", "requested_outputs", "default_order", "bucketed_atoms", "pad_atoms", "unpad_atoms",
            "systems_without_volume", "check_stress_cells"]

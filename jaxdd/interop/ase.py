@@ -2,8 +2,8 @@
 
 ``Calculator(model)`` lets ASE optimisers, dynamics and tools drive a jaxdd model::
 
-    atoms.calc = jaxdd.ase.Calculator(LennardJones(3.4, 0.0104, 8.5, shift=True))
-    atoms.calc = jaxdd.ase.Calculator(DistributedModel(model, DomainConfig(8.5)))
+    atoms.calc = jaxdd.interop.ase.Calculator(LennardJones(3.4, 0.0104, 8.5, shift=True))
+    atoms.calc = jaxdd.interop.ase.Calculator(DistributedModel(model, DomainConfig(8.5)))
 
 Results follow ASE's conventions: energy in eV, forces ``[N, 3]`` in eV/Å, stress as the
 Voigt 6-vector (xx, yy, zz, yz, xz, xy) in eV/Å³ with ASE's sign ((1/V) dE/dε, negative
@@ -21,13 +21,13 @@ from ase.calculators.calculator import Calculator as _AseCalculator
 from ase.calculators.calculator import PropertyNotImplementedError, all_changes
 from ase.stress import full_3x3_to_voigt_6_stress
 
-from .data import AtomicData, as_batch
-from .engine.distributed import DistributedModel
-from .driver import compute, program_capacity
-from .protocol import bucketed_atoms, pad_atoms
-from .model import BaseModel, ModelConfig
-from .neighbors import neighbor_capacity
-from .spec import OutputKind
+from ..data import AtomicData, as_batch
+from ..engine.distributed import DistributedModel
+from ..engine.driver import compute, program_capacity
+from ..spec.protocol import bucketed_atoms, pad_atoms
+from ..spec.model import BaseModel, ModelConfig
+from ..neighbors import neighbor_capacity
+from ..spec import OutputKind
 
 __all__ = ["Calculator"]
 

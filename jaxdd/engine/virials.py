@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .neighbors import NeighborListFormat
+from ..neighbors import NeighborListFormat
 
 __all__ = ["atomic_virials", "enforce_sum_rule", "tolerance", "check_supported", "refuse_broken"]
 

@@ -167,7 +167,7 @@ def lj_melt_data(n_cells=20, density: float = LJ_MELT_DENSITY, temperature: floa
       n_cells, density, temperature, seed: as for :func:`lj_melt`.
       dtype: the float dtype of the arrays.
     """
-    from .data import AtomicData
+    from . import AtomicData
 
     return AtomicData.from_ase(lj_melt(n_cells, density, temperature, seed), dtype=dtype)
 

@@ -28,7 +28,7 @@ import functools
 
 import jax
 
-from .checks import integral
+from ..data.checks import integral
 
 __all__ = ["Scope", "OWNED", "LOCAL", "system_sum", "refresh_neighbors", "scatter_to_owners", "to_local",
            "autograd_target", "VERBS"]

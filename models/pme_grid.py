@@ -9,7 +9,7 @@ Single device, everything here is plain JAX: :func:`spread` puts per-atom values
 ``jnp.fft`` and sums the Ewald influence function over the mesh.
 
 :func:`pme_energy` is a verb (a named ``jax.jit``, ``"jaxdd::pme_energy"``, like those of
-:mod:`jaxdd.intent`) whose dispatch rule this module registers
+:mod:`jaxdd.dispatch.intent`) whose dispatch rule this module registers
 (:func:`jaxdd.dispatch.register_rule`): under :class:`~jaxdd.DistributedModel` it runs as
 :func:`distributed_pme_energy`, which never holds the whole mesh on a rank:
 
@@ -39,9 +39,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .checks import integral
-from .dispatch import Decision, Kind, Layout, register_rule
-from .ops import GraphParallelPolicy, register_op
+from ..data.checks import integral
+from ..dispatch import Decision, Kind, Layout, register_rule
+from ..ops import GraphParallelPolicy, register_op
 
 __all__ = ["bspline_weights", "bspline_moduli", "check_order", "spread", "pme_energy", "pme_sum", "influence",
            "distributed_pme_energy", "pme_energy_rule", "mesh_problems", "spread_op"]

@@ -17,7 +17,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from .ops import SpecError
+from ..ops import SpecError
 
 __all__ = ["AdapterRegistry", "HelperAdapter", "PythonAdapter", "JitAdapter", "MethodAdapter", "ModuleForwardAdapter", "resolve_reference"]
 

@@ -23,7 +23,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .spec import MLIPSpec
+from . import MLIPSpec
 
 __all__ = ["save", "load", "CheckpointError"]
 
