@@ -97,7 +97,7 @@ fi
 stage "kernel and neighbour tests on the default device, against the jnp paths and the CPU kernels"
 # The suite's conftest defaults to CPU devices; here the GPU comes first and the CPU stays
 # available for the CPU-against-CUDA comparisons.
-DEFAULT_TESTS="tests/test_ffi_kernels.py tests/test_ffi_neighbors.py tests/test_ffi_models.py tests/test_neighbors.py"
+DEFAULT_TESTS="tests/ffi/test_ffi_kernels.py tests/ffi/test_ffi_neighbors.py tests/ffi/test_ffi_models.py tests/neighbors/test_neighbors.py"
 read -ra TESTS <<<"${GPU_TESTS:-$DEFAULT_TESTS}"
 if [[ $SMOKE == 1 ]]; then
     "$PY" -m pytest -q -p no:cacheprovider --co "${TESTS[@]}" | tail -1 || fail "collecting the GPU tests"

@@ -1,6 +1,6 @@
 """Many differently sized structures through one process, without clearing any cache.
 
-Run by tests/test_compile_reuse.py in a fresh interpreter::
+Run by tests/engine/test_compile_reuse.py in a fresh interpreter::
 
     python tests/compile_reuse_worker.py --structures N [--reps 2,2,2] [--paths compute,ase,dist]
 

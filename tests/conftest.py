@@ -1,6 +1,22 @@
-"""Test configuration: 8 virtual CPU devices and float64, set before JAX initialises."""
+"""Test configuration: 8 virtual CPU devices and float64, set before JAX initialises.
+
+The tests mirror the packages (``tests/<package>/test_*.py``; ``tests/project`` checks the
+repository as a whole, ``tests/bench`` the benchmarks). Modules shared by several folders
+(``plain_models``, ``plain_helpers``, the worker scripts) sit here, and a test module may import
+another's systems and helpers by name (``from test_dispatch import SYSTEM``): every test folder
+is on ``sys.path``, and on ``PYTHONPATH`` for the processes the tests start.
+"""
 
 import os
+import sys
+from pathlib import Path
+
+_TESTS = Path(__file__).resolve().parent
+_FOLDERS = [str(_TESTS)] + sorted(str(p.parent) for p in _TESTS.glob("*/test_*.py"))
+_FOLDERS = list(dict.fromkeys(_FOLDERS))
+sys.path[:0] = [f for f in _FOLDERS if f not in sys.path]
+os.environ["PYTHONPATH"] = os.pathsep.join(_FOLDERS + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                       if p and p not in _FOLDERS])
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -14,7 +14,7 @@
 4. Save the spec as JSON and load it back: the op handle resolves by name.
 5. Run ``DistributedModel`` with the loaded spec, as production would.
 
-Without step 2 the sharded energy is wrong (tests/test_ffi_models.py shows the validator
+Without step 2 the sharded energy is wrong (tests/ffi/test_ffi_models.py shows the validator
 failing it). Needs the compiled kernels (``pip install -e .`` builds them).
 """
 

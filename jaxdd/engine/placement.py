@@ -54,7 +54,7 @@ def plan(dm: DistributedModel, batch: Batch, grid=None, *, bucketed: bool = Fals
     cfg, sizing = dm.config, dm.sizing
     if dm.strategy == "graph_partition":
         # Node blocks keep their exact size: padded block rows gave wrong NequIP energies on
-        # molecules over 8 ranks (tests/test_graph_parallel.py, slow set).
+        # molecules over 8 ranks (tests/decomposition/test_graph_parallel.py, slow set).
         part, halo_plan = node_blocks(batch.batch_idx, batch.atom_mask, batch.pbc, cfg.n_ranks)
         sizing.adopt_layout(halo_plan.layout)
         return part, halo_plan

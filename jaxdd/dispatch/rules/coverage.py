@@ -20,7 +20,7 @@ registry are one thing. The rest get rules of their own here:
   (fractional coordinates of many vectors against one cell); a matrix whose rows are atoms
   couples every rank's rows, which the dispatch cannot re-interpret: left rank-local and recorded.
 
-``tests/test_dispatch_coverage.py`` checks a corpus of community models against the registry.
+``tests/dispatch/test_dispatch_coverage.py`` checks a corpus of community models against the registry.
 """
 
 from __future__ import annotations
