@@ -35,7 +35,7 @@ from jax.sharding import AxisType, Mesh  # noqa: E402
 from jaxdd import DistributedModel, DomainConfig  # noqa: E402
 from jaxdd.dynamics import DomainParallel, NoseHooverChain  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
-from jaxdd.systems import lj_melt_data  # noqa: E402
+from jaxdd.data.systems import lj_melt_data  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 CUTOFF, SKIN, DT = 2.5, 0.3, 0.005
