@@ -12,6 +12,7 @@ later and are counted apart (and must not close a cycle either).
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"jaxdd": ROOT / "jaxdd", "jaxdd.models": ROOT / "models"}
 
 
+@functools.cache
 def module_files() -> dict[str, Path]:
     """Module name → source file, for every ``.py`` file of the packages."""
     found = {}
@@ -65,6 +67,7 @@ def _base(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(parts + ([node.module] if node.module else []))
 
 
+@functools.cache  # read once per run: the sources do not change while the suite runs
 def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """(module-level edges, function-level edges): module → the jaxdd modules it imports."""
     files = module_files()
