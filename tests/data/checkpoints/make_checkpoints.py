@@ -1,6 +1,7 @@
 """Write the dynamics checkpoints kept under tests/data/checkpoints (run once, from the repository root).
 
-    python tests/data/checkpoints/make_checkpoints.py
+    python tests/data/checkpoints/make_checkpoints.py              # write
+    python tests/data/checkpoints/make_checkpoints.py --verify halo  # restore, continue, compare
 
 Each run kind (one device, a halo grid, node blocks) runs 5 steps of a 108-atom LJ melt in
 float64, saves its state to ``<kind>/``, then runs 5 more steps and stores what it reached in
@@ -8,8 +9,8 @@ float64, saves its state to ``<kind>/``, then runs 5 more steps and stores what 
 after the save (``saved_*``) and after the 5 further steps (``continued_*``). The checkpoints
 were written before the engine was reorganised into its present modules; the tests restore
 them with today's code and ask for the same numbers, bit for bit. They run as the test suite
-runs (8 CPU devices, XLA's CPU backend without LLVM's optimisation passes: tests/conftest.py),
-since another optimisation level rounds differently.
+ran then (8 CPU devices, XLA's CPU backend without LLVM's optimisation passes, :data:`XLA_FLAGS`);
+code compiled with other flags may round differently, so the tests restore them under these.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import shutil
 import sys
 from pathlib import Path
 
+#: The XLA flags the checkpoints and their numbers were written with.
+XLA_FLAGS = "--xla_backend_optimization_level=0"
+
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+os.environ["XLA_FLAGS"] = XLA_FLAGS
 
 import jax  # noqa: E402
 
@@ -66,6 +69,19 @@ def numbers(md: DomainParallel, state, prefix: str) -> dict:
             f"{prefix}_energy": np.asarray(state.energy), f"{prefix}_conserved": np.asarray(thermo["conserved"])}
 
 
+def verify(kind: str) -> None:
+    """Restore ``<kind>/`` and continue it: AssertionError unless every number equals the stored one."""
+    md = md_of(kind)
+    want = np.load(HERE / f"{kind}.npz")
+    state = md.restore(HERE / kind)
+    assert state.step == STEPS, f"restored at step {state.step}, saved at {STEPS}"
+    got = numbers(md, state, "saved")
+    got.update(numbers(md, md.run(state, STEPS), "continued"))
+    assert set(got) == set(want.files), f"stored {sorted(want.files)}, got {sorted(got)}"
+    for key, value in got.items():
+        np.testing.assert_array_equal(value, want[key], err_msg=f"{kind}: {key}")
+
+
 def main() -> None:
     for kind in KINDS:
         md = md_of(kind)
@@ -80,4 +96,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--verify"]:  # the test's child process: python make_checkpoints.py --verify KIND
+        verify(sys.argv[2])
+    else:
+        main()
