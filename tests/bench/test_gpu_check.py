@@ -1,6 +1,7 @@
 """bench/gpu_check.sh --smoke: the GPU check's stages (build, test collection, the dynamics
-table) run here at tiny sizes, so the script is known to work before a GPU is at hand; the
-default suite runs one section of the table, the slow set all of them."""
+table) run here at tiny sizes, so the script is known to work before a GPU is at hand. The runs
+build the kernels and compile a table (about 100 s even for one section), so they are in the
+slow set; the default suite checks the script's arguments and the table's sections."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def assert_rows(table, rows):
         assert row in table, f"row {row!r} missing from the table:\n{table}"
 
 
+@pytest.mark.slow
 def test_gpu_check_smoke_runs_every_stage_and_prints_the_table(tmp_path):
     """Every stage; of the table, the zoo models' rows (the LJ rows run bench/md_lj.py, which
     tests/bench/test_bench_md.py runs; they, jax-md's loops and the largest-fit search: the slow
