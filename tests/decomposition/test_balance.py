@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -176,6 +179,24 @@ def test_static_balancing_follows_one_device_on_an_uneven_grid():
 
 
 def test_a_balanced_run_restarts_bit_for_bit(tmp_path):
+    # The restarted run and the straight one execute different programs (the restore places the
+    # atoms afresh), which XLA's default CPU emitters round alike; the elemental emitters the
+    # suite compiles with to save time (tests/conftest.py) can fuse them an ulp apart. So the
+    # check runs in a process that compiles as a user's does.
+    flags = os.environ.get("XLA_FLAGS", "").replace("--xla_cpu_use_fusion_emitters=false", "").strip()
+    code = ("import jax; jax.config.update('jax_enable_x64', True)\n"
+            f"import test_balance; test_balance.restart_check({str(tmp_path)!r})\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def restart_check(folder: str) -> None:
+    """40 steps straight, and 20 + save + restore + 20: the positions are equal bit for bit."""
+    from pathlib import Path
+
+    tmp_path = Path(folder)
+
     def fresh():
         dm = DistributedModel(MODEL, DomainConfig(2.5, skin=0.3, mesh=mesh_of(8), grid=(2, 2, 2), balance="static"))
         return DomainParallel(dm, VelocityVerlet(0.005), kB=1.0)
