@@ -21,10 +21,12 @@ os.environ["PYTHONPATH"] = os.pathsep.join(_FOLDERS + [p for p in os.environ.get
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The suite checks numbers, not speed, and spends most of its time compiling: XLA's CPU backend
-# compiles it without LLVM's optimisation passes (a third less time) and with its elemental
-# emitters instead of the newer MLIR fusion emitters (a quarter less again). Neither reassociates
-# floating point, so the numbers agree with the default build to rounding. Child processes the
-# tests start inherit the flags. JAXDD_TEST_XLA_OPTIMIZE=1 keeps XLA's defaults.
+# compiles it without LLVM's optimisation passes (a third less time), with its elemental emitters
+# instead of the newer MLIR fusion emitters (a quarter less again) and its plain scheduler (a tenth
+# less). None reassociates floating point, so the numbers agree with the default build to
+# rounding. Child processes the tests start inherit the flags (_SPEED_FLAGS lists those a test
+# that needs XLA's default code takes out). JAXDD_TEST_XLA_OPTIMIZE=1 keeps XLA's defaults.
+_SPEED_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
 
 
 def _xla_knows(flag: str) -> bool:
@@ -46,8 +48,10 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if os.environ.get("JAXDD_TEST_XLA_OPTIMIZE", "0") != "1":
     if "xla_backend_optimization_level" not in _flags:
         _flags += " --xla_backend_optimization_level=0"
-    if "xla_cpu_use_fusion_emitters" not in _flags and _xla_knows("xla_cpu_use_fusion_emitters"):
-        _flags += " --xla_cpu_use_fusion_emitters=false"
+    for _flag in _SPEED_FLAGS:
+        _name = _flag[2:].split("=")[0]
+        if _name not in _flags and _xla_knows(_name):
+            _flags += " " + _flag
     os.environ["XLA_FLAGS"] = _flags.strip()
 
 # Most of the suite's time is XLA compiling, and its programs change only with the code: they

@@ -180,10 +180,12 @@ def test_static_balancing_follows_one_device_on_an_uneven_grid():
 
 def test_a_balanced_run_restarts_bit_for_bit(tmp_path):
     # The restarted run and the straight one execute different programs (the restore places the
-    # atoms afresh), which XLA's default CPU emitters round alike; the elemental emitters the
-    # suite compiles with to save time (tests/conftest.py) can fuse them an ulp apart. So the
+    # atoms afresh), which XLA's default CPU code generation rounds alike; the elemental emitters
+    # the suite compiles with to save time (tests/conftest.py) can fuse them an ulp apart. So the
     # check runs in a process that compiles as a user's does.
-    flags = os.environ.get("XLA_FLAGS", "").replace("--xla_cpu_use_fusion_emitters=false", "").strip()
+    from conftest import _SPEED_FLAGS
+
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f not in _SPEED_FLAGS)
     code = ("import jax; jax.config.update('jax_enable_x64', True)\n"
             f"import test_balance; test_balance.restart_check({str(tmp_path)!r})\n")
     proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu"),
