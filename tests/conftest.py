@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 _TESTS = Path(__file__).resolve().parent
-_FOLDERS = [str(_TESTS)] + sorted(str(p.parent) for p in _TESTS.glob("*/test_*.py"))
-_FOLDERS = list(dict.fromkeys(_FOLDERS))
+_FOLDERS = [str(_TESTS)] + sorted({str(p.parent) for p in _TESTS.glob("*/test_*.py")})
 sys.path[:0] = [f for f in _FOLDERS if f not in sys.path]
 os.environ["PYTHONPATH"] = os.pathsep.join(_FOLDERS + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                                                        if p and p not in _FOLDERS])
@@ -24,9 +23,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # compiles it without LLVM's optimisation passes (a third less time), with its elemental emitters
 # instead of the newer MLIR fusion emitters (a quarter less again) and its plain scheduler (a tenth
 # less). None reassociates floating point, so the numbers agree with the default build to
-# rounding. Child processes the tests start inherit the flags (_SPEED_FLAGS lists those a test
+# rounding. Child processes the tests start inherit the flags (SPEED_FLAGS lists those a test
 # that needs XLA's default code takes out). JAXDD_TEST_XLA_OPTIMIZE=1 keeps XLA's defaults.
-_SPEED_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
+SPEED_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
 
 
 def _xla_knows(flag: str) -> bool:
@@ -48,7 +47,7 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if os.environ.get("JAXDD_TEST_XLA_OPTIMIZE", "0") != "1":
     if "xla_backend_optimization_level" not in _flags:
         _flags += " --xla_backend_optimization_level=0"
-    for _flag in _SPEED_FLAGS:
+    for _flag in SPEED_FLAGS:
         _name = _flag[2:].split("=")[0]
         if _name not in _flags and _xla_knows(_name):
             _flags += " " + _flag
@@ -130,10 +129,10 @@ def pytest_xdist_auto_num_workers(config):
 #: whole modules (--dist loadfile): these go first, so that the run does not end on one long
 #: module while the other workers wait; the rest follow in collection order.
 LONG_MODULES = (
-    "test_zoo_models.py", "test_dispatch.py", "test_distributed.py", "test_dynamics.py", "test_nose_hoover.py",
-    "test_gpu_check.py", "test_balance.py", "test_mace.py", "test_neighbors.py", "test_interop_jax_md.py",
-    "test_bad_inputs.py", "test_training.py", "test_validate_scatter_fix.py", "test_zoo_qeq_backbone.py",
-    "test_heat_flux.py", "test_community_models.py", "test_lj.py",
+    "test_nose_hoover.py", "test_dynamics.py", "test_dispatch.py", "test_distributed.py", "test_balance.py",
+    "test_zoo_models.py", "test_docs.py", "test_mace.py", "test_training.py", "test_neighbors.py",
+    "test_interop_jax_md.py", "test_checkpoint_compat.py", "test_validate_scatter_fix.py", "test_packaging.py",
+    "test_examples.py", "test_zoo_qeq_backbone.py", "test_heat_flux.py", "test_multiprocess.py",
 )
 
 

@@ -223,18 +223,23 @@ def _discovered_providers() -> dict[str, tuple[str, ...]]:
     zoo = importlib.util.find_spec(_ZOO)  # located, not imported
     if zoo is not None and zoo.submodule_search_locations:
         roots += [(_ZOO, Path(folder)) for folder in zoo.submodule_search_locations
-                  if Path(folder).resolve() != _PACKAGE_DIR / "models"]
+                  if Path(folder).resolve() != _PACKAGE_DIR / "models"]  # else read with the package
     for package, folder in roots:
-        for path in sorted(folder.rglob("*.py")):
-            parts = path.relative_to(folder).with_suffix("").parts
-            if "__pycache__" in parts:
-                continue
-            try:
-                source = path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                continue
-            module = ".".join((package, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+        for module, source in _sources(package, folder):
             namespaces = {m.group(2) for m in _REGISTRATION.finditer(source) if m.group(1) != "get_op"}
             for namespace in sorted(namespaces):
                 found.setdefault(namespace, []).append(module)
     return {namespace: tuple(modules) for namespace, modules in found.items()}
+
+
+def _sources(package: str, folder: Path):
+    """Yield (module name, source text) for each readable ``.py`` file under ``folder``."""
+    for path in sorted(folder.rglob("*.py")):
+        parts = path.relative_to(folder).with_suffix("").parts
+        if "__pycache__" in parts:
+            continue
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        yield ".".join((package, *(parts[:-1] if parts[-1] == "__init__" else parts))), source

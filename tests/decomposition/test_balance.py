@@ -190,9 +190,9 @@ def test_a_balanced_run_restarts_where_it_left_off(tmp_path):
 def test_a_balanced_run_restarts_bit_for_bit(tmp_path):
     # In a process that compiles as a user's does (XLA's default CPU code generation), where the
     # two programs round alike.
-    from conftest import _SPEED_FLAGS
+    from conftest import SPEED_FLAGS
 
-    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f not in _SPEED_FLAGS)
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f not in SPEED_FLAGS)
     code = ("import jax, numpy as np; jax.config.update('jax_enable_x64', True)\n"
             f"import test_balance; np.testing.assert_array_equal(*test_balance.restarted_and_straight({str(tmp_path)!r}))\n")
     proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu"),
