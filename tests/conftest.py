@@ -133,10 +133,11 @@ def pytest_xdist_auto_num_workers(config):
 #: whole modules (--dist loadfile): these go first, so that the run does not end on one long
 #: module while the other workers wait; the rest follow in collection order.
 LONG_MODULES = (
-    "test_nose_hoover.py", "test_dynamics.py", "test_dispatch.py", "test_distributed.py", "test_balance.py",
-    "test_zoo_models.py", "test_docs.py", "test_mace.py", "test_training.py", "test_neighbors.py",
-    "test_interop_jax_md.py", "test_checkpoint_compat.py", "test_validate_scatter_fix.py", "test_packaging.py",
-    "test_examples.py", "test_zoo_qeq_backbone.py", "test_heat_flux.py", "test_multiprocess.py",
+    "test_nose_hoover.py", "test_dynamics.py", "test_dispatch.py", "test_docs.py", "test_zoo_models.py",
+    "test_balance.py", "test_distributed.py", "test_training.py", "test_mace.py", "test_interop_jax_md.py",
+    "test_neighbors.py", "test_zoo_qeq_backbone.py", "test_heat_flux.py", "test_validate_scatter_fix.py",
+    "test_checkpoint_compat.py", "test_examples.py", "test_dispatch_idioms.py", "test_multiprocess.py",
+    "test_adversarial.py", "test_validate_cli.py",
 )
 
 

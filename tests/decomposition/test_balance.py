@@ -164,10 +164,10 @@ def md_run(grid, balance, n_steps=200):
 
 
 def test_dynamic_balancing_follows_one_device():
-    positions, stats = md_run((2, 2, 2), "dynamic")
-    reference, _ = md_run((1, 1, 1), None)
+    positions, stats = md_run((2, 2, 2), "dynamic", 100)
+    reference, _ = md_run((1, 1, 1), None, 100)
     np.testing.assert_allclose(positions, reference, rtol=0, atol=1e-9)
-    assert stats.rebalances == 4 and stats.rebuilds > stats.rebalances  # device rebuilds in between
+    assert stats.rebalances == 2 and stats.rebuilds > stats.rebalances  # device rebuilds in between
 
 
 @pytest.mark.slow

@@ -87,11 +87,11 @@ def nve_run(grid, n_steps):
 
 @pytest.mark.parametrize("grid", [(2, 2, 1), pytest.param((3, 2, 1), marks=pytest.mark.slow)], ids=["2x2x1", "3x2x1"])
 def test_nve_trajectory_equals_single_device_through_migrations(grid):
-    md, state = nve_run(grid, 200)
-    assert state.step == 200
+    md, state = nve_run(grid, 100)
+    assert state.step == 100
     assert md.last_run.rebuilds >= 1 and md.last_run.migrations >= 1
     got = md.gather(state)
-    pos, vel = reference(200)[-1]
+    pos, vel = reference(100)[-1]
     np.testing.assert_allclose(np.asarray(got.positions), pos, rtol=0, atol=1e-9)
     np.testing.assert_allclose(np.asarray(got.velocities), vel, rtol=0, atol=1e-9)
 
@@ -99,7 +99,7 @@ def test_nve_trajectory_equals_single_device_through_migrations(grid):
 def test_a_rebuild_foreseen_from_the_last_step_discards_no_step():
     # Each step is checked against where the next one will take the atoms (this step's move
     # extrapolated): the plan is rebuilt before a step outruns it, not after evaluating one.
-    md, _ = nve_run((2, 2, 1), 200)
+    md, _ = nve_run((2, 2, 1), 100)
     assert md.last_run.rebuilds >= 1
     assert md.last_run.discarded == 0
 
@@ -111,7 +111,7 @@ def _flops(lowered) -> float:
 
 def test_lower_gives_the_device_loop_whose_body_is_one_step():
     # XLA counts a loop body once: the step's flops are about one force evaluation's.
-    md, state = nve_run((2, 2, 1), 200)
+    md, state = nve_run((2, 2, 1), 100)
     step = _flops(md.lower(state))
     force = _flops(md.dist_model.lower(melt(), ("energy", "forces")))
     assert 0.5 * force < step < 2 * force
@@ -123,7 +123,7 @@ def test_one_rank_trajectory_equals_single_device_without_plan_rebuilds():
     md, state = nve_run((1, 1, 1), 40)
     assert md.last_run.rebuilds == 0 and md.last_run.discarded == 0
     got = md.gather(state)
-    pos, vel = reference(200)[39]
+    pos, vel = reference(100)[39]
     np.testing.assert_allclose(np.asarray(got.positions), pos, rtol=0, atol=1e-9)
     np.testing.assert_allclose(np.asarray(got.velocities), vel, rtol=0, atol=1e-9)
 
@@ -133,7 +133,7 @@ def test_kept_neighbour_list_gives_the_single_device_trajectory():
     assert md.nl_skin == SKIN
     state = md.run(md.init(melt()), 100)
     got = md.gather(state)
-    pos, vel = reference(200)[99]
+    pos, vel = reference(100)[99]
     np.testing.assert_allclose(np.asarray(got.positions), pos, rtol=0, atol=1e-9)
     np.testing.assert_allclose(np.asarray(got.velocities), vel, rtol=0, atol=1e-9)
 
@@ -148,13 +148,13 @@ def test_the_fused_kernel_on_a_half_list_gives_the_single_device_trajectory():
     state = md.run(md.init(melt()), 100)
     assert md.last_run.rebuilds >= 1 and md.last_run.host_rebuilds == 0
     got = md.gather(state)
-    pos, vel = reference(200)[99]
+    pos, vel = reference(100)[99]
     np.testing.assert_allclose(np.asarray(got.positions), pos, rtol=0, atol=1e-9)
     np.testing.assert_allclose(np.asarray(got.velocities), vel, rtol=0, atol=1e-9)
 
 
 def test_every_atom_has_exactly_one_owner_after_the_run():
-    _, state = nve_run((2, 2, 1), 200)
+    _, state = nve_run((2, 2, 1), 100)
     ids = np.asarray(state.arrays["ids"]).ravel()
     assert sorted(ids[ids >= 0].tolist()) == list(range(melt().n_atoms))
 
@@ -343,7 +343,7 @@ def test_neighbour_list_overflow_grows_and_the_trajectory_is_unchanged():
         dm.capacities, neighbors=dataclasses.replace(dm.capacities.neighbors, max_edges=dm.capacities.neighbors.max_edges // 2)))
     state = md.run(state, 20)
     assert md.last_run.recompiles >= 1
-    np.testing.assert_allclose(np.asarray(md.gather(state).positions), reference(200)[19][0], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(md.gather(state).positions), reference(100)[19][0], rtol=0, atol=1e-9)
 
 
 # One rank: the slow set (the kept list of one rank follows one device in the default suite
@@ -361,7 +361,7 @@ def test_a_kept_neighbour_list_that_overflowed_when_built_grows_and_the_trajecto
         dm.capacities, neighbors=dataclasses.replace(dm.capacities.neighbors, max_edges=dm.capacities.neighbors.max_edges // 2)))
     state = md.run(state, 20)
     assert md.last_run.recompiles >= 1
-    np.testing.assert_allclose(np.asarray(md.gather(state).positions), reference(200)[19][0], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(md.gather(state).positions), reference(100)[19][0], rtol=0, atol=1e-9)
 
 
 def test_two_different_boltzmann_constants_are_refused():

@@ -7,7 +7,10 @@ install a top-level ``models`` or ``specs``.
 
 The wheel is built once per module, offline
 (``pip wheel --no-deps --no-build-isolation``), from a copy of the source tree in
-a temporary folder, so the build leaves nothing behind in the repository.
+a temporary folder, so the build leaves nothing behind in the repository. The kernel
+library the editable install compiled goes into that copy's build folder, where
+setuptools takes it as up to date (it is newer than every source) and packages it
+instead of compiling csrc/ again; the slow test at the end builds from the sources alone.
 """
 
 from __future__ import annotations
@@ -94,13 +97,20 @@ def source_copy(tmp_path_factory) -> Path:
     return src
 
 
-@pytest.fixture(scope="module")
-def wheel(source_copy, tmp_path_factory) -> zipfile.ZipFile:
-    out = tmp_path_factory.mktemp("wheelhouse")
+def _built_library() -> Path | None:
+    """The kernel library of the installed jaxdd (the editable install compiles it into
+    jaxdd/ffi/), or None when there is none."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("jaxdd.ffi._kernels")
+    return Path(spec.origin) if spec and spec.origin and spec.origin.endswith(".so") else None
+
+
+def _build_wheel(source: Path, out: Path) -> Path:
     env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
     result = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation", "-w", str(out)],
-        cwd=source_copy,
+        cwd=source,
         env=env,
         capture_output=True,
         text=True,
@@ -111,7 +121,19 @@ def wheel(source_copy, tmp_path_factory) -> zipfile.ZipFile:
     )
     wheels = sorted(out.glob("jaxdd-*.whl"))
     assert len(wheels) == 1, f"expected one jaxdd wheel, found {[w.name for w in wheels]}"
-    with zipfile.ZipFile(wheels[0]) as zf:
+    return wheels[0]
+
+
+@pytest.fixture(scope="module")
+def wheel(source_copy, tmp_path_factory) -> zipfile.ZipFile:
+    library = _built_library()
+    if library is not None:  # setuptools' build_ext skips an extension newer than its sources
+        import sysconfig
+
+        build_lib = source_copy / "build" / f"lib.{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
+        (build_lib / "jaxdd" / "ffi").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(library, build_lib / "jaxdd" / "ffi" / library.name)
+    with zipfile.ZipFile(_build_wheel(source_copy, tmp_path_factory.mktemp("wheelhouse"))) as zf:
         yield zf
 
 
@@ -135,7 +157,7 @@ def test_wheel_holds_every_module_of_jaxdd_and_models_at_its_installed_path(sour
 
 
 def test_wheel_holds_the_compiled_kernel_library(wheel_names):
-    # Built from csrc/ by the wheel build itself (setup.py): no hand step, no prebuilt file.
+    # Built from csrc/ by the build (setup.py): no hand step, no committed file.
     libs = sorted(n for n in wheel_names if n.startswith("jaxdd/ffi/_kernels") and n.endswith(".so"))
     assert libs, "jaxdd/ffi/_kernels*.so (the CPU kernels) missing from the wheel"
 
@@ -205,3 +227,26 @@ def test_editable_install_maps_jaxdd_models_to_the_models_folder(tmp_path):
         pytest.skip("jaxdd is not installed in editable mode from this repository")
     assert models_origin is not None, "jaxdd.models cannot be found from outside the repository"
     assert Path(models_origin).resolve() == (REPO / "models" / "__init__.py").resolve()
+
+
+def test_setup_declares_the_kernel_library_from_every_kernel_source(tmp_path):
+    # What lets the prebuilt library above stand for a build: setup.py's extension is
+    # jaxdd.ffi._kernels, compiled from every .cc under csrc/.
+    probe = ("import json, setuptools  # setuptools first: its distutils\n"
+             "import distutils.core as core\n"
+             "dist = core.run_setup('setup.py', stop_after='init')\n"
+             "print(json.dumps([[e.name, sorted(e.sources)] for e in dist.ext_modules]))\n")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    sources = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "csrc").rglob("*.cc")
+                     if "third_party" not in p.parts)
+    assert json.loads(result.stdout.splitlines()[-1]) == [["jaxdd.ffi._kernels", sources]]
+
+
+@pytest.mark.slow
+def test_a_wheel_built_from_the_sources_alone_compiles_its_kernel_library(source_copy, tmp_path):
+    clean = tmp_path / "source"
+    shutil.copytree(source_copy, clean, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    with zipfile.ZipFile(_build_wheel(clean, tmp_path / "wheelhouse")) as zf:
+        libs = [n for n in zf.namelist() if n.startswith("jaxdd/ffi/_kernels") and n.endswith(".so")]
+    assert libs, "the wheel built from the sources holds no jaxdd/ffi/_kernels*.so"

@@ -1,7 +1,7 @@
 """Write the dynamics checkpoints kept under tests/data/checkpoints (run once, from the repository root).
 
     python tests/data/checkpoints/make_checkpoints.py              # write
-    python tests/data/checkpoints/make_checkpoints.py --verify halo  # restore, continue, compare
+    python tests/data/checkpoints/make_checkpoints.py --verify halo one_device  # restore, continue, compare
 
 Each run kind (one device, a halo grid, node blocks) runs 5 steps of a 108-atom LJ melt in
 float64, saves its state to ``<kind>/``, then runs 5 more steps and stores what it reached in
@@ -95,8 +95,24 @@ def main() -> None:
         print(f"{kind}: saved at step {state.step} to {folder}", file=sys.stderr)
 
 
+def verify_each(kinds) -> dict:
+    """``verify`` each kind in this one process: kind → "ok" or what differed."""
+    outcome = {}
+    for kind in kinds:
+        try:
+            verify(kind)
+            outcome[kind] = "ok"
+        except Exception as e:  # noqa: BLE001 - reported per kind, the caller decides
+            outcome[kind] = f"{type(e).__name__}: {e}"
+    return outcome
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--verify"]:  # the test's child process: python make_checkpoints.py --verify KIND
-        verify(sys.argv[2])
+    if sys.argv[1:2] == ["--verify"]:  # the test's child process: make_checkpoints.py --verify KIND...
+        import json
+
+        outcome = verify_each(sys.argv[2:])
+        print(json.dumps(outcome))
+        sys.exit(0 if all(v == "ok" for v in outcome.values()) else 1)
     else:
         main()
