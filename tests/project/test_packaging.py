@@ -229,7 +229,7 @@ def test_editable_install_maps_jaxdd_models_to_the_models_folder(tmp_path):
     assert Path(models_origin).resolve() == (REPO / "models" / "__init__.py").resolve()
 
 
-def test_setup_declares_the_kernel_library_from_every_kernel_source(tmp_path):
+def test_setup_declares_the_kernel_library_from_every_kernel_source():
     # What lets the prebuilt library above stand for a build: setup.py's extension is
     # jaxdd.ffi._kernels, compiled from every .cc under csrc/.
     probe = ("import json, setuptools  # setuptools first: its distutils\n"
@@ -244,9 +244,9 @@ def test_setup_declares_the_kernel_library_from_every_kernel_source(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_wheel_built_from_the_sources_alone_compiles_its_kernel_library(source_copy, tmp_path):
+def test_a_wheel_built_from_the_sources_alone_compiles_its_kernel_library(tmp_path):
     clean = tmp_path / "source"
-    shutil.copytree(source_copy, clean, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    _copy_source_tree(clean)
     with zipfile.ZipFile(_build_wheel(clean, tmp_path / "wheelhouse")) as zf:
         libs = [n for n in zf.namelist() if n.startswith("jaxdd/ffi/_kernels") and n.endswith(".so")]
     assert libs, "the wheel built from the sources holds no jaxdd/ffi/_kernels*.so"
