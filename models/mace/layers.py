@@ -173,13 +173,20 @@ def conv_tp_irreps(irreps1, irreps2, target):
     return mids, tuple(ins)
 
 
-def normalized_silu_constant() -> float:
-    """1 / sqrt(E[silu(z)^2]) for z ~ N(0, 1), by Gauss–Hermite quadrature (e3nn normalises
+def normalized_silu_constant(fn=None) -> float:
+    """1 / sqrt(E[f(z)^2]) for z ~ N(0, 1), by Gauss–Hermite quadrature (e3nn normalises
     activations to unit second moment; a model read from PyTorch keeps the constant it was
-    trained with instead)."""
+    trained with instead).
+
+    Args:
+      fn: the activation f (numpy-compatible); None for silu.
+
+    Returns:
+      the constant.
+    """
     z, w = np.polynomial.hermite_e.hermegauss(200)
-    silu = z / (1 + np.exp(-z))
-    return float(1 / np.sqrt(np.sum(w * silu**2) / np.sqrt(2 * np.pi)))
+    f = z / (1 + np.exp(-z)) if fn is None else np.asarray(fn(z))
+    return float(1 / np.sqrt(np.sum(w * f**2) / np.sqrt(2 * np.pi)))
 
 
 def radial_mlp(weights, x, act_constant):

@@ -5,18 +5,19 @@ With atoms as nodes and the neighbour list (cutoff r_max, Å) as edges ``j -> i`
 
 * node attributes: one-hot element ``z_i``; initial features ``h_i = Linear(z_i)`` (scalars);
 * edges: spherical harmonics ``Y(r̂_ij)`` up to ``max_ell`` ("component" normalisation) and
-  ``num_bessel`` Bessel functions ``sqrt(2/r_max) sin(nπr/r_max)/r`` times the polynomial
-  cutoff of degree ``num_polynomial_cutoff``;
-* each interaction (``RealAgnosticResidualInteractionBlock`` or ``RealAgnosticInteractionBlock``)::
+  ``num_bessel`` radial functions (Bessel ``sqrt(2/r_max) sin(nπr/r_max)/r``, Gaussian or
+  Chebyshev; of the length or of a distance transform of it, :mod:`.radial`) times the
+  polynomial cutoff of degree ``num_polynomial_cutoff``;
+* each interaction (:mod:`.blocks`)::
 
-      A_i = Linear(Σ_j R(r_ij) ⊙ (Linear_up(h_j) ⊗ Y(r̂_ij))) / avg_num_neighbors
+      A_i = Linear(Σ_j R(r_ij) ⊙ (Linear_up(h_j) ⊗ Y(r̂_ij))) / avg_num_neighbors  (or / density_i)
       sc_i = h_i ⊗ z_i                                   (residual: element-wise self-connection)
 
   then the equivariant product basis: ``h_i = Linear(SymmetricContraction_{z_i}(A_i)) + sc_i``,
   products of A_i with itself up to ``correlation`` (3 = four-body messages per layer);
 * readouts: a linear one of each layer's features, a gated MLP of the last layer's scalars;
-  ``E_i = E0[z_i] + scale · Σ_layers readout + shift`` (``ScaleShiftMACE``; plain ``MACE`` has
-  scale 1 and shift 0) and ``E = Σ_i E_i``.
+  ``E_i = E0[z_i] + scale · (ZBL_i + Σ_layers readout) + shift`` (``ScaleShiftMACE``; plain
+  ``MACE`` has scale 1 and shift 0; ``ZBL_i`` the optional pair repulsion) and ``E = Σ_i E_i``.
 
 The layers follow e3nn for PyTorch's normalisations (:mod:`.layers`), so the weights of a model
 trained with mace-torch apply unchanged (:func:`MACE.from_torch`).
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import math
 import os
+
+import ase.data
 
 import e3nn_jax as e3nn
 import equinox as eqx
@@ -38,11 +41,12 @@ from jaxdd.spec.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfi
 from jaxdd.neighbors import edge_vectors
 
 from .. import species as species_lib
-from ..nequip import polynomial_envelope
 from . import irreps as ir
-from .layers import Linear, TensorProduct, conv_tp_irreps, normalized_silu_constant, radial_mlp, split, \
-    symmetric_basis, symmetric_contraction, symmetrize_basis
-from .torch_import import INTERACTIONS, UnsupportedModel, is_export, load_export, read, save_export
+from . import radial as rad
+from .blocks import INTERACTIONS, READOUTS, Layer
+from .layers import Linear, normalized_silu_constant, symmetric_basis, symmetrize_basis
+from .convert import select_head, weights_from_state_dict
+from .torch_import import is_export, load_export, read, save_export
 
 __all__ = ["MACE", "INTERACTIONS", "export_torch"]
 
@@ -61,40 +65,6 @@ def _float_dtype(dtype, owner):
     return dt
 
 
-class _Layer:
-    """Static structure of one interaction + product + readout (built at trace time)."""
-
-    def __init__(self, model, t):
-        n_el = len(model.species)
-        attrs = ((n_el, 0, 1),)
-        sh = ir.spherical_harmonics_irreps(model.max_ell)
-        hidden = model.hidden_irreps
-        n_s = ir.count(hidden, 0, 1)
-        last = t == model.num_interactions - 1
-        self.residual = model.interactions[t] == INTERACTIONS[0]
-        self.feats_in = ((n_s, 0, 1),) if t == 0 else hidden
-        sh_inter = sh
-        if t > 0 and ir.count(hidden, 0, -1) > 0:
-            sh_inter = tuple((1, l, p) for l in range(model.max_ell + 1) for p in (1, -1))
-        source = sh if t == 0 else sh_inter
-        self.target = ir.simplify(ir.sort(tuple((n_s, l, p) for _, l, p in source))[0])
-        # The last layer keeps its scalars only (mace-torch's hidden_irreps[0]).
-        self.out = (hidden[0],) if last else hidden
-        self.linear_up = Linear(self.feats_in, self.feats_in)
-        mid, ins = conv_tp_irreps(self.feats_in, sh, self.target)
-        self.conv_tp = TensorProduct(self.feats_in, sh, mid, ins)
-        self.linear = Linear(mid, self.target)
-        if self.residual:
-            self.skip_tp = TensorProduct.fully_connected(self.feats_in, attrs, self.out)
-        else:
-            self.skip_tp = TensorProduct.fully_connected(self.target, attrs, self.target)
-        self.radial_sizes = (model.num_bessel,) + model.radial_mlp + (self.conv_tp.numel,)
-        self.product_linear = Linear(self.out, self.out)
-        # A gated MLP reads the last layer when there are several, a linear map every other.
-        self.readout = (Linear(self.out, ((1, 0, 1),)),) if not (last and t > 0) else (
-            Linear(self.out, model.mlp_irreps), Linear(model.mlp_irreps, ((1, 0, 1),)))
-
-
 class MACE(eqx.Module, BaseModel):
     """MACE potential: energy, atomic energies, forces and stress.
 
@@ -104,7 +74,11 @@ class MACE(eqx.Module, BaseModel):
     multiplicities). mlp_irreps: hidden scalars of the last readout. num_interactions: layers.
     correlation: body order of each product (int or one per layer). interaction /
     interaction_first: block of the later / first layer (:data:`INTERACTIONS`). radial_mlp: hidden
-    widths of the radial network. avg_num_neighbors: message normalisation. atomic_energies: E0
+    widths of the radial network. avg_num_neighbors: message normalisation. radial_type: basis
+    (:data:`~.radial.RADIAL_TYPES`). distance_transform: None, ``"Agnesi"`` or ``"Soft"``.
+    apply_cutoff: envelope the basis (True) or the radial network's output. pair_repulsion: add
+    ZBL. edge_irreps, use_edge_irreps_first: irreps of the convolution (None: the node
+    features'). readout: of the last layer (:data:`~.blocks.READOUTS`). atomic_energies: E0
     per element (eV). scale, shift: of the atomic interaction energies (eV). skin: extra
     neighbour-search range (Å) that lets dynamics keep a list for several steps (pairs beyond
     r_max are masked; the numbers do not depend on it). seed: random weights
@@ -128,16 +102,26 @@ class MACE(eqx.Module, BaseModel):
     interactions: tuple = eqx.field(static=True)
     radial_mlp: tuple = eqx.field(static=True)
     avg_num_neighbors: float = eqx.field(static=True)
+    radial_type: str = eqx.field(static=True)
+    distance_transform: str | None = eqx.field(static=True)
+    apply_cutoff: bool = eqx.field(static=True)
+    pair_repulsion: bool = eqx.field(static=True)
+    edge_irreps: tuple | None = eqx.field(static=True)
+    use_edge_irreps_first: bool = eqx.field(static=True)
+    readout: str = eqx.field(static=True)
     act_constant: float = eqx.field(static=True)
+    gate_constants: tuple = eqx.field(static=True)
     model_config: ModelConfig = eqx.field(static=True)
 
     def __init__(self, species=(1, 6, 8), r_max: float = 5.0, *, num_bessel: int = 8,
                  num_polynomial_cutoff: int = 5, max_ell: int = 3, hidden_irreps="16x0e + 16x1o",
                  mlp_irreps="16x0e", num_interactions: int = 2, correlation=3,
                  interaction: str = INTERACTIONS[0], interaction_first: str | None = None,
-                 radial_mlp=(64, 64, 64), avg_num_neighbors: float = 8.0, atomic_energies=None,
-                 scale: float = 1.0, shift: float = 0.0, skin: float = 0.0, seed: int = 0,
-                 dtype=jnp.float64, _weights=None, _act_constant=None):
+                 radial_mlp=(64, 64, 64), avg_num_neighbors: float = 8.0, radial_type: str = "bessel",
+                 distance_transform: str | None = None, apply_cutoff: bool = True, pair_repulsion: bool = False,
+                 edge_irreps=None, use_edge_irreps_first: bool = False, readout: str = READOUTS[0],
+                 atomic_energies=None, scale: float = 1.0, shift: float = 0.0, skin: float = 0.0, seed: int = 0,
+                 dtype=jnp.float64, _weights=None, _act_constant=None, _gate_constants=None):
         owner = "MACE"
         dtype = _float_dtype(dtype, owner)
         self.species = species_lib.check_species(species, owner)
@@ -168,6 +152,10 @@ class MACE(eqx.Module, BaseModel):
         if not (math.isfinite(self.avg_num_neighbors) and self.avg_num_neighbors > 0):
             raise ValueError(f"{owner} avg_num_neighbors must be positive, got {avg_num_neighbors!r}")
         self.act_constant = float(normalized_silu_constant() if _act_constant is None else _act_constant)
+        self.gate_constants = tuple(map(float, _gate_constants or (normalized_silu_constant(),
+                                                                   normalized_silu_constant(jax.nn.sigmoid))))
+        _check_options(self, owner, radial_type, distance_transform, apply_cutoff, pair_repulsion, edge_irreps,
+                       use_edge_irreps_first, readout)
         self.model_config = ModelConfig(
             outputs=frozenset({"energy", "atomic_energies", "forces", "stress"}),
             autograd_outputs=frozenset({"forces", "stress"}),
@@ -182,8 +170,8 @@ class MACE(eqx.Module, BaseModel):
             params, bases = self._random_weights(seed)
         else:
             params, bases = _weights
-        params = dict(params, atomic_energies=e0, scale=np.float64(scale), shift=np.float64(shift),
-                      bessel_weights=params.get("bessel_weights", np.pi / r_max * np.arange(1, self.num_bessel + 1)))
+        params = dict(_default_edge_params(self, r_max), **params)
+        params.update(atomic_energies=e0, scale=np.float64(scale), shift=np.float64(shift))
         self.params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
         # Stored as monomial coefficients (layers.symmetrize_basis) of each U_ν.
         self.bases = [[[jnp.asarray(symmetrize_basis(u, l), dtype) for u in us]
@@ -193,8 +181,12 @@ class MACE(eqx.Module, BaseModel):
     # ------------------------------------------------------------------ structure and weights
 
     def layers(self):
-        """Static structure of each layer (irreps, paths, weight sizes)."""
-        return [_Layer(self, t) for t in range(self.num_interactions)]
+        """Static structure of each layer (irreps, paths, weight sizes).
+
+        Returns:
+          list of :class:`~.blocks.Layer`, one per interaction.
+        """
+        return [Layer(self, t) for t in range(self.num_interactions)]
 
     def _random_weights(self, seed):
         key = [jax.random.PRNGKey(seed)]
@@ -212,11 +204,16 @@ class MACE(eqx.Module, BaseModel):
             layer_bases = [[symmetric_basis(coupling, l, p, nu) for nu in range(1, self.correlation[t] + 1)]
                            for _, l, p in layer.out]
             bases.append(layer_bases)
+            if layer.nonlinear:
+                conv = layer.block.random_weights(layer, normal)
+            else:
+                conv = {"linear_up": normal((layer.linear_up.numel,)),
+                        "radial": [normal((a, b)) for a, b in zip(layer.radial_sizes[:-1], layer.radial_sizes[1:])],
+                        "linear": normal((layer.linear.numel,)), "skip_tp": normal((layer.skip_tp.numel,))}
             params["layers"].append({
-                "linear_up": normal((layer.linear_up.numel,)),
-                "radial": [normal((a, b)) for a, b in zip(layer.radial_sizes[:-1], layer.radial_sizes[1:])],
-                "linear": normal((layer.linear.numel,)),
-                "skip_tp": normal((layer.skip_tp.numel,)),
+                **conv,
+                **({"density": normal((self.num_bessel, 1))} if layer.density else {}),
+                **({"readout_bias": [normal((k,)) for k in layer.readout_biases]} if layer.readout_biases else {}),
                 "contractions": [[normal((n_el, u.shape[-1], n_s), 1 / u.shape[-1]) for u in reversed(us)]
                                  for us in layer_bases],
                 "product_linear": normal((layer.product_linear.numel,)),
@@ -225,11 +222,11 @@ class MACE(eqx.Module, BaseModel):
         return params, bases
 
     @classmethod
-    def from_torch(cls, source, *, config=None, skin: float = 0.0, dtype=jnp.float64) -> "MACE":
+    def from_torch(cls, source, *, head=None, config=None, skin: float = 0.0, dtype=jnp.float64) -> "MACE":
         """A MACE with the configuration and weights of a mace-torch model.
 
-        Variants that are not MACE as described above (other interaction blocks, gates, radial
-        bases, heads, ...) are refused by name (:class:`~jaxdd.models.mace.UnsupportedModel`). A
+        Variants that are not MACE as described above (other interaction blocks, gates,
+        embeddings, ...) are refused by name (:class:`~jaxdd.models.mace.UnsupportedModel`). A
         file that cannot be a model (missing, empty, truncated, of another kind) raises
         FileNotFoundError or ValueError naming it.
 
@@ -237,10 +234,15 @@ class MACE(eqx.Module, BaseModel):
           source: a mace-torch ``MACE`` / ``ScaleShiftMACE`` object, a file saved from one
             (``torch.save(model)``, mace's ``.model``), or a ``.npz`` written by
             :func:`export_torch` (needs no torch).
+          head: for a model with several heads, the one to keep (its readouts, E0s, scale and
+            shift); a multi-head model without it is refused with the list of its heads.
           config: for a state-dict file only, the keyword arguments mace-torch's model was built
             with (refused otherwise).
           skin: as in the constructor.
           dtype: of the weights, floating.
+
+        Returns:
+          the :class:`MACE`.
         """
         dtype = _float_dtype(dtype, "MACE.from_torch")
         if isinstance(source, (str, os.PathLike)) and is_export(source):
@@ -253,7 +255,8 @@ class MACE(eqx.Module, BaseModel):
             settings, state, act_constant = load_export(source)
         else:
             settings, state, act_constant = read(source, config)
-        weights = _weights_from_state_dict(cls, settings, state)
+        settings, state = select_head(settings, state, head, source)
+        weights = weights_from_state_dict(cls, settings, state)
         return cls(**settings, skin=skin, dtype=dtype, _weights=weights, _act_constant=act_constant)
 
     # ------------------------------------------------------------------ jaxdd model interface
@@ -273,50 +276,21 @@ class MACE(eqx.Module, BaseModel):
     def forward(self, positions, cell, batch_idx, atomic_numbers, atom_mask, neighbors, n_systems):
         dt = positions.dtype
         n = positions.shape[0]
-        rc = self.model_config.neighbor_config.cutoff
         params = jax.tree_util.tree_map(lambda p: p.astype(dt), self.params)
         bases = jax.tree_util.tree_map(lambda p: p.astype(dt), self.bases)
         table = jnp.asarray(species_lib.species_table(self.species))
         kind = table[jnp.clip(atomic_numbers, 0, table.size - 1)]
         attrs = jax.nn.one_hot(kind, len(self.species), dtype=dt)
-        senders, receivers = neighbors.senders, neighbors.receivers
-
-        # MACE's edge vector points from the sender to the receiver: r_i - r_j.
-        vec = -edge_vectors(positions, cell, batch_idx, neighbors)
-        r2 = jnp.sum(vec * vec, axis=-1)
-        inside = neighbors.mask & (r2 < rc * rc)
-        r = jnp.sqrt(jnp.where(inside, r2, 1.0))  # safe norm on padding edges
-        unit = jnp.where(inside[:, None], vec, jnp.asarray([0.0, 0.0, 1.0], dt))
-        sh = e3nn.spherical_harmonics(e3nn.Irreps.spherical_harmonics(self.max_ell), unit, normalize=True,
-                                      normalization="component").array
-        envelope = jnp.where(inside, polynomial_envelope(r / rc, self.num_polynomial_cutoff), 0.0)
-        bessel = math.sqrt(2.0 / rc) * jnp.sin(params["bessel_weights"] * r[:, None]) / r[:, None]
-        radial = bessel * envelope[:, None]  # [E, num_bessel], zero on padding edges
+        edges = _edge_features(self, params, positions, cell, batch_idx, neighbors, kind)
 
         n_s = ir.count(self.hidden_irreps, 0, 1)
         feats = Linear(((len(self.species), 0, 1),), ((n_s, 0, 1),))(params["embedding"], attrs)
         node_inter = jnp.zeros((n,), dt)
+        if self.pair_repulsion:
+            node_inter = jax.ops.segment_sum(edges["zbl"], edges["receivers"], num_segments=n)
         for layer, p_layer, layer_bases in zip(self.layers(), params["layers"], bases):
-            sc = layer.skip_tp(p_layer["skip_tp"], feats, attrs) if layer.residual else None
-            up = layer.linear_up(p_layer["linear_up"], feats)
-            weights = radial_mlp(p_layer["radial"], radial, self.act_constant)  # [E, numel]
-            messages = layer.conv_tp(weights, up[senders], sh)
-            aggregated = jax.ops.segment_sum(messages, receivers, num_segments=n)
-            a = layer.linear(p_layer["linear"], aggregated) / self.avg_num_neighbors
-            if not layer.residual:
-                a = layer.skip_tp(p_layer["skip_tp"], a, attrs)
-            # [n, channels, Σ(2l+1)]: the irreps of A side by side, channel-major.
-            a = jnp.concatenate(split(layer.target, a), axis=-1)
-            products = [symmetric_contraction(us, ws, a, kind, len(self.species))
-                        for us, ws in zip(layer_bases, p_layer["contractions"])]
-            feats = layer.product_linear(p_layer["product_linear"], jnp.concatenate(products, axis=-1))
-            if sc is not None:
-                feats = feats + sc
-            if len(layer.readout) == 1:
-                node_inter = node_inter + layer.readout[0](p_layer["readout"][0], feats)[:, 0]
-            else:
-                hidden = jax.nn.silu(layer.readout[0](p_layer["readout"][0], feats)) * self.act_constant
-                node_inter = node_inter + layer.readout[1](p_layer["readout"][1], hidden)[:, 0]
+            feats, energy = layer(p_layer, layer_bases, feats, attrs, kind, len(self.species), edges, self)
+            node_inter = node_inter + energy
 
         atomic = params["atomic_energies"][kind] + params["scale"] * node_inter + params["shift"]
         atomic = jnp.where(atom_mask, atomic, 0.0)
@@ -327,60 +301,107 @@ class MACE(eqx.Module, BaseModel):
         return ModelOutputs(raw)
 
 
-def _weights_from_state_dict(cls, config, sd):
-    """(params, bases) in MACE's layout from a mace-torch state dict, every shape checked
-    against the structure the configuration gives."""
-    skeleton = cls(**config, dtype=np.float32, _weights=({}, []))  # structure only
+def _check_options(model, owner, radial_type, distance_transform, apply_cutoff, pair_repulsion, edge_irreps,
+                   use_edge_irreps_first, readout):
+    """Set the radial, pair and readout options of ``model``; ValueError naming a bad one."""
+    if radial_type not in rad.RADIAL_TYPES:
+        raise ValueError(f"{owner} radial_type must be one of {rad.RADIAL_TYPES}, got {radial_type!r}")
+    if radial_type == "gaussian" and model.num_bessel < 2:
+        raise ValueError(f"{owner} radial_type 'gaussian' needs num_bessel >= 2 (its width is r_max / (n - 1))")
+    if distance_transform in ("None", None):
+        distance_transform = None
+    elif distance_transform not in rad.DISTANCE_TRANSFORMS:
+        raise ValueError(f"{owner} distance_transform must be None or one of {rad.DISTANCE_TRANSFORMS}, "
+                         f"got {distance_transform!r}")
+    if readout not in READOUTS:
+        raise ValueError(f"{owner} readout must be one of {READOUTS}, got {readout!r}")
+    for name, flag in (("apply_cutoff", apply_cutoff), ("pair_repulsion", pair_repulsion),
+                       ("use_edge_irreps_first", use_edge_irreps_first)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise ValueError(f"{owner} {name} must be True or False, got {flag!r}")
+    edge = None if edge_irreps is None else ir.parse(edge_irreps)
+    if edge is not None and (not edge or edge[0][1:] != (0, 1)):
+        raise ValueError(f"{owner} edge_irreps must start with scalars 0e, got {edge_irreps!r}")
+    model.radial_type, model.distance_transform, model.readout = radial_type, distance_transform, readout
+    model.apply_cutoff, model.pair_repulsion = bool(apply_cutoff), bool(pair_repulsion)
+    model.edge_irreps, model.use_edge_irreps_first = edge, bool(use_edge_irreps_first)
 
-    def take(key, shape):
-        if key not in sd:
-            raise UnsupportedModel(f"mace-torch state dict has no {key!r}; is this a MACE model?")
-        value = np.asarray(sd[key], np.float64)
-        if value.shape != tuple(shape):
-            raise UnsupportedModel(f"mace-torch weight {key!r} has shape {value.shape}, but the configuration "
-                                   f"read from the model needs {tuple(shape)}")
-        return value
 
-    n_el = len(config["species"])
-    n_s = ir.count(skeleton.hidden_irreps, 0, 1)
-    params = {"embedding": take("node_embedding.linear.weight", (n_el * n_s,)), "layers": [],
-              "bessel_weights": take("radial_embedding.bessel_fn.bessel_weights", (config["num_bessel"],))}
-    bases = []
-    for t, layer in enumerate(skeleton.layers()):
-        pre, corr = f"interactions.{t}.", skeleton.correlation[t]
-        contractions, layer_bases = [], []
-        for c in range(len(layer.out)):
-            cpre = f"products.{t}.symmetric_contractions.contractions.{c}."
-            n_ell = sum(2 * l + 1 for _, l, _ in layer.target)
-            lead = () if layer.out[c][1] == 0 else (2 * layer.out[c][1] + 1,)
-            us = [take(f"{cpre}U_matrix_{nu}", lead + (n_ell,) * nu + (sd.get(f"{cpre}U_matrix_{nu}", np.zeros(1)).shape[-1],))
-                  for nu in range(1, corr + 1)]
-            layer_bases.append(us)
-            ws = [take(f"{cpre}weights_max", (n_el, us[-1].shape[-1], n_s))]
-            ws += [take(f"{cpre}weights.{k}", (n_el, us[corr - 2 - k].shape[-1], n_s)) for k in range(corr - 1)]
-            contractions.append(ws)
-        bases.append(layer_bases)
-        names = ["linear"] if len(layer.readout) == 1 else ["linear_1", "linear_2"]
-        sizes = layer.radial_sizes
-        params["layers"].append({
-            "linear_up": take(pre + "linear_up.weight", (layer.linear_up.numel,)),
-            "radial": [take(f"{pre}conv_tp_weights.layer{k}.weight", (a, b))
-                       for k, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))],
-            "linear": take(pre + "linear.weight", (layer.linear.numel,)),
-            "skip_tp": take(pre + "skip_tp.weight", (layer.skip_tp.numel,)),
-            "contractions": contractions,
-            "product_linear": take(f"products.{t}.linear.weight", (layer.product_linear.numel,)),
-            "readout": [take(f"readouts.{t}.{name}.weight", (lin.numel,)) for name, lin in zip(names, layer.readout)],
-        })
-    return params, bases
+def _default_edge_params(model, r_max):
+    """The untrained constants of the radial basis, the distance transform and ZBL (mace-torch's)."""
+    out = {}
+    if model.radial_type == "bessel":
+        out["bessel_weights"] = np.pi / r_max * np.arange(1, model.num_bessel + 1)
+    elif model.radial_type == "gaussian":
+        out["gaussian_weights"] = np.linspace(0.0, r_max, model.num_bessel)
+    if model.distance_transform is not None:
+        out["transform"] = rad.default_transform_params(model.distance_transform)
+    if model.distance_transform is not None or model.pair_repulsion:
+        out["covalent_radii"] = np.asarray(ase.data.covalent_radii)[list(model.species)]
+    if model.pair_repulsion:
+        out["zbl"] = rad.default_zbl_params()
+    return out
+
+
+def _edge_features(model, params, positions, cell, batch_idx, neighbors, kind):
+    """Per edge: ``senders``, ``receivers``, harmonics ``sh``, radial basis ``feats`` (enveloped
+    unless ``apply_cutoff`` is off, when ``cutoff`` carries the envelope) and ``zbl`` energies."""
+    dt = positions.dtype
+    rc = model.model_config.neighbor_config.cutoff
+    senders, receivers = neighbors.senders, neighbors.receivers
+    # MACE's edge vector points from the sender to the receiver: r_i - r_j.
+    vec = -edge_vectors(positions, cell, batch_idx, neighbors)
+    r2 = jnp.sum(vec * vec, axis=-1)
+    inside = neighbors.mask & (r2 < rc * rc)
+    r = jnp.sqrt(jnp.where(inside, r2, 1.0))  # safe norm on padding edges
+    unit = jnp.where(inside[:, None], vec, jnp.asarray([0.0, 0.0, 1.0], dt))
+    sh = e3nn.spherical_harmonics(e3nn.Irreps.spherical_harmonics(model.max_ell), unit, normalize=True,
+                                  normalization="component").array
+    cutoff = jnp.where(inside, rad.polynomial_cutoff(r, rc, model.num_polynomial_cutoff), 0.0)
+    ks, kr = kind[senders], kind[receivers]
+    x = r
+    if model.distance_transform == "Agnesi":
+        t = params["transform"]
+        rcov = params["covalent_radii"]
+        x = rad.agnesi(r, 0.5 * (rcov[ks] + rcov[kr]), t["a"], t["q"], t["p"])
+    elif model.distance_transform == "Soft":
+        rcov = params["covalent_radii"]
+        x = rad.soft(r, rcov[ks] + rcov[kr], params["transform"]["alpha"])
+    if model.radial_type == "bessel":
+        basis = rad.bessel(x, params["bessel_weights"], rc)
+    elif model.radial_type == "gaussian":
+        basis = rad.gaussian(x, params["gaussian_weights"], rc)
+    else:
+        basis = rad.chebyshev(x, model.num_bessel)
+    out = {"senders": senders, "receivers": receivers, "sh": sh}
+    if model.apply_cutoff:
+        out.update(feats=basis * cutoff[:, None], cutoff=None)
+    else:
+        out.update(feats=jnp.where(inside[:, None], basis, 0.0), cutoff=cutoff)
+    if model.pair_repulsion:
+        z = jnp.asarray(model.species, dt)
+        rcov = params["covalent_radii"]
+        e = rad.zbl_edge_energy(r, z[ks], z[kr], rcov[ks], rcov[kr], params["zbl"], model.num_polynomial_cutoff)
+        out["zbl"] = jnp.where(inside, e, 0.0)
+    return out
 
 
 def export_torch(source, path, config=None) -> str:
     """Write a mace-torch model's configuration and weights to ``path`` (``.npz``), which
-    :meth:`MACE.from_torch` reads without torch. source, config: as for ``from_torch``. The
-    model is checked (variants refused) before anything is written. Returns the path."""
+    :meth:`MACE.from_torch` reads without torch (every head of a multi-head model is kept; pick
+    one when loading). The model is checked (variants refused) before anything is written.
+
+    Args:
+      source: a mace-torch model object or a file saved from one.
+      path: the ``.npz`` to write.
+      config: for a state-dict file only, the keyword arguments the model was built with.
+
+    Returns:
+      the path written.
+    """
     if not os.fspath(path).endswith(".npz"):  # before the (slow) read, not after it
         raise ValueError(f"export_torch: path must name a .npz file; got {os.fspath(path)!r}")
     settings, state, act_constant = read(source, config)
-    _weights_from_state_dict(MACE, settings, state)  # refuse here, not on the machine that loads it
+    for head in settings.get("heads") or [None]:  # refuse here, not on the machine that loads it
+        weights_from_state_dict(MACE, *select_head(settings, state, head, source))
     return save_export(path, settings, state, act_constant)

@@ -21,8 +21,8 @@ import numpy as np
 
 __all__ = ["INTERACTIONS", "UnsupportedModel", "read", "is_export", "load_export", "save_export"]
 
-#: Interaction blocks MACE can be built with (mace-torch class names).
-INTERACTIONS = ("RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock")
+from .blocks import INTERACTIONS, READOUTS
+from .nonlinear import NONLINEAR
 
 
 class UnsupportedModel(ValueError):
@@ -172,42 +172,42 @@ def _load(source, config):
     return obj
 
 
+_BASES = {"BesselBasis": "bessel", "GaussianBasis": "gaussian", "ChebychevBasis": "chebyshev"}
+_TRANSFORMS = {"AgnesiTransform": "Agnesi", "SoftTransform": "Soft"}
+
+
 def _check_variant(m):
+    """UnsupportedModel naming the first part of ``m`` that MACE here does not implement."""
     name = type(m).__name__
     if name not in _SUPPORTED:
         _refuse("the model class", name, f"supported: {sorted(_SUPPORTED)}")
-    if len(getattr(m, "heads", ["Default"])) != 1:
-        _refuse("several heads", ", ".join(m.heads), "select one head first (mace's fine-tuning tools)")
     for block in m.interactions:
         if type(block).__name__ not in INTERACTIONS:
             _refuse("the interaction block", type(block).__name__, f"supported: {list(INTERACTIONS)}")
         if getattr(block, "conv_fusion", None):
-            _refuse("a fused convolution", "conv_fusion", "convert the model back to e3nn layers first")
+            _refuse("a fused convolution", "conv_fusion", "convert the model back to e3nn layers first "
+                    "(mace's mace.cli.convert_cueq_e3nn or convert_oeq_e3nn)")
     radial = m.radial_embedding
-    if type(radial.bessel_fn).__name__ != "BesselBasis":
-        _refuse("the radial basis", type(radial.bessel_fn).__name__, "supported: BesselBasis")
-    if hasattr(radial, "distance_transform"):
-        _refuse("the distance transform", type(radial.distance_transform).__name__)
-    if getattr(radial, "apply_cutoff", True) is False:
-        _refuse("the option", "apply_cutoff=False")
-    if hasattr(m, "pair_repulsion"):
-        _refuse("the pair repulsion", "ZBLBasis")
+    if type(radial.bessel_fn).__name__ not in _BASES:
+        _refuse("the radial basis", type(radial.bessel_fn).__name__, f"supported: {sorted(_BASES)}")
+    if hasattr(radial, "distance_transform") and type(radial.distance_transform).__name__ not in _TRANSFORMS:
+        _refuse("the distance transform", type(radial.distance_transform).__name__, f"supported: {sorted(_TRANSFORMS)}")
     if hasattr(m, "joint_embedding"):
         _refuse("extra embeddings", "embedding_specs")
     for flag in ("use_agnostic_product", "use_so3", "use_last_readout_only"):
         if getattr(m, flag, False):
             _refuse("the option", f"{flag}=True")
-    if getattr(m, "edge_irreps", None) is not None:
-        _refuse("the option", f"edge_irreps={m.edge_irreps}")
     for product in m.products:
         if type(product.symmetric_contractions).__name__ != "SymmetricContraction":
             _refuse("the product basis", type(product.symmetric_contractions).__name__,
-                    "convert cuequivariance models back to e3nn layers first (mace's cueq_to_e3nn)")
+                    "convert cuequivariance models back to e3nn layers first (mace's mace.cli.convert_cueq_e3nn)")
     n = len(m.readouts)
+    if n > 1 and len(m.products[-1].linear.irreps_out) != 1:
+        _refuse("the option", "keep_last_layer_irreps=True")
     for i, readout in enumerate(m.readouts):
-        want = "NonLinearReadoutBlock" if (i == n - 1 and n > 1) else "LinearReadoutBlock"
-        if type(readout).__name__ != want:
-            _refuse("the readout", type(readout).__name__, f"layer {i} needs a {want}")
+        want = READOUTS if (i == n - 1 and n > 1) else ("LinearReadoutBlock",)
+        if type(readout).__name__ not in want:
+            _refuse("the readout", type(readout).__name__, f"layer {i} needs one of {list(want)}")
     if n > 1:
         act = m.readouts[-1].non_linearity.acts[0]
         f = getattr(act, "f", act)
@@ -218,13 +218,28 @@ def _check_variant(m):
 def _act_constant(m):
     """The constant e3nn multiplied silu by in this model (a Monte-Carlo second moment; e3nn
     leaves the activation unscaled when the constant is within 1e-4 of one)."""
-    acts = [layer.act for block in m.interactions for layer in list(block.conv_tp_weights)[:-1]]
+    acts = [layer.act for block in m.interactions if type(block).__name__ != NONLINEAR
+            for layer in list(block.conv_tp_weights)[:-1]]
     if len(m.readouts) > 1:
         acts.append(m.readouts[-1].non_linearity.acts[0])
     values = {1.0 if abs(float(a.cst) - 1) < 1e-4 else float(a.cst) for a in acts}
     if len(values) > 1:
         _refuse("different activation normalisations", sorted(values))
     return values.pop() if values else None
+
+
+def _gate_constants(m):
+    """``(silu, sigmoid)`` normalisation constants of the non-linear blocks' gates, or None: as
+    mace computes them, ``E[f(z)²]^(-1/2)`` over 10⁶ draws of torch's generator seeded 0."""
+    gates = [b.equivariant_nonlin for b in m.interactions if type(b).__name__ == NONLINEAR]
+    if not gates:
+        return None
+    if any(type(g).__name__ != "GatedEquivariantBlock" for g in gates):
+        _refuse("the gate", type(gates[0]).__name__, "supported: mace's GatedEquivariantBlock (mace-torch >= 0.3.15)")
+    import torch
+
+    z = torch.randn(1_000_000, generator=torch.Generator(device="cpu").manual_seed(0), dtype=torch.float64)
+    return [float(f(z).pow(2).mean().pow(-0.5)) for f in (torch.nn.functional.silu, torch.sigmoid)]
 
 
 def _read_object(m):
@@ -235,21 +250,35 @@ def _read_object(m):
     if any(type(b).__name__ != later for b in m.interactions[1:]):
         _refuse("mixed interaction blocks", [type(b).__name__ for b in m.interactions])
     hidden = m.interactions[1].node_feats_irreps if n_int > 1 else m.products[0].linear.irreps_out
-    e0 = np.asarray(sd["atomic_energies_fn.atomic_energies"]).reshape(-1)
+    radial = m.radial_embedding
+    edge_irreps = getattr(m, "edge_irreps", None)
+    heads = [str(h) for h in getattr(m, "heads", None) or ["Default"]]
     config = dict(
         species=[int(z) for z in sd["atomic_numbers"]], r_max=float(sd["r_max"]),
-        num_bessel=int(sd["radial_embedding.bessel_fn.bessel_weights"].size),
-        num_polynomial_cutoff=int(sd["radial_embedding.cutoff_fn.p"]),
+        num_bessel=int(radial.out_dim), num_polynomial_cutoff=int(sd["radial_embedding.cutoff_fn.p"]),
         max_ell=int(m.spherical_harmonics.irreps_out.lmax), hidden_irreps=str(hidden),
         mlp_irreps=str(m.readouts[-1].hidden_irreps) if n_int > 1 else "16x0e",
         num_interactions=n_int,
         correlation=[int(p.symmetric_contractions.contractions[0].correlation) for p in m.products],
         interaction=later, interaction_first=first,
         radial_mlp=[int(h) for h in m.interactions[0].conv_tp_weights.hs[1:-1]],
-        avg_num_neighbors=float(m.interactions[0].avg_num_neighbors), atomic_energies=e0.tolist(),
-        scale=float(sd["scale_shift.scale"]) if "scale_shift.scale" in sd else 1.0,
-        shift=float(sd["scale_shift.shift"]) if "scale_shift.shift" in sd else 0.0,
+        avg_num_neighbors=float(m.interactions[0].avg_num_neighbors),
+        radial_type=_BASES[type(radial.bessel_fn).__name__],
+        distance_transform=_TRANSFORMS[type(radial.distance_transform).__name__]
+        if hasattr(radial, "distance_transform") else None,
+        apply_cutoff=bool(getattr(radial, "apply_cutoff", True)), pair_repulsion=hasattr(m, "pair_repulsion"),
+        edge_irreps=None if edge_irreps is None else str(edge_irreps),
+        use_edge_irreps_first=bool(getattr(m, "use_edge_irreps_first", False)),
+        readout=type(m.readouts[-1]).__name__ if n_int > 1 else READOUTS[0],
+        atomic_energies=np.asarray(sd["atomic_energies_fn.atomic_energies"]).tolist(),
+        scale=np.asarray(sd.get("scale_shift.scale", 1.0)).tolist(),
+        shift=np.asarray(sd.get("scale_shift.shift", 0.0)).tolist(),
     )
+    if len(heads) > 1:
+        config["heads"] = heads
+    gates = _gate_constants(m)
+    if gates is not None:
+        config["_gate_constants"] = gates
     return config, sd, _act_constant(m)
 
 

@@ -134,8 +134,8 @@ def _export_with(tmp_path, **changes):
 
 
 def test_an_unsupported_interaction_block_is_refused_by_name(tmp_path):
-    path = _export_with(tmp_path, interaction="RealAgnosticDensityInteractionBlock")
-    with pytest.raises(ValueError, match="RealAgnosticDensityInteractionBlock"):
+    path = _export_with(tmp_path, interaction="RealAgnosticAttResidualInteractionBlock")
+    with pytest.raises(ValueError, match="RealAgnosticAttResidualInteractionBlock"):
         MACE.from_torch(path)
 
 

@@ -18,6 +18,29 @@ Writes, next to this file:
   neighbours) and each model's energy [eV], forces [eV/Å] and
   stress [eV/Å³] on them, evaluated by mace-torch in float64.
 
+and the foundation-model families (``python tests/data/mace/make_reference.py families``
+writes these alone, reading the systems of ``reference.npz``), each at the published
+architecture with the widths reduced (4 channels, radial MLP [8, 8]; ``max_ell`` 3,
+correlation 3) and every weight perturbed from its initial value (biases and trainable
+constants included), so that each file stays near 50 kB:
+
+* ``mp0b3.npz``: MACE-MP-0b3-like: residual blocks, ZBL pair repulsion, l = 2 node features
+  (``max_ell`` 2 here: the product basis of l = 2 features on degree-3 harmonics alone is 150 kB);
+* ``mpa0.npz``: MACE-MPA-0-like: a density block first, density-residual blocks after, ZBL and
+  the Agnesi distance transform;
+* ``twohead.npz``: a fine-tune with a replay head: two heads (``pt_head`` and ``default``), each
+  with its own E0s, scale and shift;
+* ``options.npz``: plain ``MACE`` with the remaining options: Gaussian basis, Soft transform,
+  ``apply_cutoff=False``, ``edge_irreps`` (first layer too), ``NonLinearBiasReadoutBlock``,
+  two heads;
+* ``chebyshev.npz``: density blocks on a 4-function Chebyshev basis of the Agnesi-transformed
+  length;
+* ``mh.npz``: MACE-MH-like: ``RealAgnosticResidualNonLinearInteractionBlock`` and
+  ``NonLinearBiasReadoutBlock``, two heads, ZBL and the Agnesi transform;
+* ``families.npz``: their energies, forces and stress (every head) on the systems of
+  ``reference.npz`` and on ``close``: a periodic cell with pairs at 0.7 to 1.1 Å, where ZBL and
+  the distance transforms matter.
+
 Model files are written with :func:`jaxdd.models.mace.export_torch` (configuration and state
 dict as numpy arrays).
 """
@@ -57,7 +80,7 @@ def build_model(interaction: str, seed: int):
     )
 
 
-def to_batch(systems):
+def to_batch(systems, head=0):
     """mace-torch's input dictionary for a list of ase.Atoms (edges i -> j within R_MAX)."""
     pos, cells, edges, shifts, unit, attrs, batch = [], [], [], [], [], [], []
     offset = 0
@@ -76,12 +99,14 @@ def to_batch(systems):
     return dict(positions=t(np.concatenate(pos)), cell=t(np.concatenate(cells)),
                 edge_index=t(np.concatenate(edges, 1)), shifts=t(np.concatenate(shifts)),
                 unit_shifts=t(np.concatenate(unit)), node_attrs=t(np.concatenate(attrs)),
-                batch=t(np.concatenate(batch)), ptr=t(np.cumsum([0] + [len(a) for a in systems])))
+                batch=t(np.concatenate(batch)), ptr=t(np.cumsum([0] + [len(a) for a in systems])),
+                head=t(np.full(len(systems), head)))
 
 
-def evaluate(model, systems):
-    """(energy [S], forces [V, 3], stress [S, 3, 3]); stress is NaN for systems without a cell."""
-    out = model(to_batch(systems), compute_force=True, compute_stress=True)
+def evaluate(model, systems, head=0):
+    """(energy [S], forces [V, 3], stress [S, 3, 3]) of head number ``head``; stress is NaN for
+    systems without a cell."""
+    out = model(to_batch(systems, head), compute_force=True, compute_stress=True)
     stress = out["stress"].detach().numpy().copy()
     for g, a in enumerate(systems):
         if a.cell.rank < 3:
@@ -148,6 +173,104 @@ def train(model, rng, epochs=30):
     return model
 
 
+FAMILY_SEEDS = {"mp0b3": 11, "mpa0": 12, "twohead": 13, "options": 14, "chebyshev": 15, "mh": 16}
+HEADS = ["pt_head", "default"]
+
+
+def build_family(name: str):
+    """The reduced-width model of family ``name`` (see the module docstring), weights perturbed."""
+    from e3nn import o3
+    from mace import modules
+
+    torch.manual_seed(FAMILY_SEEDS[name])
+    residual = modules.RealAgnosticResidualInteractionBlock
+    kwargs = dict(r_max=R_MAX, num_bessel=8, num_polynomial_cutoff=5, max_ell=3, interaction_cls=residual,
+                  interaction_cls_first=residual, num_interactions=2, num_elements=3,
+                  hidden_irreps=o3.Irreps("4x0e + 4x1o"), MLP_irreps=o3.Irreps("4x0e"),
+                  atomic_energies=np.array([-1.2, -3.4, -5.6]), avg_num_neighbors=12.0, atomic_numbers=SPECIES,
+                  correlation=3, gate=torch.nn.functional.silu, radial_MLP=[8, 8],
+                  atomic_inter_scale=1.3, atomic_inter_shift=-0.2)
+    two_e0 = np.array([[-1.2, -3.4, -5.6], [-1.0, -3.0, -5.0]])
+    if name == "mp0b3":
+        kwargs.update(pair_repulsion=True, hidden_irreps=o3.Irreps("4x0e + 4x1o + 4x2e"), max_ell=2)
+    elif name == "mpa0":
+        kwargs.update(interaction_cls_first=modules.RealAgnosticDensityInteractionBlock,
+                      interaction_cls=modules.RealAgnosticDensityResidualInteractionBlock,
+                      pair_repulsion=True, distance_transform="Agnesi")
+    elif name == "twohead":
+        kwargs.update(heads=HEADS, atomic_energies=two_e0, atomic_inter_scale=[1.3, 0.9],
+                      atomic_inter_shift=[-0.2, 0.1])
+    elif name == "options":
+        for key in ("atomic_inter_scale", "atomic_inter_shift"):
+            kwargs.pop(key)
+        kwargs.update(radial_type="gaussian", distance_transform="Soft", apply_cutoff=False,
+                      edge_irreps=o3.Irreps("2x0e + 2x1o"), use_edge_irreps_first=True,
+                      readout_cls=modules.NonLinearBiasReadoutBlock, heads=HEADS, atomic_energies=two_e0,
+                      interaction_cls=modules.RealAgnosticInteractionBlock)
+        model = modules.MACE(**kwargs)
+    elif name == "chebyshev":
+        kwargs.update(radial_type="chebyshev", num_bessel=4, distance_transform="Agnesi",
+                      interaction_cls_first=modules.RealAgnosticDensityInteractionBlock,
+                      interaction_cls=modules.RealAgnosticDensityInteractionBlock)
+    elif name == "mh":
+        nonlinear = modules.RealAgnosticResidualNonLinearInteractionBlock
+        kwargs.update(interaction_cls_first=nonlinear, interaction_cls=nonlinear, pair_repulsion=True,
+                      distance_transform="Agnesi", readout_cls=modules.NonLinearBiasReadoutBlock, heads=HEADS,
+                      atomic_energies=two_e0, atomic_inter_scale=[1.3, 0.9], atomic_inter_shift=[-0.2, 0.1])
+    if name != "options":
+        model = modules.ScaleShiftMACE(**kwargs)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def close_pairs():
+    """A periodic H/C/O cell with close pairs: C-C 1.1 Å, C-O 0.95 Å, O-O 0.9 Å, C-H 0.7 Å."""
+    atoms = Atoms("CCCOOOHC", cell=[[7.0, 0, 0], [0.8, 6.6, 0], [-0.5, 0.7, 7.2]], pbc=True,
+                  positions=[[1.0, 1.0, 1.0], [2.1, 1.0, 1.0], [4.0, 3.0, 2.0], [4.0, 3.95, 2.0],
+                             [1.5, 4.5, 4.5], [1.5, 4.5, 5.4], [5.0, 1.5, 5.0], [5.7, 1.5, 5.0]])
+    return atoms
+
+
+def stored_systems():
+    """The systems of reference.npz, and ``close``."""
+    ref = np.load(HERE / "reference.npz")
+    out, names = {}, sorted({k.split("/")[1] for k in ref.files if k.startswith("system/")})
+    for name in names:
+        group, k = [], 0
+        while f"system/{name}/{k}/numbers" in ref:
+            p = f"system/{name}/{k}/"
+            group.append(Atoms(numbers=ref[p + "numbers"], positions=ref[p + "positions"], cell=ref[p + "cell"],
+                               pbc=ref[p + "pbc"]))
+            k += 1
+        out[name] = group
+    out["close"] = [close_pairs()]
+    return out
+
+
+def families():
+    """Write the family models and ``families.npz``."""
+    from jaxdd.models.mace import export_torch
+
+    systems = stored_systems()
+    out = {}
+    for k, a in enumerate(systems["close"]):
+        out[f"system/close/{k}/numbers"], out[f"system/close/{k}/positions"] = a.numbers, a.positions
+        out[f"system/close/{k}/cell"], out[f"system/close/{k}/pbc"] = a.cell.array, a.pbc
+    for model_name in FAMILY_SEEDS:
+        model = build_family(model_name)
+        export_torch(model, HERE / f"{model_name}.npz")
+        heads = list(model.heads) if len(model.heads) > 1 else [None]
+        for h, head in enumerate(heads):
+            key = model_name if head is None else f"{model_name}:{head}"
+            for name, group in systems.items():
+                e, f, s = evaluate(model, group, h)
+                out[f"{key}/{name}/energy"], out[f"{key}/{name}/forces"], out[f"{key}/{name}/stress"] = e, f, s
+    np.savez_compressed(HERE / "families.npz", **out)
+    print("wrote", [f"{m}.npz" for m in FAMILY_SEEDS], "families.npz")
+
+
 def main():
     import sys
 
@@ -155,6 +278,9 @@ def main():
     from jaxdd.models.mace import export_torch
 
     torch.set_default_dtype(torch.float64)
+    if sys.argv[1:] == ["families"]:
+        families()
+        return
     rng = np.random.default_rng(20261202)
     models = {"residual": build_model("RealAgnosticResidualInteractionBlock", 1),
               "plain": build_model("RealAgnosticInteractionBlock", 2)}
@@ -174,6 +300,7 @@ def main():
             out[f"{model_name}/{name}/energy"], out[f"{model_name}/{name}/forces"] = e, f
             out[f"{model_name}/{name}/stress"] = s
     np.savez_compressed(HERE / "reference.npz", **out)
+    families()
     print("wrote", sorted(p.name for p in HERE.glob("*.npz")))
 
 
