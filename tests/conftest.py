@@ -20,16 +20,18 @@ os.environ["PYTHONPATH"] = os.pathsep.join(_FOLDERS + [p for p in os.environ.get
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The suite checks numbers, not speed, and spends most of its time compiling: XLA's CPU backend
-# compiles it without LLVM's optimisation passes (a third less time) and with its elemental
-# emitters instead of the newer MLIR fusion emitters (a quarter less again). None reassociates
-# floating point, so the numbers agree with the default build to rounding. XLA's plain scheduler
+# compiles it without LLVM's optimisation passes (a third less time), with its elemental
+# emitters instead of the newer MLIR fusion emitters (a quarter less again), and each program as
+# one LLVM module rather than split into pieces for parallel code generation (a sixth less again:
+# with one core per test process the pieces only add work). None reassociates floating point, so
+# the numbers agree with the default build to rounding. XLA's plain scheduler
 # (--xla_cpu_enable_concurrency_optimized_scheduler=false) is left out: with the two above it
 # made XLA recompute a masked edge value in two fusions that round differently, and the
 # gradient of segment_max, which finds the maximum by ==, went wrong by 1e-4 (the slow
 # dispatch idiom segment_max_receivers). Child processes the tests start inherit the flags
 # (SPEED_FLAGS lists those a test that needs XLA's default code takes out).
 # JAXDD_TEST_XLA_OPTIMIZE=1 keeps XLA's defaults.
-SPEED_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
+SPEED_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_cpu_parallel_codegen_split_count=1")
 
 
 def _xla_knows(flag: str) -> bool:

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 #: The XLA flags the checkpoints and their numbers were written with.
-XLA_FLAGS = "--xla_backend_optimization_level=0"
+XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_parallel_codegen_split_count=1"
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
