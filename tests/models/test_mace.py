@@ -325,11 +325,10 @@ def test_live_mace_torch_models_reproduce_the_stored_references():
 
 @needs_torch
 @pytest.mark.parametrize("change, name", [
-    (dict(radial_type="gaussian"), "GaussianBasis"),
-    (dict(distance_transform="Agnesi"), "AgnesiTransform"),
-    (dict(pair_repulsion=True), "ZBLBasis"),
-    (dict(interaction="RealAgnosticDensityInteractionBlock"), "RealAgnosticDensityInteractionBlock"),
-    (dict(heads=["a", "b"]), "several heads"),
+    (dict(interaction="RealAgnosticAttResidualInteractionBlock"), "RealAgnosticAttResidualInteractionBlock"),
+    (dict(use_agnostic_product=True), "use_agnostic_product"),
+    (dict(keep_last_layer_irreps=True), "keep_last_layer_irreps"),
+    (dict(heads=["a", "b"], atomic_energies=np.zeros((2, 2))), r"2 heads \['a', 'b'\].*head="),
 ])
 def test_live_unsupported_mace_torch_variants_are_refused_by_name(change, name):
     os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
