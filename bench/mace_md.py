@@ -1,14 +1,24 @@
 """Benchmark: molecular dynamics of a MACE model, jaxdd against mace-torch, on equal pinned cores.
 
-    python bench/mace_md.py [--sizes 10,16] [--steps 10] [--cores 1,2] [--dtypes float32,float64]
-                            [--no-torch] [--json PATH]
+    python bench/mace_md.py [--model reference|mp0-medium] [--channels C] [--sizes 10,16] [--steps 10]
+                            [--cores 1,2] [--dtypes float32,float64] [--no-torch] [--json PATH]
 
-The model is the reference architecture of the tests (``tests/data/mace``): ``ScaleShiftMACE``,
-elements H, C, O, two ``RealAgnosticResidualInteractionBlock`` layers, hidden irreps
-``16x0e + 16x1o``, ``max_ell`` 3, correlation 3, cutoff 5 Å. With torch and mace-torch installed
-the benchmark builds it in mace-torch (seeded random weights) and converts it with
-``MACE.from_torch``, so both sides run the same weights; without them it runs jaxdd alone on
-``tests/data/mace/trained.npz`` and says so.
+``--model reference`` (the default) is the reference architecture of the tests
+(``tests/data/mace``): ``ScaleShiftMACE``, elements H, C, O, two
+``RealAgnosticResidualInteractionBlock`` layers, hidden irreps ``16x0e + 16x1o``, ``max_ell`` 3,
+correlation 3, cutoff 5 Å. ``--model mp0-medium`` is MACE-MP-0 medium's size: hidden irreps
+``128x0e + 128x1o`` (``--channels`` changes the 128, e.g. for a quick check), ``max_ell`` 3,
+correlation 3, 2 interactions, cutoff 6 Å, 8 Bessel functions, radial MLP [64, 64, 64], readout
+MLP ``16x0e``, elements H, C, O (those of the system; MP-0 knows 89, which changes only the
+per-element weight tables). With torch and mace-torch installed the benchmark builds the model
+in mace-torch (seeded random weights) and converts it with ``MACE.from_torch``, so both sides run
+the same weights; without them jaxdd runs alone (the reference architecture on
+``tests/data/mace/trained.npz``, the MP-0 size natively built) and says so.
+
+The full MP-0-medium comparison (4,096 atoms on one core takes a while; run on a quiet
+machine)::
+
+    python bench/mace_md.py --model mp0-medium --sizes 10,16 --cores 1 --steps 10 --json mace_mp0.json
 
 The system: ``n³`` atoms of random H/C/O on a jittered simple-cubic lattice of spacing 2.15 Å
 (0.1 atoms/Å³, about 50 neighbours within 5 Å), periodic: ``--sizes 10,16`` gives 1,000 and
@@ -67,24 +77,55 @@ def system(n: int, seed: int = 0):
     return atoms
 
 
-def torch_model(dtype: str):
+MODELS = ("reference", "mp0-medium")
+
+
+def mp0_settings(channels: int) -> dict:
+    """MACE-MP-0 medium's architecture (``channels`` per irrep; 128 in the release), in jaxdd's terms."""
+    return dict(species=(1, 6, 8), r_max=6.0, num_bessel=8, num_polynomial_cutoff=5, max_ell=3,
+                hidden_irreps=f"{channels}x0e + {channels}x1o", mlp_irreps="16x0e", num_interactions=2,
+                correlation=3, radial_mlp=(64, 64, 64), avg_num_neighbors=60.0,
+                atomic_energies=(-1.1, -8.2, -4.9), scale=1.0, shift=0.0)
+
+
+def torch_model(dtype: str, model: str = "reference", channels: int = 128):
     """The mace-torch model (seeded), in ``dtype``."""
     os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    import numpy as np
     import torch
 
     sys.path.insert(0, str(DATA))
     import make_reference
 
     torch.set_default_dtype(torch.float64)
-    model = make_reference.build_model("RealAgnosticResidualInteractionBlock", 1)
-    return model.to(getattr(torch, dtype))
+    if model == "reference":
+        built = make_reference.build_model("RealAgnosticResidualInteractionBlock", 1)
+    else:
+        from e3nn import o3
+        from mace import modules
+
+        torch.manual_seed(1)
+        c = mp0_settings(channels)
+        residual = modules.RealAgnosticResidualInteractionBlock
+        built = modules.ScaleShiftMACE(
+            r_max=c["r_max"], num_bessel=c["num_bessel"], num_polynomial_cutoff=c["num_polynomial_cutoff"],
+            max_ell=c["max_ell"], interaction_cls=residual, interaction_cls_first=residual,
+            num_interactions=c["num_interactions"], num_elements=len(c["species"]),
+            hidden_irreps=o3.Irreps(c["hidden_irreps"]), MLP_irreps=o3.Irreps(c["mlp_irreps"]),
+            atomic_energies=np.asarray(c["atomic_energies"]), avg_num_neighbors=c["avg_num_neighbors"],
+            atomic_numbers=list(c["species"]), correlation=c["correlation"], gate=torch.nn.functional.silu,
+            atomic_inter_scale=c["scale"], atomic_inter_shift=c["shift"], radial_MLP=list(c["radial_mlp"]))
+    return built.to(getattr(torch, dtype))
 
 
-def jaxdd_model(dtype: str, with_torch: bool):
+def jaxdd_model(dtype: str, with_torch: bool, model: str = "reference", channels: int = 128):
     from jaxdd.models.mace import MACE
 
-    source = torch_model("float64") if with_torch else DATA / "trained.npz"
-    return MACE.from_torch(source, skin=SKIN, dtype=dtype)
+    if with_torch:
+        return MACE.from_torch(torch_model("float64", model, channels), skin=SKIN, dtype=dtype)
+    if model == "reference":
+        return MACE.from_torch(DATA / "trained.npz", skin=SKIN, dtype=dtype)
+    return MACE(**mp0_settings(channels), skin=SKIN, dtype=dtype, seed=1)
 
 
 def _memory_kb(field: str) -> float:
@@ -107,7 +148,8 @@ def _start_peak() -> float:
     return _memory_kb("VmRSS")
 
 
-def run_jaxdd(n: int, cores: int, dtype: str, steps: int, with_torch: bool) -> dict:
+def run_jaxdd(n: int, cores: int, dtype: str, steps: int, with_torch: bool, model: str = "reference",
+              channels: int = 128) -> dict:
     import jax
 
     jax.config.update("jax_enable_x64", True)
@@ -120,7 +162,7 @@ def run_jaxdd(n: int, cores: int, dtype: str, steps: int, with_torch: bool) -> d
     from jaxdd.dynamics import DomainParallel, VelocityVerlet
 
     atoms = system(n)
-    model = jaxdd_model(dtype, with_torch)
+    model = jaxdd_model(dtype, with_torch, model, channels)
     data = jaxdd.AtomicData.from_ase(atoms, dtype=np.dtype(dtype))
     data = data.replace(velocities=jax.numpy.asarray(atoms.get_velocities(), dtype))
     dm = DistributedModel(model, DomainConfig(model.model_config.neighbor_config.cutoff, skin=SKIN,
@@ -152,21 +194,23 @@ def _mace_batch(atoms, z_table, r_max, dtype):
     return {k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in batch.items()}
 
 
-def run_torch(n: int, cores: int, dtype: str, steps: int, side: str) -> dict:
+def run_torch(n: int, cores: int, dtype: str, steps: int, side: str, model: str = "reference",
+              channels: int = 128) -> dict:
     os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     import torch
     from ase.units import fs
 
     torch.set_num_threads(cores)
     atoms = system(n)
-    model = torch_model(dtype)
+    name = model
+    model = torch_model(dtype, name, channels)
     if side == "torch-ase":
         from ase.md.verlet import VelocityVerlet
         from mace.calculators import MACECalculator
 
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "bench.model"
-            torch.save(torch_model("float64"), path)
+            torch.save(torch_model("float64", name, channels), path)
             atoms.calc = MACECalculator(model_paths=str(path), device="cpu", default_dtype=dtype)
         dyn = VelocityVerlet(atoms, DT_FS * fs)
         pe_first = atoms.get_potential_energy()
@@ -216,10 +260,12 @@ def worker(spec: str) -> int:
     return 0
 
 
-def pinned(side: str, n: int, cores: int, dtype: str, steps: int, with_torch: bool) -> dict:
+def pinned(side: str, n: int, cores: int, dtype: str, steps: int, with_torch: bool, model: str = "reference",
+           channels: int = 128) -> dict:
     """One configuration in a child process bound to ``cores`` cores."""
     use = set(sorted(os.sched_getaffinity(0))[:cores])
-    spec = json.dumps(dict(side=side, n=n, cores=cores, dtype=dtype, steps=steps, with_torch=with_torch))
+    spec = json.dumps(dict(side=side, n=n, cores=cores, dtype=dtype, steps=steps, with_torch=with_torch,
+                           model=model, channels=channels))
     env = dict(os.environ, OMP_NUM_THREADS=str(cores))
     proc = subprocess.run([sys.executable, __file__, "--worker", spec], capture_output=True, text=True, env=env,
                           preexec_fn=lambda: os.sched_setaffinity(0, use))
@@ -238,10 +284,13 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=10, help="timed NVE steps per run (default 10)")
     p.add_argument("--cores", default="1,2", help="comma-separated core counts (default 1,2)")
     p.add_argument("--dtypes", default="float32,float64", help="comma-separated dtypes (default both)")
+    p.add_argument("--model", default="reference", choices=MODELS,
+                   help="reference (the tests' 16-channel architecture, default) or mp0-medium (MACE-MP-0 medium's size)")
+    p.add_argument("--channels", type=int, default=128, help="channels per irrep of mp0-medium (default 128)")
     p.add_argument("--no-torch", action="store_true", help="run jaxdd only")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures as JSON")
     args = p.parse_args(argv)
-    check_args(p, args, positive=("steps",), choices={"dtypes": ("float32", "float64")})
+    check_args(p, args, positive=("steps", "channels"), choices={"dtypes": ("float32", "float64")})
     for name in ("sizes", "cores"):
         try:
             values = tuple(int(v) for v in getattr(args, name).split(",") if v.strip())
@@ -277,8 +326,9 @@ def main(argv=None) -> int:
     with_torch = HAVE_TORCH and not args.no_torch
     notes = []
     if not with_torch:
+        what = "tests/data/mace/trained.npz" if args.model == "reference" else "a natively built model"
         notes.append("mace-torch not run (" + ("--no-torch" if args.no_torch else "torch and mace-torch are not "
-                     "installed: pip install torch==2.13.0 mace-torch") + "); jaxdd runs tests/data/mace/trained.npz")
+                     "installed: pip install torch==2.13.0 mace-torch") + f"); jaxdd runs {what}")
     sides = SIDES if with_torch else SIDES[:1]
     rows = []
     for n in args.sizes:
@@ -286,7 +336,7 @@ def main(argv=None) -> int:
             for dtype in args.dtypes:
                 group = []
                 for side in sides:
-                    row = pinned(side, n, cores, dtype, args.steps, with_torch)
+                    row = pinned(side, n, cores, dtype, args.steps, with_torch, args.model, args.channels)
                     print(f"{side:10s} {row['n_atoms']:6d} atoms {cores} core(s) {dtype}: "
                           f"{row['atom_steps_per_second']:,.0f} atom-steps/s", flush=True)
                     group.append(row)
@@ -294,7 +344,9 @@ def main(argv=None) -> int:
                 for r in group:
                     r["ratio"] = r["atom_steps_per_second"] / torch_best if (torch_best and r["side"] == "jaxdd") else None
                 rows += group
-    print(f"\nMACE NVE ({args.steps} steps, dt {DT_FS} fs, T0 {T0:.0f} K), H/C/O at 0.1 atoms/Å³, cutoff 5 Å; "
+    size = "the tests' architecture, cutoff 5 Å" if args.model == "reference" else \
+        f"MP-0 medium size ({args.channels}x0e + {args.channels}x1o, cutoff 6 Å)"
+    print(f"\nMACE NVE ({args.steps} steps, dt {DT_FS} fs, T0 {T0:.0f} K), H/C/O at 0.1 atoms/Å³, {size}; "
           f"ratio: jaxdd over the faster mace-torch path, same cores and dtype")
     print(format_table(rows, notes))
     one = [r["ratio"] for r in rows if r["side"] == "jaxdd" and r["cores"] == 1 and r["ratio"] is not None]
@@ -304,7 +356,8 @@ def main(argv=None) -> int:
     if args.json is not None:
         from timing import write_record
 
-        write_record(args.json, dict(benchmark="mace_md", steps=args.steps, results=rows, notes=notes))
+        write_record(args.json, dict(benchmark="mace_md", model=args.model, channels=args.channels, steps=args.steps,
+                                     results=rows, notes=notes))
     return 0
 
 
