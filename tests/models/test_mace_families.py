@@ -5,7 +5,8 @@ interaction blocks, several heads, the Gaussian and Chebyshev bases, ``edge_irre
 
 The references are reduced-width mace-torch models of each family and their energies, forces
 and stress (every head) on the systems of ``reference.npz`` and on a cell with close pairs
-(``tests/data/mace/make_reference.py families``; read here without torch).
+(``tests/data/mace/make_reference.py families``; read here without torch). ``old036`` is a file
+pickled by mace-torch 0.3.6, read by the current mace-torch, against 0.3.6's own numbers.
 """
 
 import functools
@@ -30,7 +31,7 @@ DATA = pathlib.Path(__file__).parents[1] / "data" / "mace"
 # (file, head) of every model the references hold; head None: a model with one head.
 MODELS = [("mp0b3", None), ("mpa0", None), ("twohead", "pt_head"), ("twohead", "default"),
           ("options", "pt_head"), ("options", "default"), ("chebyshev", None), ("mh", "pt_head"),
-          ("mh", "default")]
+          ("mh", "default"), ("old036", None)]
 SYSTEMS = ("close", "cubic", "triclinic", "slab", "batch", "molecule", "isolated")
 HAVE_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("mace") is not None
 
@@ -135,6 +136,8 @@ def test_the_configuration_of_each_family_is_read():
     assert (options.radial_type, options.distance_transform, options.apply_cutoff) == ("gaussian", "Soft", False)
     assert options.readout == "NonLinearBiasReadoutBlock"
     assert options.edge_irreps == ((2, 0, 1), (2, 1, -1)) and options.use_edge_irreps_first
+    old = converted("old036", None)
+    assert (old.pair_repulsion, old.distance_transform, old.radial_type) == (True, "Agnesi", "bessel")
     head = converted("twohead", "default")
     np.testing.assert_allclose(head.params["atomic_energies"], [-1.0, -3.0, -5.0])
     assert (float(head.params["scale"]), float(head.params["shift"])) == (0.9, 0.1)

@@ -37,6 +37,10 @@ constants included), so that each file stays near 50 kB:
   length;
 * ``mh.npz``: MACE-MH-like: ``RealAgnosticResidualNonLinearInteractionBlock`` and
   ``NonLinearBiasReadoutBlock``, two heads, ZBL and the Agnesi transform;
+* ``old036.npz``: a ``.model`` file pickled by mace-torch 0.3.6 (a MACE-MP-0b-like model:
+  residual blocks, ZBL, the Agnesi transform), read by the current mace-torch and exported; the
+  script installs 0.3.6 in a scratch virtual environment (``$MACE_OLD_VENV``, default
+  ``/tmp/mace-torch-0.3.6``) and takes its references from 0.3.6 itself;
 * ``families.npz``: their energies, forces and stress (every head) on the systems of
   ``reference.npz`` and on ``close``: a periodic cell with pairs at 0.7 to 1.1 Å, where ZBL and
   the distance transforms matter.
@@ -249,8 +253,79 @@ def stored_systems():
     return out
 
 
+OLD_RELEASE = "0.3.6"
+
+
+def build_old_model():
+    """The model of ``old036.npz``, built with the arguments mace-torch 0.3.6 knows."""
+    from e3nn import o3
+    from mace import modules
+
+    torch.manual_seed(17)
+    residual = modules.RealAgnosticResidualInteractionBlock
+    model = modules.ScaleShiftMACE(
+        r_max=R_MAX, num_bessel=8, num_polynomial_cutoff=5, max_ell=3, interaction_cls=residual,
+        interaction_cls_first=residual, num_interactions=2, num_elements=3, hidden_irreps=o3.Irreps("4x0e + 4x1o"),
+        MLP_irreps=o3.Irreps("4x0e"), atomic_energies=np.array([-1.2, -3.4, -5.6]), avg_num_neighbors=12.0,
+        atomic_numbers=SPECIES, correlation=3, gate=torch.nn.functional.silu, radial_MLP=[8, 8],
+        pair_repulsion=True, distance_transform="Agnesi", atomic_inter_scale=1.3, atomic_inter_shift=-0.2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def write_old(folder):
+    """Under the old release: save ``old.model`` and its numbers on the systems in
+    ``folder/systems.npz`` to ``folder/old_reference.npz``."""
+    folder = pathlib.Path(folder)
+    torch.set_default_dtype(torch.float64)
+    model = build_old_model()
+    torch.save(model, folder / "old.model")
+    with np.load(folder / "systems.npz") as f:
+        stored = {k: f[k] for k in f.files}
+    out = {}
+    for name in sorted({k.split("/")[0] for k in stored}):
+        group, k = [], 0
+        while f"{name}/{k}/numbers" in stored:
+            p = f"{name}/{k}/"
+            group.append(Atoms(numbers=stored[p + "numbers"], positions=stored[p + "positions"],
+                               cell=stored[p + "cell"], pbc=stored[p + "pbc"]))
+            k += 1
+        e, f_, s = evaluate(model, group)
+        out[f"{name}/energy"], out[f"{name}/forces"], out[f"{name}/stress"] = e, f_, s
+    np.savez(folder / "old_reference.npz", **out)
+
+
+def old_release(systems):
+    """Write ``old036.npz`` (a file pickled by mace-torch 0.3.6, exported by this mace-torch) and
+    return 0.3.6's own energies, forces and stress on ``systems`` as ``old036/...`` entries."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from jaxdd.models.mace import export_torch
+
+    venv = pathlib.Path(os.environ.get("MACE_OLD_VENV", f"/tmp/mace-torch-{OLD_RELEASE}"))
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        # The torch already installed here (a local CPU build), not whatever pip would pick.
+        subprocess.run([str(python), "-m", "pip", "install", "-q", f"torch=={torch.__version__.split('+')[0]}",
+                        f"mace-torch=={OLD_RELEASE}"], check=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        flat = {f"{name}/{k}/{key}": value for name, group in systems.items() for k, a in enumerate(group)
+                for key, value in (("numbers", a.numbers), ("positions", a.positions), ("cell", a.cell.array),
+                                   ("pbc", a.pbc))}
+        np.savez(pathlib.Path(tmp) / "systems.npz", **flat)
+        subprocess.run([str(python), __file__, "_old", tmp], check=True)
+        export_torch(pathlib.Path(tmp) / "old.model", HERE / "old036.npz")
+        with np.load(pathlib.Path(tmp) / "old_reference.npz") as f:
+            return {f"old036/{k}": f[k] for k in f.files}
+
+
 def families():
-    """Write the family models and ``families.npz``."""
+    """Write the family models, ``old036.npz`` and ``families.npz``."""
     from jaxdd.models.mace import export_torch
 
     systems = stored_systems()
@@ -267,13 +342,17 @@ def families():
             for name, group in systems.items():
                 e, f, s = evaluate(model, group, h)
                 out[f"{key}/{name}/energy"], out[f"{key}/{name}/forces"], out[f"{key}/{name}/stress"] = e, f, s
+    out.update(old_release(systems))
     np.savez_compressed(HERE / "families.npz", **out)
-    print("wrote", [f"{m}.npz" for m in FAMILY_SEEDS], "families.npz")
+    print("wrote", [f"{m}.npz" for m in FAMILY_SEEDS], "old036.npz families.npz")
 
 
 def main():
     import sys
 
+    if sys.argv[1:2] == ["_old"]:  # under the old release, from old_release(): no jaxdd there
+        write_old(sys.argv[2])
+        return
     sys.path.insert(0, str(HERE.parents[2]))
     from jaxdd.models.mace import export_torch
 
