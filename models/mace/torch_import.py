@@ -198,7 +198,8 @@ def _check_variant(m):
         if getattr(m, flag, False):
             _refuse("the option", f"{flag}=True")
     for product in m.products:
-        if type(product.symmetric_contractions).__name__ != "SymmetricContraction":
+        sc = type(product.symmetric_contractions)
+        if sc.__name__ != "SymmetricContraction" or not sc.__module__.startswith("mace."):
             _refuse("the product basis", type(product.symmetric_contractions).__name__,
                     "convert cuequivariance models back to e3nn layers first (mace's mace.cli.convert_cueq_e3nn)")
     n = len(m.readouts)
@@ -242,7 +243,42 @@ def _gate_constants(m):
     return [float(f(z).pow(2).mean().pow(-0.5)) for f in (torch.nn.functional.silu, torch.sigmoid)]
 
 
+def _enabled(config) -> bool:
+    return bool(config is not None and getattr(config, "enabled", True))
+
+
+def _to_e3nn_layout(m):
+    """``m`` itself, or a copy in e3nn layout when it was built for cuEquivariance or
+    OpenEquivariance (mace's own ``convert_cueq_e3nn`` / ``convert_oeq_e3nn``)."""
+    import torch
+
+    blocks = list(m.interactions) + list(m.products)
+    cueq = any(_enabled(getattr(b, "cueq_config", None)) for b in blocks)
+    oeq = any(_enabled(getattr(b, "oeq_config", None)) for b in blocks)
+    if not (cueq or oeq):
+        return m
+    kind = "cuEquivariance" if cueq else "OpenEquivariance"
+    default = torch.get_default_dtype()  # mace's converters set it to the model's
+    try:
+        if cueq:
+            from mace.cli.convert_cueq_e3nn import run
+        else:
+            from mace.cli.convert_oeq_e3nn import run
+        return run(m, return_model=True, device="cpu")
+    except ImportError as e:
+        raise ModuleNotFoundError(f"the mace-torch model is in {kind} layout; converting it back to e3nn layout "
+                                  f"needs {e.name!r} (pip install {'cuequivariance-torch' if cueq else 'openequivariance'}"
+                                  ")", name=e.name) from e
+    except Exception as e:
+        raise UnsupportedModel(f"the mace-torch model is in {kind} layout and mace's converter back to e3nn layout "
+                               f"failed ({_cause(e)}); convert it where it was trained (mace.cli.convert_"
+                               f"{'cueq' if cueq else 'oeq'}_e3nn) and read that file") from e
+    finally:
+        torch.set_default_dtype(default)
+
+
 def _read_object(m):
+    m = _to_e3nn_layout(m)
     _check_variant(m)
     sd = {k: v.detach().cpu().double().numpy() for k, v in m.state_dict().items()}
     n_int = int(m.num_interactions)

@@ -225,3 +225,27 @@ def test_live_family_models_reproduce_the_stored_references(family):
     np.testing.assert_allclose(np.asarray(got["energy"]), e, rtol=1e-10)
     np.testing.assert_allclose(np.asarray(got["forces"]), f, atol=1e-9 * max(1.0, np.abs(f).max()))
     np.testing.assert_allclose(np.asarray(got["stress"]), s, atol=1e-9)
+
+
+@pytest.mark.skipif(not (HAVE_TORCH and importlib.util.find_spec("cuequivariance_torch") is not None),
+                    reason="torch, mace-torch and cuequivariance-torch are not installed: live comparison skipped")
+def test_live_a_model_in_cuequivariance_layout_is_converted_back():
+    import os
+    import sys
+
+    os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    import torch
+    from mace.cli.convert_e3nn_cueq import run as to_cueq
+
+    sys.path.insert(0, str(DATA))
+    import make_reference
+
+    torch.set_default_dtype(torch.float64)
+    model = to_cueq(make_reference.build_family("mpa0"), return_model=True, device="cpu")
+    assert model.interactions[0].cueq_config.enabled
+    e, f, s = make_reference.evaluate(model, systems("close"))
+    got = jaxdd.compute(MACE.from_torch(model), jaxdd.Batch.from_ase(systems("close")), ("energy", "forces", "stress"))
+    np.testing.assert_allclose(np.asarray(got["energy"]), e, rtol=1e-10)
+    np.testing.assert_allclose(np.asarray(got["forces"]), f, atol=1e-9 * max(1.0, np.abs(f).max()))
+    np.testing.assert_allclose(np.asarray(got["stress"]), s, atol=1e-9)
+    assert torch.get_default_dtype() == torch.float64

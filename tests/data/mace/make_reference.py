@@ -64,6 +64,10 @@ from ase.calculators.morse import MorsePotential
 from ase.neighborlist import primitive_neighbor_list
 
 HERE = pathlib.Path(__file__).resolve().parent
+# mace-torch takes its product bases from cuequivariance when that is installed (and the option
+# is on): other bases, so other models from the same seed. Off, every environment builds the
+# models the stored references were made with.
+REDUCED_CG = False
 SPECIES = [1, 6, 8]
 R_MAX = 5.0
 
@@ -80,7 +84,7 @@ def build_model(interaction: str, seed: int):
         hidden_irreps=o3.Irreps("16x0e + 16x1o"), MLP_irreps=o3.Irreps("16x0e"),
         atomic_energies=np.array([-1.2, -3.4, -5.6]), avg_num_neighbors=12.0, atomic_numbers=SPECIES,
         correlation=3, gate=torch.nn.functional.silu, atomic_inter_scale=1.3, atomic_inter_shift=-0.2,
-        radial_MLP=[32, 32, 32],
+        radial_MLP=[32, 32, 32], use_reduced_cg=REDUCED_CG,
     )
 
 
@@ -193,7 +197,7 @@ def build_family(name: str):
                   hidden_irreps=o3.Irreps("4x0e + 4x1o"), MLP_irreps=o3.Irreps("4x0e"),
                   atomic_energies=np.array([-1.2, -3.4, -5.6]), avg_num_neighbors=12.0, atomic_numbers=SPECIES,
                   correlation=3, gate=torch.nn.functional.silu, radial_MLP=[8, 8],
-                  atomic_inter_scale=1.3, atomic_inter_shift=-0.2)
+                  atomic_inter_scale=1.3, atomic_inter_shift=-0.2, use_reduced_cg=REDUCED_CG)
     two_e0 = np.array([[-1.2, -3.4, -5.6], [-1.0, -3.0, -5.0]])
     if name == "mp0b3":
         kwargs.update(pair_repulsion=True, hidden_irreps=o3.Irreps("4x0e + 4x1o + 4x2e"), max_ell=2)
