@@ -250,13 +250,13 @@ def _enabled(config) -> bool:
 def _to_e3nn_layout(m):
     """``m`` itself, or a copy in e3nn layout when it was built for cuEquivariance or
     OpenEquivariance (mace's own ``convert_cueq_e3nn`` / ``convert_oeq_e3nn``)."""
-    import torch
-
     blocks = list(m.interactions) + list(m.products)
     cueq = any(_enabled(getattr(b, "cueq_config", None)) for b in blocks)
     oeq = any(_enabled(getattr(b, "oeq_config", None)) for b in blocks)
     if not (cueq or oeq):
         return m
+    import torch
+
     kind = "cuEquivariance" if cueq else "OpenEquivariance"
     default = torch.get_default_dtype()  # mace's converters set it to the model's
     try:
@@ -278,6 +278,8 @@ def _to_e3nn_layout(m):
 
 
 def _read_object(m):
+    if type(m).__name__ not in _SUPPORTED:
+        _refuse("the model class", type(m).__name__, f"supported: {sorted(_SUPPORTED)}")
     m = _to_e3nn_layout(m)
     _check_variant(m)
     sd = {k: v.detach().cpu().double().numpy() for k, v in m.state_dict().items()}

@@ -9,7 +9,6 @@ needed only where torch itself must judge a file (skipped without it).
 from __future__ import annotations
 
 import importlib.util
-import json
 import pathlib
 import re
 import zipfile
@@ -173,3 +172,27 @@ def test_an_export_under_another_name_loads_as_the_export(tmp_path):
     got, want = MACE.from_torch(path), MACE.from_torch(EXPORT)
     np.testing.assert_array_equal(got.params["embedding"], want.params["embedding"])
     assert got.hidden_irreps == want.hidden_irreps
+
+
+# ----------------------------------------------------------------------------- architecture options
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(radial_type="spline"), r"radial_type must be one of \('bessel', 'gaussian', 'chebyshev'\)"),
+    (dict(radial_type="gaussian", num_bessel=1), "gaussian' needs num_bessel >= 2"),
+    (dict(distance_transform="agnesi"), r"distance_transform must be None or one of \('Agnesi', 'Soft'\)"),
+    (dict(readout="LinearReadoutBlock"), "readout must be one of"),
+    (dict(pair_repulsion="yes"), "pair_repulsion must be True or False"),
+    (dict(apply_cutoff=1), "apply_cutoff must be True or False"),
+    (dict(edge_irreps="4x1o"), "edge_irreps must start with scalars 0e"),
+    (dict(interaction="RealAgnosticAttResidualInteractionBlock"), "RealAgnosticAttResidualInteractionBlock"),
+])
+def test_a_bad_architecture_option_is_refused_naming_it(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MACE((1, 6, 8), 4.0, **kwargs)
+
+
+def test_a_head_given_for_a_single_head_model_must_be_its_own():
+    # A single-head model's head is mace-torch's "Default"; any other name is a mistake.
+    with pytest.raises(ValueError, match=r"'pbe' is not a head of this model; its heads are \['Default'\]"):
+        MACE.from_torch(EXPORT, head="pbe")

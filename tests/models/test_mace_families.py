@@ -249,3 +249,23 @@ def test_live_a_model_in_cuequivariance_layout_is_converted_back():
     np.testing.assert_allclose(np.asarray(got["forces"]), f, atol=1e-9 * max(1.0, np.abs(f).max()))
     np.testing.assert_allclose(np.asarray(got["stress"]), s, atol=1e-9)
     assert torch.get_default_dtype() == torch.float64
+
+
+@pytest.mark.slow
+def test_a_native_model_with_every_option_is_invariant_under_rotation():
+    """Built in JAX (no mace-torch): non-linear blocks, ZBL, Soft transform, Gaussian basis,
+    no cutoff on the basis, edge irreps, the biased readout."""
+    model = MACE((1, 6, 8), 4.0, hidden_irreps="4x0e + 4x1o", mlp_irreps="4x0e", radial_mlp=(8,), correlation=2,
+                 interaction="RealAgnosticResidualNonLinearInteractionBlock", pair_repulsion=True,
+                 distance_transform="Soft", radial_type="gaussian", apply_cutoff=False, edge_irreps="2x0e + 2x1o",
+                 use_edge_irreps_first=True, readout="NonLinearBiasReadoutBlock", seed=2)
+    mol = systems("close")[0]
+    q, r = np.linalg.qr(np.random.default_rng(0).normal(size=(3, 3)))
+    q = q * np.sign(np.diag(r)) * np.sign(np.linalg.det(q * np.sign(np.diag(r))))
+    turned = mol.copy()
+    turned.set_cell(mol.cell.array @ q.T, scale_atoms=True)
+    a = jaxdd.compute(model, jaxdd.AtomicData.from_ase(mol), ("energy", "forces"))
+    b = jaxdd.compute(model, jaxdd.AtomicData.from_ase(turned), ("energy", "forces"))
+    np.testing.assert_allclose(b["energy"], a["energy"], rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(b["forces"]), np.asarray(a["forces"]) @ q.T, atol=1e-9)
+    assert np.abs(np.asarray(a["forces"])).max() > 1e-3
