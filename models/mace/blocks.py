@@ -98,7 +98,7 @@ class Layer:
           attrs: ``[n, n_species]`` one-hot elements.
           kind: ``[n]`` element row of each node.
           n_species: the number of elements.
-          edges: ``senders``, ``receivers`` ``[E]``, ``sh`` ``[E, (l+1)²]``, ``feats`` ``[E,
+          edges: ``senders``, ``receivers``, ``inside`` ``[E]``, ``sh`` ``[E, (l+1)²]``, ``feats`` ``[E,
             num_bessel]`` (radial basis), ``cutoff`` ``[E]`` or None (applied to the weights
             here when the basis is not enveloped).
           model: the MACE (its activation constants and ``avg_num_neighbors``).

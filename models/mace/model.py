@@ -344,8 +344,9 @@ def _default_edge_params(model, r_max):
 
 
 def _edge_features(model, params, positions, cell, batch_idx, neighbors, kind):
-    """Per edge: ``senders``, ``receivers``, harmonics ``sh``, radial basis ``feats`` (enveloped
-    unless ``apply_cutoff`` is off, when ``cutoff`` carries the envelope) and ``zbl`` energies."""
+    """Per edge: ``senders``, ``receivers``, ``inside`` (a real edge within the cutoff), harmonics
+    ``sh``, radial basis ``feats`` (enveloped unless ``apply_cutoff`` is off, when ``cutoff``
+    carries the envelope) and ``zbl`` energies."""
     dt = positions.dtype
     rc = model.model_config.neighbor_config.cutoff
     senders, receivers = neighbors.senders, neighbors.receivers
@@ -373,7 +374,7 @@ def _edge_features(model, params, positions, cell, batch_idx, neighbors, kind):
         basis = rad.gaussian(x, params["gaussian_weights"], rc)
     else:
         basis = rad.chebyshev(x, model.num_bessel)
-    out = {"senders": senders, "receivers": receivers, "sh": sh}
+    out = {"senders": senders, "receivers": receivers, "sh": sh, "inside": inside}
     if model.apply_cutoff:
         out.update(feats=basis * cutoff[:, None], cutoff=None)
     else:

@@ -128,8 +128,11 @@ class NonLinearInteraction:
         source = self.embedding(p["source_embedding"], attrs)
         target = self.embedding(p["target_embedding"], attrs)
         e = jnp.concatenate([edges["feats"], source[senders], target[receivers]], axis=-1)
-        weights = mlp_with_layer_norm(p["radial_net"], e)
-        edge_density = jnp.tanh(mlp_with_layer_norm(p["density_net"], e)[:, 0] ** 2)
+        # The networks have biases and read the element embeddings: an edge beyond the cutoff
+        # (padding, or within the neighbour list's skin) would weigh in unless masked.
+        inside = edges["inside"]
+        weights = jnp.where(inside[:, None], mlp_with_layer_norm(p["radial_net"], e), 0.0)
+        edge_density = jnp.where(inside, jnp.tanh(mlp_with_layer_norm(p["density_net"], e)[:, 0] ** 2), 0.0)
         if cutoff is not None:
             weights = weights * cutoff[:, None]
             edge_density = edge_density * cutoff

@@ -269,3 +269,16 @@ def test_a_native_model_with_every_option_is_invariant_under_rotation():
     np.testing.assert_allclose(b["energy"], a["energy"], rtol=1e-12)
     np.testing.assert_allclose(np.asarray(b["forces"]), np.asarray(a["forces"]) @ q.T, atol=1e-9)
     assert np.abs(np.asarray(a["forces"])).max() > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [("mh", "default"), ("options", "default"), ("mpa0", None)], ids=model_id)
+def test_a_neighbour_list_skin_changes_nothing(model):
+    """Pairs between r_max and r_max + skin are in the list but not in the model (the non-linear
+    block's networks have biases, so they must be masked, not merely enveloped)."""
+    skinned = MACE.from_torch(DATA / f"{model[0]}.npz", head=model[1], skin=1.0)
+    atoms = jaxdd.Batch.from_ase(systems("close"))
+    got = jaxdd.compute(skinned, atoms, ("energy", "forces"))
+    key = f"{model_id(model)}/close/"
+    np.testing.assert_allclose(np.asarray(got["energy"]), reference()[key + "energy"], rtol=1e-10, atol=0)
+    np.testing.assert_allclose(np.asarray(got["forces"]), reference()[key + "forces"], rtol=0, atol=1e-9)
