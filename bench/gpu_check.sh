@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # jaxdd on one GPU, in one go: install (offline), build the CUDA kernels, test them against
 # the jnp paths and the CPU kernels, and print one table of dynamics figures
-# (bench/gpu_table.py). Meant for a GPU machine with a CUDA jax already installed and no
+# (bench/gpu_table.py) and, for jaxdd's rows, where a step's time goes (bench/profile_table.py;
+# the traces stay in the --out folder's profile/, for TensorBoard or Perfetto). Meant for a GPU machine with a CUDA jax already installed and no
 # network (about 8 minutes on an H200); see docs/gpu.md.
 #
 #   bench/gpu_check.sh [--smoke] [--out DIR] [-- GPU_TABLE_ARGS...]
@@ -110,7 +111,9 @@ fi
 stage "dynamics table"
 budget=$(( $(left) - 45 ))
 (( budget > 30 )) || budget=30
-args=(--budget "$budget" --json "$OUT_DIR/gpu_table.json" "${TABLE_ARGS[@]}")
+# Each jaxdd LJ and MLIP row also traces a few steps: the table ends with where their time goes.
+rm -rf "$OUT_DIR/profile"
+args=(--budget "$budget" --json "$OUT_DIR/gpu_table.json" --profile "$OUT_DIR/profile" "${TABLE_ARGS[@]}")
 [[ $SMOKE == 1 ]] && args+=(--smoke)
 rm -f "$OUT_DIR/gpu_table.json"  # written after every row: none left from an earlier run
 timeout $(( budget + 40 )) "$PY" bench/gpu_table.py "${args[@]}" 2>"$OUT_DIR/table.err" | tee "$OUT_DIR/gpu_table.txt"

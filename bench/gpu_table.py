@@ -1,7 +1,7 @@
 """The figures of bench/gpu_check.sh: LJ and MLIP dynamics on one device, jax-md beside them.
 
     python bench/gpu_table.py [--smoke] [--budget SECONDS] [--json PATH] [--sections lj,mlip,...]
-                              [--lj-cells 20,63,126]
+                              [--lj-cells 20,63,126] [--profile DIR]
     python bench/gpu_table.py --show PATH.json     # the table of a run, one stopped in a row too
 
 On the device JAX picks (a GPU where there is one), one table:
@@ -17,7 +17,10 @@ On the device JAX picks (a GPU where there is one), one table:
   ``DomainParallel`` on 32,768 atoms, float32, and the largest system of a doubling
   series that fits in the device's memory;
 - jax-md's NequIP in its own loop against the same network under jaxdd (bench/mlip_md.py's
-  runs) on 8,000 atoms of diamond Si.
+  runs) on 8,000 atoms of diamond Si;
+- with ``--profile DIR``, where each jaxdd LJ and MLIP row's step spends its time: neighbour
+  search and sort, rebuilds, the model or pair kernel, the halo, the integrator, other XLA ops,
+  host and gaps (a trace of a few more steps, bench/profile_table.py).
 
 Every row is timed after a warm-up run of the same length (compilation, capacity growth).
 A row that fails prints its error in the table instead of stopping it, and rows past
@@ -46,6 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import md_lj  # noqa: E402
+import profile_table  # noqa: E402
 import timing  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12  # H200
@@ -77,13 +81,13 @@ def _oom(err: BaseException) -> bool:
 # ---------------------------------------------------------------------------- rows
 
 
-def lj_jaxdd(n_cells: int, dtype: str, path: str, steps: int) -> dict:
-    r = md_lj.bench_jaxdd(1, dtype, n_cells, steps, path)
+def lj_jaxdd(n_cells: int, dtype: str, path: str, steps: int, profile=None) -> dict:
+    r = md_lj.bench_jaxdd(1, dtype, n_cells, steps, path, profile=profile)
     floor = lj_floor_bytes(r["n_atoms"], dtype) / HBM_BYTES_PER_S
     return dict(atoms=r["n_atoms"], steps=r["steps"], seconds=r["seconds"],
                 compile_s=r["warmup_seconds"] - r["seconds"],
                 note=f"{r['rebuilds']} rebuilds, PE/N step 0 {r['pe_per_atom_first']:.6f}",
-                floor_ratio=(r["seconds"] / r["steps"]) / floor)
+                floor_ratio=(r["seconds"] / r["steps"]) / floor, **({"profile": r["profile"]} if profile else {}))
 
 
 def lj_jax_md(n_cells: int, dtype: str, steps: int) -> dict:
@@ -126,8 +130,9 @@ def _mlip(name: str, dtype: str):
     return kind(species=(1, 6, 8), cutoff=5.0, dtype=np.dtype(dtype))
 
 
-def mlip_jaxdd(name: str, n: int, steps: int, dtype: str = "float32") -> dict:
-    """A zoo model under DomainParallel on n³ atoms of bench/mace_md.py's H/C/O system."""
+def mlip_jaxdd(name: str, n: int, steps: int, dtype: str = "float32", profile=None) -> dict:
+    """A zoo model under DomainParallel on n³ atoms of bench/mace_md.py's H/C/O system;
+    ``profile``: None, or (trace folder, HLO dump folder, steps) to trace after the timed run."""
     import mace_md
     from ase.units import fs
 
@@ -144,10 +149,15 @@ def mlip_jaxdd(name: str, n: int, steps: int, dtype: str = "float32") -> dict:
     t0 = time.perf_counter()
     md.run(md.init(data), steps)
     warmup = time.perf_counter() - t0
-    md.run(md.init(data), steps)
+    state = md.run(md.init(data), steps)
     stats = md.last_run
+    extra = {}
+    if profile is not None:
+        trace_dir, hlo_dir, profile_steps = profile
+        extra["profile"] = profile_table.record(lambda: md.run(state, profile_steps).arrays["positions"], trace_dir,
+                                                hlo_dir, profile_steps)
     return dict(atoms=len(atoms), steps=steps, seconds=stats.seconds, compile_s=warmup - stats.seconds,
-                note=f"{stats.rebuilds} rebuilds")
+                note=f"{stats.rebuilds} rebuilds", **extra)
 
 
 def largest_fit(name: str, sides: list[int], steps: int, deadline: float) -> dict:
@@ -186,12 +196,23 @@ SECTIONS = {"lj": "LJ melt, jaxdd", "lj-jax-md": "LJ melt, jax-md", "mlip": "MLI
             "nequip-pair": "NequIP, jax-md vs jaxdd", "largest": "largest fit"}
 #: jaxdd's LJ melt sizes (fcc cells a side: 4 n³ atoms) and steps a run.
 LJ_STEPS = {20: 100, 63: 50, 126: 20}
+#: Steps each profiled row traces after its timed run.
+PROFILE_STEPS = 10
 
 
-def plan(smoke: bool, deadline: float, sections=tuple(SECTIONS), lj_cells=tuple(LJ_STEPS)) -> list:
+def plan(smoke: bool, deadline: float, sections=tuple(SECTIONS), lj_cells=tuple(LJ_STEPS), profile=None) -> list:
     """(section, label, thunk) in the order they run: ``sections`` in the order given, the
     most wanted first; a thunk returns its figures, or a list of (label, figures) rows. The
-    largest-fit searches stop at ``deadline`` (time.perf_counter)."""
+    largest-fit searches stop at ``deadline`` (time.perf_counter). ``profile``: None, or
+    (folder, HLO dump folder): each LJ and MLIP row of jaxdd then traces a few more steps
+    into a folder of its own there and breaks them down (bench/profile_table.py)."""
+
+    def traced(label):
+        if profile is None:
+            return None
+        folder = Path(profile[0]) / label.replace(" ", "-")
+        return (folder, profile[1], 2 if smoke else PROFILE_STEPS)
+
     if smoke:  # each code path once, at tiny sizes
         lj = [(4, 4, "float32", "fused"), (4, 4, "float64", "jnp")]
         jm = [(4, 4, "float32")]
@@ -203,12 +224,13 @@ def plan(smoke: bool, deadline: float, sections=tuple(SECTIONS), lj_cells=tuple(
     rows = {key: [] for key in SECTIONS}
     for cells, steps, dtype, path in lj:
         rows["lj"].append((SECTIONS["lj"], f"{path} {dtype}", lambda c=cells, d=dtype, p=path, s=steps:
-                           lj_jaxdd(c, d, p, s)))
+                           lj_jaxdd(c, d, p, s, traced(f"lj-{4 * c ** 3}-{p}-{d}"))))
     for cells, steps, dtype in jm:
         rows["lj-jax-md"].append((SECTIONS["lj-jax-md"], f"jax-md {dtype}",
                                   lambda c=cells, d=dtype, s=steps: lj_jax_md(c, d, s)))
     for name in ("schnet", "nequip", "mace"):
-        rows["mlip"].append((SECTIONS["mlip"], f"{name} float32", lambda m=name: mlip_jaxdd(m, mlip_n, mlip_steps)))
+        rows["mlip"].append((SECTIONS["mlip"], f"{name} float32", lambda m=name: mlip_jaxdd(
+            m, mlip_n, mlip_steps, profile=traced(f"mlip-{m}-{mlip_n ** 3}"))))
     rows["nequip-pair"].append((SECTIONS["nequip-pair"], "", lambda: nequip_pair(*nq)))
     for name in ("schnet", "nequip", "mace"):
         rows["largest"].append((SECTIONS["largest"], f"{name} float32",
@@ -216,13 +238,14 @@ def plan(smoke: bool, deadline: float, sections=tuple(SECTIONS), lj_cells=tuple(
     return [row for key in sections for row in rows[key]]
 
 
-def run(smoke: bool, budget: float, sections=tuple(SECTIONS), lj_cells=tuple(LJ_STEPS), saved=None) -> list[dict]:
+def run(smoke: bool, budget: float, sections=tuple(SECTIONS), lj_cells=tuple(LJ_STEPS), saved=None,
+        profile=None) -> list[dict]:
     """The rows' figures; ``saved(rows)`` is called after each row (a run killed in a long
-    row keeps the rows before it)."""
+    row keeps the rows before it). ``profile``: as :func:`plan` takes it."""
     start = time.perf_counter()
     deadline = start + budget
     out = []
-    for section, label, job in plan(smoke, deadline, sections, lj_cells):
+    for section, label, job in plan(smoke, deadline, sections, lj_cells, profile):
         row = dict(section=section, what=label)
         if time.perf_counter() > deadline:
             out.append(dict(row, error=f"skipped: the {budget:.0f} s budget is spent"))
@@ -242,7 +265,7 @@ def run(smoke: bool, budget: float, sections=tuple(SECTIONS), lj_cells=tuple(LJ_
                 fig["atom_steps_per_second"] = fig["atoms"] * fig["steps"] / fig["seconds"]
                 fig["ms_per_step"] = 1e3 * fig["seconds"] / fig["steps"]
             out.append(fig)
-            shown = ", ".join(f"{k}={v}" for k, v in fig.items() if k not in ("section", "what"))
+            shown = ", ".join(f"{k}={v}" for k, v in fig.items() if k not in ("section", "what", "profile"))
             print(f"{section}: {what}: {shown}", flush=True)
         if saved is not None:
             saved(out)
@@ -279,6 +302,12 @@ def format_table(rows: list[dict], device: str) -> str:
     lines.append("x HBM floor: a step's time over (positions, velocities, forces read and written once, the half "
                  f"list read once) / {HBM_BYTES_PER_S / 1e12:.1f} TB/s; compile s: warm-up run minus timed run; "
                  "peak GB so far: the device's peak since the start, up to that row")
+    profiled = [r for r in rows if r.get("profile")]
+    if profiled:
+        lines.append("\nWhere a step's time goes (bench/profile_table.py: a traced run of a few more steps, device "
+                     "time by jaxdd's named scopes)")
+        lines.extend(profile_table.format_table(r["profile"], f"{r['section']}: {r['what']}, {r['atoms']:,} atoms")
+                     for r in profiled)
     return "\n".join(lines)
 
 
@@ -291,6 +320,9 @@ def main(argv=None) -> int:
                    help="print the table of a run's JSON (one stopped in a row too) and exit")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"the sections to run, in this order (default: all, {','.join(SECTIONS)})")
+    p.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                   help="trace a few more steps of each jaxdd LJ and MLIP row into DIR and print where the time goes "
+                        "(XLA dumps the programs' HLO into DIR/hlo to name the operations)")
     p.add_argument("--lj-cells", default=",".join(map(str, LJ_STEPS)),
                    help=f"jaxdd's LJ melt sizes, fcc cells a side, of {sorted(LJ_STEPS)} (default: all; jax-md's "
                         "loop runs the two smaller)")
@@ -311,6 +343,15 @@ def main(argv=None) -> int:
         p.error(f"unknown --sections or --lj-cells entries {unknown}: sections are {list(SECTIONS)}, "
                 f"sizes {sorted(LJ_STEPS)}")
     budget = args.budget if args.budget is not None else (600.0 if args.smoke else 330.0)
+    profile = None
+    if args.profile is not None:
+        # Before JAX starts its backend, which reads XLA_FLAGS once.
+        hlo = args.profile / "hlo"
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + profile_table.dump_flags(hlo)).strip()
+        profile = (args.profile, hlo)
+        # A program taken from the persistent compilation cache is not compiled, so XLA would dump
+        # no HLO for it to name its operations by.
+        jax.config.update("jax_enable_compilation_cache", False)
     d = jax.devices()[0]
     device = f"{d.platform} ({d.device_kind}), jax {jax.__version__}"
 
@@ -319,7 +360,15 @@ def main(argv=None) -> int:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(dict(device=device, smoke=args.smoke, rows=rows), indent=1, default=str))
 
-    rows = run(args.smoke, budget, sections, lj_cells, saved)
+    rows = run(args.smoke, budget, sections, lj_cells, saved, profile)
+    if profile is not None:  # the HLO is read; XLA's LLVM IR and object files beside it are not needed
+        import shutil
+
+        for path in profile[1].glob("*"):
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif not path.name.endswith("after_optimizations.txt"):
+                path.unlink()
     print("\n" + format_table(rows, device), flush=True)
     errors = [r for r in rows if r.get("error") and not r["error"].startswith("skipped")]
     return 1 if (args.smoke and errors) else 0

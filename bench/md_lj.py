@@ -166,9 +166,11 @@ def set_device_count(n: int) -> None:
 
 
 def bench_jaxdd(n_devices: int, dtype: str, n_cells: int, steps: int, path: str = "jnp",
-                halo_skin: float = HALO_SKIN, repeats: int = 1) -> dict:
+                halo_skin: float = HALO_SKIN, repeats: int = 1, profile=None) -> dict:
     """One warm-up run and ``repeats`` timed runs of ``steps`` NVE steps on ``n_devices``
-    devices, each from the same start; the figures of the fastest."""
+    devices, each from the same start; the figures of the fastest. ``profile``: None, or
+    (trace folder, the process's HLO dump folder, steps): those steps are then traced after
+    the timed runs and broken down (bench/profile_table.py) into the result's ``profile``."""
     data = lj_melt_data(n_cells, temperature=TEMPERATURE, dtype=np.dtype(dtype))
     n_atoms = int(data.positions.shape[0])
     # The model's parameters follow the positions' dtype; its skin keeps the neighbour list
@@ -200,7 +202,14 @@ def bench_jaxdd(n_devices: int, dtype: str, n_cells: int, steps: int, path: str 
         raise RuntimeError(f"positions came out {state.arrays['positions'].dtype}, not {dtype}: the timing would be "
                            f"of the wrong precision")
     pe0 = float(first["potential_energy"][0]) / n_atoms
-    return dict(
+    extra = {}
+    if profile is not None:
+        import profile_table
+
+        trace_dir, hlo_dir, profile_steps = profile
+        extra["profile"] = profile_table.record(lambda: md.run(state, profile_steps).arrays["positions"], trace_dir,
+                                                hlo_dir, profile_steps)
+    return dict(extra,
         path=path, devices=n_devices, dtype=dtype, n_atoms=n_atoms, steps=stats.steps,
         seconds=stats.seconds, atom_steps_per_second=stats.atom_steps_per_second,
         seconds_of_each_run=[t[0].seconds for t in timed],

@@ -173,6 +173,7 @@ class HaloPlan:
 # --------------------------------------------------------------------------- exchanges
 
 
+@jax.named_scope("jaxdd.halo")  # a profile tells the exchanges apart (bench/profile_table.py)
 def halo_forward(x, layout: HaloLayout, routing: HaloRouting, axis_name, cell=None):
     """Owner rows → ghost rows. Call inside ``shard_map``.
 
@@ -241,6 +242,7 @@ def _exchange(x, axis_name, pairs):
     return jax.lax.ppermute(x, axis_name, perm=pairs)
 
 
+@jax.named_scope("jaxdd.halo")
 def halo_reverse(y, layout: HaloLayout, routing: HaloRouting, axis_name, combine: str = "add"):
     """Ghost rows → owners: each ghost row is added to its owner's row (the transpose of
     :func:`halo_forward` without lattice shifts). Call inside ``shard_map``.

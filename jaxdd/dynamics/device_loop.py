@@ -190,7 +190,8 @@ def advance(model, arrays, energy, extra, virial, fixed, step0, n, static, integ
                 return forces, per_system, w
 
             ctx = context(step0 + k)
-            new = integrator.step(state, ctx, forces_fn)
+            with jax.named_scope("jaxdd.integrate"):  # the model, list and halo inside keep their own scopes
+                new = integrator.step(state, ctx, forces_fn)
             # A model may refuse positions that drifted too far from their plan with NaN (the
             # distributed PME mesh does); a new plan fixes that.
             # The integrator's own state too: a diverging chain shows there first (conserved = inf).

@@ -124,6 +124,7 @@ def replanned(arrays, cell, system_mask, frame, cfg: ReplanConfig, mesh, fields:
     axes = cfg.axes
     layout, n_sys = cfg.layout, cfg.n_systems
 
+    @jax.named_scope("jaxdd.replan")  # a profile tells rebuilds apart (bench/profile_table.py)
     def fn(arrays, pbc, cell, system_mask, frame):
         carried = {k: v for k, v in arrays.items() if k != "reference"}
         rows, routing, held, report = rank_replan(carried, frame, cfg)

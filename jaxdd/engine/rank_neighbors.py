@@ -68,6 +68,7 @@ def half_list_order(row_ids, row_shifts):
     return row_ids, (s[:, 0] << 20) | (s[:, 1] << 10) | s[:, 2]
 
 
+@jax.named_scope("jaxdd.neighbors")  # a profile tells the search apart (bench/profile_table.py)
 def rank_neighbors(positions, local, program: RankProgram, cell=None, routing=None):
     """This rank's neighbour list over its local rows for the model's search cutoff; only owned
     rows are receivers unless the halo is deep. Under the graph-parallel strategy the search

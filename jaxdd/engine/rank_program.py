@@ -299,7 +299,8 @@ def _call_model(model, batch: Batch, runtime: Runtime, report: DispatchReport, p
     )
     with dd_scope(ctx), ctx.adapters.installed(program.spec.distribution.third_party_helpers):
         model.distributed_setup(ctx)
-        return call_model(model, batch, runtime, report)
+        with jax.named_scope("jaxdd.model"):  # a profile tells the model's ops apart (bench/profile_table.py)
+            return call_model(model, batch, runtime, report)
 
 
 def run_ranks(fn, program: RankProgram, *, model=None, ranked: tuple = (), replicated: tuple = (),

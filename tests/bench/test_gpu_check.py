@@ -46,6 +46,13 @@ def test_gpu_check_smoke_runs_every_stage_and_prints_the_table(tmp_path):
     test below)."""
     _, table = smoke(tmp_path, "--sections", "mlip")
     assert_rows(table, ("schnet float32", "nequip float32", "mace float32"))
+    # Where each row's step goes, from a trace of it: the model is the zoo models' largest part.
+    assert_rows(table, ("Where a step's time goes", "MLIP MD, jaxdd: nequip float32, 27 atoms"))
+    profiles = {r["what"]: r["profile"] for r in json.loads((tmp_path / "gpu_table.json").read_text())["rows"]}
+    for what, profile in profiles.items():
+        rows = profile["rows"]
+        assert max(rows, key=rows.get) == "model or pair kernel", (what, rows)
+        assert rows["neighbour search and sort"] > 0, (what, rows)
 
 
 @pytest.mark.slow
