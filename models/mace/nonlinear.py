@@ -46,10 +46,17 @@ def mlp_with_layer_norm(layers, x):
 
 
 def gate_irreps(target):
-    """``(irreps_in, scalars, gated, sources)`` of the gate whose output is ``target``: its input
-    is the sorted, simplified sum of the scalars, one gate scalar per gated channel, and the gated
-    irreps; ``sources[k]`` says where sorted entry ``k`` came from (``"s"``, ``"g"``, ``"x"``) and
-    its index within that group."""
+    """The input layout of the gate whose output is ``target``: the sorted sum of the scalars,
+    one gate scalar per gated channel, and the gated irreps (e3nn's ``Gate`` convention).
+
+    Args:
+      target: the gate's output irreps (sorted).
+
+    Returns:
+      ``(irreps_in, scalars, gated, sources, sorted_entries)``: ``irreps_in`` simplified;
+      ``sources[k]`` says where sorted entry ``k`` came from (``"s"``, ``"g"`` or ``"x"``, and
+      its index within that group).
+    """
     scalars = tuple(e for e in target if e[1] == 0)
     gated = tuple(e for e in target if e[1] > 0)
     gates = tuple((m, 0, 1) for m, _, _ in gated)
@@ -119,6 +126,9 @@ class NonLinearInteraction:
           attrs: ``[n, n_species]`` one-hot elements.
           edges: as for :meth:`~.blocks.Layer.__call__`.
           constants: ``(scalar_cst, gate_cst)`` of the gate.
+
+        Returns:
+          ``(A, sc)``.
         """
         n = feats.shape[0]
         senders, receivers, cutoff = edges["senders"], edges["receivers"], edges["cutoff"]
