@@ -282,3 +282,16 @@ def test_a_neighbour_list_skin_changes_nothing(model):
     key = f"{model_id(model)}/close/"
     np.testing.assert_allclose(np.asarray(got["energy"]), reference()[key + "energy"], rtol=1e-10, atol=0)
     np.testing.assert_allclose(np.asarray(got["forces"]), reference()[key + "forces"], rtol=0, atol=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [("mh", "default")], ids=model_id)
+def test_a_float32_family_model_is_close_to_mace_torch_in_float64(model):
+    import jax.numpy as jnp
+
+    single = MACE.from_torch(DATA / f"{model[0]}.npz", head=model[1], dtype=jnp.float32)
+    got = jaxdd.compute(single, jaxdd.Batch.from_ase(systems("close"), dtype=jnp.float32), ("energy", "forces"))
+    assert got["forces"].dtype == np.float32
+    key = f"{model_id(model)}/close/"
+    np.testing.assert_allclose(np.asarray(got["energy"]), reference()[key + "energy"], rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(got["forces"]), reference()[key + "forces"], atol=1e-4)
