@@ -219,14 +219,21 @@ def mesh_of(n):
 
 
 @functools.lru_cache(maxsize=None)
-def crystal():
-    """216 atoms of jittered diamond-lattice H/C/O, 10.8 Å cubic cell."""
+def crystal(seed: int = 7, close_pairs: int = 0):
+    """216 atoms of jittered diamond-lattice H/C/O, 10.8 Å cubic cell; ``close_pairs`` of them
+    (atoms 0, 8, 16, ...) have their nearest neighbour pulled in to 1.0 Å (ZBL acts there)."""
     from ase.build import bulk
 
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(seed)
     atoms = bulk("C", "diamond", a=3.6, cubic=True).repeat(3)
     atoms.numbers = rng.choice([1, 6, 8], len(atoms))
     atoms.positions += rng.normal(0, 0.1, atoms.positions.shape)
+    for i in range(0, 8 * close_pairs, 8):
+        d = atoms.get_distances(i, range(len(atoms)), mic=True, vector=True)
+        r = np.linalg.norm(d, axis=1)
+        r[i] = np.inf
+        j = int(np.argmin(r))
+        atoms.positions[j] -= d[j] * (1 - 1.0 / r[j])
     return jaxdd.AtomicData.from_ase(atoms)
 
 

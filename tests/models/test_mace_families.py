@@ -14,16 +14,17 @@ import importlib.util
 import math
 import pathlib
 
-import jax
 import numpy as np
 import pytest
 from ase import Atoms
-from jax.sharding import AxisType, Mesh
 
 import jaxdd
 from jaxdd import DistributedModel, DomainConfig
 from jaxdd.models.mace import MACE, UnsupportedModel
 from jaxdd.models.mace import radial as rad
+
+import test_mace
+from test_mace import mesh_of
 
 pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
 
@@ -146,26 +147,9 @@ def test_the_configuration_of_each_family_is_read():
 # ----------------------------------------------------------------------------- distributed
 
 
-def mesh_of(n):
-    return Mesh(np.asarray(jax.devices()[:n]), ("dd",), axis_types=(AxisType.Auto,))
-
-
-@functools.lru_cache(maxsize=None)
 def crystal():
-    """216 atoms of jittered diamond-lattice H/C/O with a few close pairs, 10.8 Å cubic cell."""
-    from ase.build import bulk
-
-    rng = np.random.default_rng(8)
-    atoms = bulk("C", "diamond", a=3.6, cubic=True).repeat(3)
-    atoms.numbers = rng.choice([1, 6, 8], len(atoms))
-    atoms.positions += rng.normal(0, 0.1, atoms.positions.shape)
-    for i in range(0, 40, 8):  # pull a neighbour in to ~1.0 Å: ZBL and the transforms act
-        d = atoms.get_distances(i, range(len(atoms)), mic=True, vector=True)
-        r = np.linalg.norm(d, axis=1)
-        r[i] = np.inf
-        j = int(np.argmin(r))
-        atoms.positions[j] -= d[j] * (1 - 1.0 / r[j])
-    return jaxdd.AtomicData.from_ase(atoms)
+    """test_mace's 216-atom crystal with five close pairs (about 1.0 Å): ZBL and the transforms act."""
+    return test_mace.crystal(seed=8, close_pairs=5)
 
 
 @functools.lru_cache(maxsize=None)
