@@ -40,9 +40,10 @@ def reference():
         return {k: f[k] for k in f.files}
 
 
-def systems(name):
-    """The ase.Atoms of reference system ``name`` (two for "batch")."""
-    ref = reference()
+def systems(name, ref=None):
+    """The ase.Atoms of reference system ``name`` (two for "batch"), read from ``ref`` (the
+    stored arrays; default :func:`reference`)."""
+    ref = reference() if ref is None else ref
     out, k = [], 0
     while f"system/{name}/{k}/numbers" in ref:
         p = f"system/{name}/{k}/"

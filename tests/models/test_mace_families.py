@@ -16,7 +16,6 @@ import pathlib
 
 import numpy as np
 import pytest
-from ase import Atoms
 
 import jaxdd
 from jaxdd import DistributedModel, DomainConfig
@@ -51,14 +50,8 @@ def reference():
 
 
 def systems(name):
-    ref = reference()
-    out, k = [], 0
-    while f"system/{name}/{k}/numbers" in ref:
-        p = f"system/{name}/{k}/"
-        out.append(Atoms(numbers=ref[p + "numbers"], positions=ref[p + "positions"], cell=ref[p + "cell"],
-                         pbc=ref[p + "pbc"]))
-        k += 1
-    return out
+    """The ase.Atoms of stored system ``name``, ``families.npz``'s ``close`` cell included."""
+    return test_mace.systems(name, reference())
 
 
 @functools.lru_cache(maxsize=None)
