@@ -151,11 +151,7 @@ def mlip_jaxdd(name: str, n: int, steps: int, dtype: str = "float32", profile=No
     warmup = time.perf_counter() - t0
     state = md.run(md.init(data), steps)
     stats = md.last_run
-    extra = {}
-    if profile is not None:
-        trace_dir, hlo_dir, profile_steps = profile
-        extra["profile"] = profile_table.record(lambda: md.run(state, profile_steps).arrays["positions"], trace_dir,
-                                                hlo_dir, profile_steps)
+    extra = {} if profile is None else {"profile": profile_table.record_md(md, state, profile)}
     return dict(atoms=len(atoms), steps=steps, seconds=stats.seconds, compile_s=warmup - stats.seconds,
                 note=f"{stats.rebuilds} rebuilds", **extra)
 

@@ -206,9 +206,7 @@ def bench_jaxdd(n_devices: int, dtype: str, n_cells: int, steps: int, path: str 
     if profile is not None:
         import profile_table
 
-        trace_dir, hlo_dir, profile_steps = profile
-        extra["profile"] = profile_table.record(lambda: md.run(state, profile_steps).arrays["positions"], trace_dir,
-                                                hlo_dir, profile_steps)
+        extra["profile"] = profile_table.record_md(md, state, profile)
     return dict(extra,
         path=path, devices=n_devices, dtype=dtype, n_atoms=n_atoms, steps=stats.steps,
         seconds=stats.seconds, atom_steps_per_second=stats.atom_steps_per_second,

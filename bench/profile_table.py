@@ -215,6 +215,21 @@ def record(run, trace_dir: str | Path, hlo_dir: str | Path, steps: int) -> dict:
     return dict(breakdown(trace, hlo_dir, steps), trace=str(trace))
 
 
+def record_md(md, state, profile) -> dict:
+    """:func:`record` of ``DomainParallel`` steps from ``state``, as the benchmarks' rows take it.
+
+    Args:
+      md: the ``DomainParallel`` (already compiled: its timed runs came first).
+      state: the state the traced steps start from.
+      profile: (trace folder, HLO dump folder, steps).
+
+    Returns:
+      :func:`record`'s dict.
+    """
+    trace_dir, hlo_dir, steps = profile
+    return record(lambda: md.run(state, steps).arrays["positions"], trace_dir, hlo_dir, steps)
+
+
 def format_table(result: dict, title: str = "") -> str:
     """The breakdown as text: ms per step and share of the wall time, a row per part."""
     wall = result["wall_ms"]
