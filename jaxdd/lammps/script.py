@@ -149,9 +149,9 @@ def read_script(path, fix_id: str | None = None) -> Script:
         if fix_id is not None and externals:
             raise ScriptError(f"{path} has no fix {fix_id!r} of style external (its fix external: "
                               f"{', '.join(c.words[1] for c in externals)}); pass --fix with one of them")
-        what = f"'fix {fix_id} ...'" if fix_id else "a fix of style external"
-        raise ScriptError(f"{path} has no {what} for the jaxdd model: add 'fix {fix_id or 'jaxdd'} all external "
-                          "pf/callback 1 1' where the pair style would be (and no pair_style, or pair_style zero)")
+        what = f"fix {fix_id!r}" if fix_id else "fix of style external"
+        raise ScriptError(f"{path} names no {what} for the jaxdd model: add 'fix {fix_id or 'jaxdd'} all external "
+                          "pf/callback 1 1' where the pair style would be (and no pair_style)")
     fix = chosen[0]
     if len(fix.words) < 5 or fix.words[4] != "pf/callback":
         raise ScriptError(f"{path}, line {fix.first}: fix {fix.words[1]} must be 'external pf/callback Ncall Napply' "
