@@ -87,6 +87,11 @@ def main(argv=None) -> int:
     except (ScriptError, UnitError, TypeMapError) as exc:
         return _fail(exc)
 
+    from .memory import reuse_freed_memory
+
+    # Before JAX starts its threads: each LAMMPS step is one device call, whose temporaries
+    # would otherwise come from fresh pages every time (see jaxdd.lammps.memory).
+    reuse_freed_memory()
     import jax
 
     # Virtual CPU devices must be asked for before JAX starts a backend; accelerators, when

@@ -9,6 +9,7 @@ Both programs run on a placed state (:class:`~jaxdd.dynamics.MDState`: per-rank 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import equinox as eqx
 import jax
@@ -89,7 +90,6 @@ def built_lists(arrays, fixed, static):
                      replicated_out=(False, True, True, False, True))[0]
 
 
-@eqx.filter_jit
 def callback_step(model, arrays, fixed, kept, x_in, rows_of, slot_of, origin, cell, prev_cell, pbc, static,
                   settings: StepSettings):
     """One force evaluation at LAMMPS's positions, on the plan of a placed state.
@@ -120,10 +120,20 @@ def callback_step(model, arrays, fixed, kept, x_in, rows_of, slot_of, origin, ce
     Returns:
       A dict: ``positions`` [P, n_owned, 3] Å the rows' new positions; ``forces`` [N, 3]
       eV/Å in LAMMPS's order; ``energy`` [S] eV; ``virial`` [S, 3, 3] eV (W = -dE/dε, zeros
-      unless asked); ``far``, ``ahead``, ``overflow`` bools; ``needed`` (the sizes the lists
-      needed); ``kept`` (the lists for the next call, or None); with ``atom_terms``,
+      unless asked); ``far``, ``ahead``, ``overflow`` bools, and ``flags`` [3] the three
+      stacked; ``needed`` (the sizes the lists needed); ``kept`` (the lists for the next call, or None); with ``atom_terms``,
       ``atomic_energies`` [N] eV and ``atomic_virials`` [N, 3, 3] eV in LAMMPS's order.
+
+    ``kept`` is donated: its buffers become the returned lists' (updated in place, not
+    copied: they are the largest arrays of the call), and the ones passed in are spent.
     """
+    return _step((model, arrays, fixed, x_in, rows_of, slot_of, origin, cell, prev_cell, pbc, static, settings), kept)
+
+
+@functools.partial(eqx.filter_jit, donate="all-except-first")
+def _step(held, kept):
+    """:func:`callback_step`, ``kept`` donated (the first argument, everything else, is not)."""
+    model, arrays, fixed, x_in, rows_of, slot_of, origin, cell, prev_cell, pbc, static, settings = held
     axes = static.axes
     keep = settings.keeps_list
 
@@ -196,7 +206,8 @@ def callback_step(model, arrays, fixed, kept, x_in, rows_of, slot_of, origin, ce
         replicated=(*replicated, fixed["plan_cell"], prev_cell, pbc, x_in, origin, kept_flags),
         replicated_out=(False, True, False, True), report=DispatchReport(policy=static.spec.policy))[0]
     # Back to LAMMPS's order: one gather of the flattened rows (across devices when several).
-    out = dict(flags, positions=rows["positions"])
+    # One small array the host reads each call: far, ahead, overflow.
+    out = dict(flags, positions=rows["positions"], flags=jnp.stack([flags["far"], flags["ahead"], flags["overflow"]]))
     for key in ("forces", "atomic_energies", "atomic_virials"):
         if key in rows:
             flat = rows[key].reshape((-1,) + rows[key].shape[2:])

@@ -111,6 +111,8 @@ class ForceEvaluator:
         self._numbers = None
         self._maps = None
         self._pending = False
+        self._static = self._program_for = None
+        self._replicated = NamedSharding(self.mesh, P())
         self._dtype = np.float64 if jax.config.jax_enable_x64 else np.float32
 
     @property
@@ -146,19 +148,18 @@ class ForceEvaluator:
             self._maps = None
         if self._pending:
             self._rebuild(self.state.fixed["cell"])
-        replicated = NamedSharding(self.mesh, P())
         inputs = jax.device_put((x.astype(self._dtype), cell.astype(self._dtype), origin.astype(self._dtype), pbc),
-                                replicated)
+                                self._replicated)
         while True:
-            out = self._step(*inputs)
-            if not bool(out["far"]):
+            out, flags = self._step(*inputs)
+            if not flags[0]:
                 break
             # An atom outran the plan: this evaluation may miss neighbours. Plan from here and repeat.
             self.counts.repeated += 1
             self._advance(out, inputs[1])
             self._rebuild(inputs[1])
         self._advance(out, inputs[1])
-        self._pending = bool(out["ahead"])
+        self._pending = bool(flags[1])
         n_sys = 0
         get = lambda k: np.asarray(out[k], np.float64) if k in out else None  # noqa: E731
         return Result(energy=float(out["energy"][n_sys]), forces=get("forces"), virial=get("virial")[n_sys],
@@ -225,11 +226,17 @@ class ForceEvaluator:
         return self._maps
 
     def _program(self):
-        outputs = ("energy", "atomic_energies", "forces") if self.settings.atom_terms else ("energy", "forces")
-        return self.dist_model.program(self.state.template.n_systems, outputs, self.state.layout)
+        """The rank program of the current layout and capacities (made again only when they change)."""
+        key = (self.state.layout, self.dist_model.capacities)
+        if self._program_for != key:
+            outputs = ("energy", "atomic_energies", "forces") if self.settings.atom_terms else ("energy", "forces")
+            self._static = self.dist_model.program(self.state.template.n_systems, outputs, self.state.layout)
+            self._program_for = key
+        return self._static
 
-    def _step(self, x, cell, origin, pbc) -> dict:
-        """One evaluation (:func:`~jaxdd.lammps.device.callback_step`), capacities grown until it fits."""
+    def _step(self, x, cell, origin, pbc):
+        """One evaluation (:func:`~jaxdd.lammps.device.callback_step`), capacities grown until it
+        fits; (its outputs, its flags far, ahead, overflow as host bools)."""
         rows_of, slot_of = self._index_maps()
         state = self.state
 
@@ -240,9 +247,9 @@ class ForceEvaluator:
             fixed = {**state.fixed, "cell": cell}
             out = callback_step(self.dist_model.model, state.arrays, fixed, self._kept, x, rows_of, slot_of, origin,
                                 cell, state.fixed["cell"], pbc, static, self.settings)
-            if bool(out["overflow"]):
-                self._kept = None  # grown lists are built afresh
-            return out, Needs.of_neighbors(out["overflow"], out["needed"])
+            self._kept = None  # spent (donated); the caller keeps the returned lists
+            flags = np.asarray(out["flags"])
+            return (out, flags), Needs.of_neighbors(flags[2], out["needed"])
 
         return self.dist_model.sizing.run_until_fits(attempt)
 
