@@ -111,8 +111,7 @@ class ForceEvaluator:
         self._numbers = None
         self._maps = None
         self._pending = False
-        self._static = self._program_for = None
-        self._replicated = NamedSharding(self.mesh, P())
+        self._static = self._program_for = self._pbc = None
         self._dtype = np.float64 if jax.config.jax_enable_x64 else np.float32
 
     @property
@@ -137,7 +136,7 @@ class ForceEvaluator:
         self.counts.calls += 1
         tags = np.asarray(tags)
         numbers = np.asarray(atomic_numbers)
-        x = np.asarray(positions, np.float64)
+        x = np.asarray(positions, self._dtype)  # LAMMPS's own array, not a copy, in float64
         cell = np.asarray(cell, np.float64).reshape(1, 3, 3)
         origin = np.asarray(origin, np.float64).reshape(3)
         pbc = np.asarray(pbc, bool).reshape(1, 3)
@@ -148,8 +147,9 @@ class ForceEvaluator:
             self._maps = None
         if self._pending:
             self._rebuild(self.state.fixed["cell"])
-        inputs = jax.device_put((x.astype(self._dtype), cell.astype(self._dtype), origin.astype(self._dtype), pbc),
-                                self._replicated)
+        # Host arrays, handed to the program as they are (a transfer per call; the positions are
+        # LAMMPS's own buffer).
+        inputs = (x, cell.astype(self._dtype), origin.astype(self._dtype), pbc)
         while True:
             out, flags = self._step(*inputs)
             if not flags[0]:
@@ -169,7 +169,7 @@ class ForceEvaluator:
 
     def _same_atoms(self, tags, numbers, pbc) -> bool:
         """Whether the atoms (their ids, species and the periodic axes) are those placed."""
-        if tags.shape != self._tags.shape or not np.array_equal(pbc, np.asarray(self.state.template.pbc)):
+        if tags.shape != self._tags.shape or not np.array_equal(pbc, self._pbc):
             return False
         if np.array_equal(tags, self._tags):
             return np.array_equal(numbers, self._numbers)
@@ -191,7 +191,7 @@ class ForceEvaluator:
         self.state = self.placement.place(batch, positions, np.zeros_like(positions), None, step=0, extra={},
                                           energy=None)
         self.counts.placements += 1
-        self._tags, self._sorted_tags, self._numbers = tags.copy(), tags[order], numbers.copy()
+        self._tags, self._sorted_tags, self._numbers, self._pbc = tags.copy(), tags[order], numbers.copy(), pbc.copy()
         self._maps = self._kept = None
         self._pending = False
 
