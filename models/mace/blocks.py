@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from . import irreps as ir
+from .edges import edge_sum
 from .layers import Linear, TensorProduct, conv_tp_irreps, radial_mlp, split, symmetric_contraction
 from .nonlinear import NONLINEAR, NonLinearInteraction
 
@@ -101,16 +102,16 @@ class Layer:
           edges: ``senders``, ``receivers``, ``inside`` ``[E]``, ``sh`` ``[E, (l+1)²]``, ``feats`` ``[E,
             num_bessel]`` (radial basis), ``cutoff`` ``[E]`` or None (applied to the weights
             here when the basis is not enveloped).
-          model: the MACE (its activation constants and ``avg_num_neighbors``).
+          model: the MACE (its activation constants, ``avg_num_neighbors`` and ``edge_block``).
 
         Returns:
           ``(features [n, dim_out], energy [n])``.
         """
         act_constant = model.act_constant
         if self.nonlinear:
-            a, sc = self.block(self, p, feats, attrs, edges, model.gate_constants)
+            a, sc = self.block(self, p, feats, attrs, edges, model.gate_constants, model.edge_block)
         else:
-            a, sc = self._interaction(p, feats, attrs, edges, act_constant, model.avg_num_neighbors)
+            a, sc = self._interaction(p, feats, attrs, edges, act_constant, model.avg_num_neighbors, model.edge_block)
         # [n, channels, Σ(2l+1)]: the irreps of A side by side, channel-major.
         a = jnp.concatenate(split(self.target, a), axis=-1)
         products = [symmetric_contraction(us, ws, a, kind, n_species) for us, ws in zip(bases, p["contractions"])]
@@ -126,17 +127,22 @@ class Layer:
             return feats, self.readout[2](readout[2], hidden)[:, 0] + p["readout_bias"][1][0]
         return feats, self.readout[1](readout[1], hidden)[:, 0]
 
-    def _interaction(self, p, feats, attrs, edges, act_constant, avg_num_neighbors):
+    def _interaction(self, p, feats, attrs, edges, act_constant, avg_num_neighbors, edge_block):
         """``(A [n, dim(target)], sc [n, dim(out)] or None)`` of the linear blocks."""
         n = feats.shape[0]
         senders, receivers, cutoff = edges["senders"], edges["receivers"], edges["cutoff"]
         sc = self.skip_tp(p["skip_tp"], feats, attrs) if self.residual else None
         up = self.linear_up(p["linear_up"], feats)
-        weights = radial_mlp(p["radial"], edges["feats"], act_constant)  # [E, numel]
-        if cutoff is not None:
-            weights = weights * cutoff[:, None]
-        messages = self.conv_tp(weights, up[senders], edges["sh"])
-        aggregated = jax.ops.segment_sum(messages, receivers, num_segments=n)
+
+        def messages(rows, up):  # of a block of b edges: [b, dim(mid)]
+            weights = radial_mlp(p["radial"], rows["feats"], act_constant)  # [b, numel]
+            if cutoff is not None:
+                weights = weights * rows["cutoff"][:, None]
+            return self.conv_tp(weights, up[rows["senders"]], rows["sh"])
+
+        rows = {"feats": edges["feats"], "sh": edges["sh"], "senders": senders,
+                **({"cutoff": cutoff} if cutoff is not None else {})}
+        aggregated = edge_sum(messages, rows, receivers, n, up, edge_block)
         a = self.linear(p["linear"], aggregated)
         if self.density:
             w = p["density"]  # [num_bessel, 1]: e3nn's one-layer FullyConnectedNet, no activation

@@ -81,7 +81,10 @@ class MACE(eqx.Module, BaseModel):
     features'). readout: of the last layer (:data:`~.blocks.READOUTS`). atomic_energies: E0
     per element (eV). scale, shift: of the atomic interaction energies (eV). skin: extra
     neighbour-search range (Å) that lets dynamics keep a list for several steps (pairs beyond
-    r_max are masked; the numbers do not depend on it). seed: random weights
+    r_max are masked; the numbers do not depend on it). edge_block: edges per block of the
+    convolution's sum (:func:`~.edges.edge_sum`; None: the backend's
+    :data:`~.edges.EDGE_BLOCKS` entry), which bounds its memory; the numbers do not depend on
+    it beyond rounding. seed: random weights
     from ``jax.random.PRNGKey(seed)``. dtype: parameter dtype; the computation follows the
     positions' dtype.
 
@@ -109,6 +112,7 @@ class MACE(eqx.Module, BaseModel):
     edge_irreps: tuple | None = eqx.field(static=True)
     use_edge_irreps_first: bool = eqx.field(static=True)
     readout: str = eqx.field(static=True)
+    edge_block: int | None = eqx.field(static=True)
     act_constant: float = eqx.field(static=True)
     gate_constants: tuple = eqx.field(static=True)
     model_config: ModelConfig = eqx.field(static=True)
@@ -120,8 +124,8 @@ class MACE(eqx.Module, BaseModel):
                  radial_mlp=(64, 64, 64), avg_num_neighbors: float = 8.0, radial_type: str = "bessel",
                  distance_transform: str | None = None, apply_cutoff: bool = True, pair_repulsion: bool = False,
                  edge_irreps=None, use_edge_irreps_first: bool = False, readout: str = READOUTS[0],
-                 atomic_energies=None, scale: float = 1.0, shift: float = 0.0, skin: float = 0.0, seed: int = 0,
-                 dtype=jnp.float64, _weights=None, _act_constant=None, _gate_constants=None):
+                 atomic_energies=None, scale: float = 1.0, shift: float = 0.0, skin: float = 0.0, edge_block=None,
+                 seed: int = 0, dtype=jnp.float64, _weights=None, _act_constant=None, _gate_constants=None):
         owner = "MACE"
         dtype = _float_dtype(dtype, owner)
         self.species = species_lib.check_species(species, owner)
@@ -148,6 +152,7 @@ class MACE(eqx.Module, BaseModel):
                 raise ValueError(f"{owner} interaction {name!r} is not supported; choose one of {INTERACTIONS}")
         self.interactions = (first,) + (interaction,) * (self.num_interactions - 1)
         self.radial_mlp = tuple(integral(f"{owner} radial_mlp", h, minimum=1) for h in radial_mlp)
+        self.edge_block = None if edge_block is None else integral(f"{owner} edge_block", edge_block, minimum=1)
         self.avg_num_neighbors = float(avg_num_neighbors)
         if not (math.isfinite(self.avg_num_neighbors) and self.avg_num_neighbors > 0):
             raise ValueError(f"{owner} avg_num_neighbors must be positive, got {avg_num_neighbors!r}")
@@ -222,7 +227,8 @@ class MACE(eqx.Module, BaseModel):
         return params, bases
 
     @classmethod
-    def from_torch(cls, source, *, head=None, config=None, skin: float = 0.0, dtype=jnp.float64) -> "MACE":
+    def from_torch(cls, source, *, head=None, config=None, skin: float = 0.0, edge_block=None,
+                   dtype=jnp.float64) -> "MACE":
         """A MACE with the configuration and weights of a mace-torch model.
 
         Variants that are not MACE as described above (other interaction blocks, gates,
@@ -238,7 +244,7 @@ class MACE(eqx.Module, BaseModel):
             shift); a multi-head model without it is refused with the list of its heads.
           config: for a state-dict file only, the keyword arguments mace-torch's model was built
             with (refused otherwise).
-          skin: as in the constructor.
+          skin, edge_block: as in the constructor.
           dtype: of the weights, floating.
 
         Returns:
@@ -257,7 +263,8 @@ class MACE(eqx.Module, BaseModel):
             settings, state, act_constant = read(source, config)
         settings, state = select_head(settings, state, head, source)
         weights = weights_from_state_dict(cls, settings, state)
-        return cls(**settings, skin=skin, dtype=dtype, _weights=weights, _act_constant=act_constant)
+        return cls(**settings, skin=skin, edge_block=edge_block, dtype=dtype, _weights=weights,
+                   _act_constant=act_constant)
 
     # ------------------------------------------------------------------ jaxdd model interface
 

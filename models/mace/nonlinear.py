@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from . import irreps as ir
+from .edges import edge_sum
 from .layers import Linear
 
 __all__ = ["NONLINEAR", "NonLinearInteraction", "mlp_with_layer_norm", "gate"]
@@ -116,7 +117,7 @@ class NonLinearInteraction:
         self.radial_sizes = (n_in,) + tuple(radial_mlp) + (layer.conv_tp.numel,)
         self.density_sizes = (n_in, 64, 1)
 
-    def __call__(self, layer, p, feats, attrs, edges, constants):
+    def __call__(self, layer, p, feats, attrs, edges, constants, edge_block=None):
         """``(A [n, dim(target)], sc [n, dim(out)])`` of the block.
 
         Args:
@@ -126,6 +127,7 @@ class NonLinearInteraction:
           attrs: ``[n, n_species]`` one-hot elements.
           edges: as for :meth:`~.blocks.Layer.__call__`.
           constants: ``(scalar_cst, gate_cst)`` of the gate.
+          edge_block: edges per block of the convolution's sum (:func:`~.edges.edge_sum`).
 
         Returns:
           ``(A, sc)``.
@@ -137,18 +139,22 @@ class NonLinearInteraction:
         res = self.linear_res(p["linear_res"], up)
         source = self.embedding(p["source_embedding"], attrs)
         target = self.embedding(p["target_embedding"], attrs)
-        e = jnp.concatenate([edges["feats"], source[senders], target[receivers]], axis=-1)
         # The networks have biases and read the element embeddings: an edge beyond the cutoff
         # (padding, or within the neighbour list's skin) would weigh in unless masked.
-        inside = edges["inside"]
-        weights = jnp.where(inside[:, None], mlp_with_layer_norm(p["radial_net"], e), 0.0)
-        edge_density = jnp.where(inside, jnp.tanh(mlp_with_layer_norm(p["density_net"], e)[:, 0] ** 2), 0.0)
-        if cutoff is not None:
-            weights = weights * cutoff[:, None]
-            edge_density = edge_density * cutoff
+        def network(rows, nodes, params):
+            source, target = nodes
+            e = jnp.concatenate([rows["feats"], source[rows["senders"]], target[rows["receivers"]]], axis=-1)
+            out = jnp.where(rows["inside"][:, None], mlp_with_layer_norm(params, e), 0.0)
+            return out if cutoff is None else out * rows["cutoff"][:, None]
+
+        def messages(rows, nodes):
+            return layer.conv_tp(network(rows, nodes[:2], p["radial_net"]), nodes[2][rows["senders"]], rows["sh"])
+
+        rows = {"feats": edges["feats"], "sh": edges["sh"], "senders": senders, "receivers": receivers,
+                "inside": edges["inside"], **({"cutoff": cutoff} if cutoff is not None else {})}
+        edge_density = jnp.tanh(network(rows, (source, target), p["density_net"])[:, 0] ** 2)
         density = jax.ops.segment_sum(edge_density, receivers, num_segments=n)
-        messages = layer.conv_tp(weights, up[senders], edges["sh"])
-        aggregated = jax.ops.segment_sum(messages, receivers, num_segments=n)
+        aggregated = edge_sum(messages, rows, receivers, n, (source, target, up), edge_block)
         a = self.linear_1(p["linear_1"], aggregated) / (density * p["beta"] + p["alpha"])[:, None] + res
         a = gate(layer.target, a, *constants)
         return self.linear_2(p["linear_2"], a), sc

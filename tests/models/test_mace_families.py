@@ -272,3 +272,18 @@ def test_a_float32_family_model_is_close_to_mace_torch_in_float64(model):
     key = f"{model_id(model)}/close/"
     np.testing.assert_allclose(np.asarray(got["energy"]), reference()[key + "energy"], rtol=1e-5)
     np.testing.assert_allclose(np.asarray(got["forces"]), reference()[key + "forces"], atol=1e-4)
+
+
+@pytest.mark.parametrize("model", [("mh", "default"), pytest.param(("mpa0", None), marks=pytest.mark.slow),
+                                   pytest.param(("options", "default"), marks=pytest.mark.slow)], ids=model_id)
+def test_the_convolution_summed_in_blocks_of_edges_equals_mace_torch(model):
+    """13 edges per block: many blocks, the last one padded."""
+    blocked = MACE.from_torch(DATA / f"{model[0]}.npz", head=model[1], edge_block=13)
+    atoms = systems("close")
+    got = jaxdd.compute(blocked, jaxdd.Batch.from_ase(atoms), ("energy", "forces", "stress"))
+    key = f"{model_id(model)}/close/"
+    ref = reference()
+    np.testing.assert_allclose(np.asarray(got["energy"]), ref[key + "energy"], rtol=1e-10, atol=0)
+    f = ref[key + "forces"]
+    np.testing.assert_allclose(np.asarray(got["forces"]), f, rtol=0, atol=1e-9 * max(1.0, np.abs(f).max()))
+    np.testing.assert_allclose(np.asarray(got["stress"]), ref[key + "stress"], rtol=0, atol=1e-9)
