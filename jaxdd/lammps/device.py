@@ -50,12 +50,13 @@ class StepSettings:
         return self.nl_skin > 0 and not self.atom_terms
 
 
-def _carried(x, old, new, system, system_mask):
-    """Positions ``x`` [n, 3] of cells ``old`` carried to ``new`` at the same fractional
-    coordinates, and the least factor by which any length shrank (<= 1)."""
-    m = cell_map(old, new, system_mask)
+def _carried(x, old, new, system_mask):
+    """Positions ``x`` [n, 3] of the box ``old`` [1, 3, 3] carried to ``new`` at the same
+    fractional coordinates, and the least factor by which any length shrank (<= 1). LAMMPS
+    has one box: one matrix for every row (no per-row gather of [n, 3, 3])."""
+    m = cell_map(old, new, system_mask)[0]
     shrink = jnp.min(jnp.linalg.svd(m, compute_uv=False))
-    return jnp.einsum("ni,nij->nj", x, m[system]), jnp.minimum(shrink, 1.0)
+    return x @ m, jnp.minimum(shrink, 1.0)
 
 
 def _largest2(x, ref, valid, axes):
@@ -111,9 +112,9 @@ def callback_step(model, arrays, fixed, kept, x_in, rows_of, slot_of, origin, ce
       rows_of: [P, n_owned] int32 the index in ``x_in`` of each row's atom (-1 on free rows).
       slot_of: [N] int32 the flattened ``[P * n_owned]`` row of each LAMMPS atom.
       origin: [3] Å LAMMPS's box origin (``boxlo``).
-      cell: [S, 3, 3] Å the box now (rows lattice vectors).
-      prev_cell: [S, 3, 3] Å the box of the rows' current positions.
-      pbc: [S, 3] bool periodic axes.
+      cell: [1, 3, 3] Å the box now (rows lattice vectors).
+      prev_cell: [1, 3, 3] Å the box of the rows' current positions.
+      pbc: [1, 3] bool periodic axes.
       static: the rank program.
       settings: a :class:`StepSettings`.
 
@@ -144,17 +145,15 @@ def _step(held, kept):
         f = dict(f, cell=cell, system_mask=system_mask)
         # The image of LAMMPS's position nearest the row's last one (LAMMPS wraps atoms into
         # its box when it re-neighbours; the plan's frame keeps them continuous).
-        prev, _ = _carried(a["positions"], prev_cell, cell, system, system_mask)
-        eye = jnp.eye(3, dtype=cell.dtype)
-        inverse = jnp.linalg.inv(jnp.where(system_mask[:, None, None], cell, eye))
+        prev, _ = _carried(a["positions"], prev_cell, cell, system_mask)
         raw = x_in[jnp.maximum(rows_of, 0)] - origin
-        frac = jnp.einsum("ni,nij->nj", raw - prev, inverse[system])
-        frac = frac - jnp.where(pbc[system], jnp.round(frac), 0.0)
-        x = jnp.where(valid[:, None], prev + jnp.einsum("ni,nij->nj", frac, cell[system]), a["positions"])
+        frac = (raw - prev) @ jnp.linalg.inv(cell[0])
+        frac = frac - jnp.where(pbc[0], jnp.round(frac), 0.0)
+        x = jnp.where(valid[:, None], prev + frac @ cell[0], a["positions"])
 
         # The plan holds every neighbour while no atom has moved threshold from its reference
         # (a shell planned W wide is W·shrink wide once the cell's lengths shrank by shrink).
-        ref, shrink = _carried(a["reference"], plan_cell, cell, system, system_mask)
+        ref, shrink = _carried(a["reference"], plan_cell, cell, system_mask)
         allowed = settings.threshold - (1.0 - shrink) * settings.ghost_width / 2
         d2 = _largest2(x, ref, valid, axes)
         ahead2 = _largest2(2 * x - prev, ref, valid, axes)
@@ -165,7 +164,7 @@ def _step(held, kept):
         if keep:
             overflow, needed, nl_cell = kept_flags
             nl_x = kept_rows[1]
-            nl_ref, nl_shrink = _carried(nl_x, nl_cell, cell, system, system_mask)
+            nl_ref, nl_shrink = _carried(nl_x, nl_cell, cell, system_mask)
             nl_allowed = 0.5 * (settings.nl_skin - (1.0 - nl_shrink) * settings.search_cutoff)
             stale = (_largest2(x, nl_ref, valid, axes) > nl_allowed**2) | (nl_allowed <= 0)
 
@@ -195,7 +194,7 @@ def _step(held, kept):
                 w = jnp.zeros((static.n_systems, 3, 3), energy.dtype)
         if not keep:
             overflow, needed = neighbor_needs(nl, axes)
-        ranked_out = dict(out, positions=x, forces=jnp.where(valid[:, None], forces, 0.0))
+        ranked_out = dict(out, positions=x, forces=forces)  # free rows are never read (slot_of)
         flags = dict(energy=energy, virial=w, far=far, ahead=ahead, overflow=overflow, needed=needed)
         return ranked_out, flags, kept_rows, kept_flags
 

@@ -151,3 +151,24 @@ def test_live_several_mpi_ranks_are_refused_saying_how_to_run(tmp_path):
                           capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert proc.returncode == 2, proc.stderr
     assert "LAMMPS runs on 2 MPI ranks" in proc.stderr and "Run without mpirun" in proc.stderr
+
+
+@pytest.mark.slow
+def test_live_a_run_continued_from_a_restart_file_follows_lj_cut_s_uninterrupted_run(tmp_path):
+    restart = tmp_path / "argon.restart"
+
+    def leg(start: str, body: str):
+        lmp = start_lammps(["-log", "none", "-screen", "none"])
+        try:
+            lmp.commands_string(start + FIX)
+            bridge = LammpsBridge(lmp, "ml", argon_lj(), {1: "Ar"}, skin=SKIN, mesh=mesh_of((2, 2, 1)), grid=(2, 2, 1))
+            lmp.commands_string(body)
+            bridge.raise_error()
+            return unwrapped(lmp)
+        finally:
+            lmp.close()
+
+    leg(SETUP, f"fix 1 all nve\nrun 100\nwrite_restart {restart}")
+    # The restart holds atoms, box, velocities and the time step; the fixes are defined again.
+    x = leg(f"read_restart {restart}\n", "fix 1 all nve\nrun 100")
+    np.testing.assert_allclose(x, REFERENCE["nve__final_x"], rtol=0, atol=1e-9)
