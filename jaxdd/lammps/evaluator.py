@@ -72,6 +72,12 @@ class ForceEvaluator:
       virial: compute the global virial at every call (barostats and pressures need it).
       atom_terms: compute per-atom energies and virials too (the model must output
         ``atomic_energies`` and use a full neighbour list).
+
+    Attributes:
+      dist_model: the :class:`~jaxdd.DistributedModel` evaluated. settings: the
+      :class:`~jaxdd.lammps.device.StepSettings` of its program. placement: where the atoms
+      are on the ranks. counts: a :class:`Counts` of what was done so far. state: the placed
+      :class:`~jaxdd.dynamics.MDState` (None before the first call).
     """
 
     def __init__(self, model, *, skin: float = 2.0, mesh=None, grid=None, virial: bool = True,

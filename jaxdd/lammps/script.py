@@ -158,7 +158,7 @@ def read_script(path, fix_id: str | None = None) -> Script:
                           f"for the jaxdd callback, got '{' '.join(fix.words)}'")
     before = [c for c in commands if c.first < fix.first]
     units = next((c.words[1] for c in before if c.words[0] == "units" and len(c.words) > 1), None)
-    reads_restart = any(c.words[0] == "read_restart" for c in before if units is None)
+    reads_restart = units is None and any(c.words[0] == "read_restart" for c in before)
     n_types = None
     for c in before:
         w = c.words
