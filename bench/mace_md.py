@@ -1,7 +1,8 @@
 """Benchmark: molecular dynamics of a MACE model, jaxdd against mace-torch, on equal pinned cores.
 
     python bench/mace_md.py [--model reference|mp0-medium] [--channels C] [--sizes 10,16] [--steps 10]
-                            [--cores 1,2] [--dtypes float32,float64] [--no-torch] [--json PATH]
+                            [--cores 1,2] [--dtypes float32,float64] [--no-torch] [--sides jaxdd,torch-bare]
+                            [--json PATH]
 
 ``--model reference`` (the default) is the reference architecture of the tests
 (``tests/data/mace``): ``ScaleShiftMACE``, elements H, C, O, two
@@ -288,6 +289,9 @@ def parse_args(argv=None):
                    help="reference (the tests' 16-channel architecture, default) or mp0-medium (MACE-MP-0 medium's size)")
     p.add_argument("--channels", type=int, default=128, help="channels per irrep of mp0-medium (default 128)")
     p.add_argument("--no-torch", action="store_true", help="run jaxdd only")
+    p.add_argument("--sides", default=",".join(SIDES),
+                   help=f"comma-separated sides to run, of {', '.join(SIDES)} (default all; the ratio is over the "
+                        "faster mace-torch side run)")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures as JSON")
     args = p.parse_args(argv)
     check_args(p, args, positive=("steps", "channels"), choices={"dtypes": ("float32", "float64")})
@@ -299,6 +303,10 @@ def parse_args(argv=None):
         if not values or min(values) < 1:
             p.error(f"--{name} must be comma-separated positive integers, got {getattr(args, name)!r}")
         setattr(args, name, values)
+    args.sides = tuple(s.strip() for s in args.sides.split(",") if s.strip())
+    unknown = [s for s in args.sides if s not in SIDES]
+    if unknown or not args.sides:
+        p.error(f"--sides takes a comma-separated choice of {', '.join(SIDES)}, got {','.join(unknown) or 'none'}")
     if max(args.cores) > len(os.sched_getaffinity(0)):
         p.error(f"--cores asks for {max(args.cores)} cores but this process may use {len(os.sched_getaffinity(0))}")
     return args
@@ -329,7 +337,9 @@ def main(argv=None) -> int:
         what = "tests/data/mace/trained.npz" if args.model == "reference" else "a natively built model"
         notes.append("mace-torch not run (" + ("--no-torch" if args.no_torch else "torch and mace-torch are not "
                      "installed: pip install torch==2.13.0 mace-torch") + f"); jaxdd runs {what}")
-    sides = SIDES if with_torch else SIDES[:1]
+    sides = [s for s in args.sides if with_torch or s == "jaxdd"]
+    if with_torch and len(sides) < len(SIDES):
+        notes.append(f"sides run: {', '.join(sides)} (--sides)")
     rows = []
     for n in args.sizes:
         for cores in args.cores:
