@@ -149,7 +149,7 @@ class ForceEvaluator:
         if self.state is None or not self._same_atoms(tags, numbers, pbc):
             self._place(tags, x, numbers, cell, origin, pbc)
         elif not np.array_equal(tags, self._tags):  # LAMMPS sorted its atoms: same atoms, new order
-            self._tags = tags.copy()
+            self._tags, self._numbers = tags.copy(), numbers.copy()
             self._maps = None
         if self._pending:
             self._rebuild(self.state.fixed["cell"])

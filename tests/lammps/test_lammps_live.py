@@ -74,6 +74,8 @@ def assert_same_run(got, want):
     np.testing.assert_allclose(x, ref_x, rtol=0, atol=1e-9)
 
 
+# The default set checks the same against stored LAMMPS runs (test_lammps_reference.py).
+@pytest.mark.slow
 @pytest.mark.parametrize("fix", ["nve", NPT], ids=["nve", "npt_tri"])
 def test_live_the_bridge_follows_lj_cut_for_200_steps_on_one_device(fix):
     assert_same_run(run(fix, grid=(1, 1, 1)), run(fix))

@@ -78,6 +78,18 @@ def check_npt_frames(grid):
     return ev
 
 
+def test_atoms_handed_over_in_another_order_get_their_forces_in_that_order_on_the_same_plan():
+    # LAMMPS sorts its atoms now and then (atom_modify sort): the same atoms in a new order.
+    ev = evaluator()
+    x, cell, origin = R["npt__frames_x"][0], R["npt__frames_cell"][0], R["npt__frames_origin"][0]
+    first = ev(TAGS, x, NUMBERS, cell, origin)
+    for seed in (1, 2, 2):
+        order = np.random.default_rng(seed).permutation(N)
+        again = ev(TAGS[order], x[order], NUMBERS[order], cell, origin)
+        np.testing.assert_allclose(again.forces, first.forces[order], rtol=0, atol=1e-12)
+    assert ev.counts.placements == 1
+
+
 def test_nve_through_the_evaluator_follows_lammps_lj_cut_on_one_device():
     ev = check_nve((1, 1, 1), 200)
     assert ev.counts.placements == 1  # the plan of the first call served all 200 steps
