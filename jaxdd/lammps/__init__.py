@@ -5,6 +5,7 @@
   the plan and neighbour lists kept on the devices between calls;
 - :mod:`~jaxdd.lammps.device` — its device programs;
 - :mod:`~jaxdd.lammps.species`, :mod:`~jaxdd.lammps.units` — atom types as elements; units ``metal``;
+- :mod:`~jaxdd.lammps.memory` — the allocator told to keep freed memory (one device call per step);
 - :mod:`~jaxdd.lammps.script`, :mod:`~jaxdd.lammps.runner` — an input script read and run with the
   bridge attached: ``python -m jaxdd.lammps -in in.script --model module:factory``.
 
