@@ -37,3 +37,12 @@ def test_a_jaxdd_run_reports_its_speed_and_working_memory(tmp_path):
     (row,) = json.loads((tmp_path / "m.json").read_text())["results"]
     assert (row["side"], row["n_atoms"], row["cores"], row["dtype"]) == ("jaxdd", 64, 1, "float64")
     assert row["atom_steps_per_second"] > 0 and row["memory_kb_per_atom"] >= 0
+
+
+def test_a_side_killed_for_memory_is_reported_as_failed_not_the_end_of_the_benchmark(monkeypatch):
+    killed = subprocess.CompletedProcess(args=[], returncode=-9, stdout="", stderr="")
+    monkeypatch.setattr(mace_md.subprocess, "run", lambda *a, **k: killed)
+    row = mace_md.pinned("torch-bare", 16, 1, "float32", 1, True, "mp0-medium")
+    assert row["failed"].startswith("killed by signal 9") and row["atom_steps_per_second"] is None
+    table = mace_md.format_table([row], [f"torch-bare failed: {row['failed']}"])
+    assert "failed" in table.splitlines()[1]
