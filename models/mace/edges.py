@@ -19,22 +19,25 @@ import jax.numpy as jnp
 from jaxdd import current_dd_context, scatter_to_owners, to_local
 from jaxdd.ops import HaloStoragePolicy
 
-__all__ = ["EDGE_BLOCKS", "default_edge_block", "edge_sum"]
+__all__ = ["EDGE_BLOCKS", "ACCELERATOR_EDGE_BLOCK", "default_edge_block", "edge_sum"]
 
-#: Edges per block of :func:`edge_sum` by backend. On a CPU a block's intermediates should fit
-#: in the caches (64 to 128 edges ran fastest at MP-0 medium size on one core, about 10 % ahead
-#: of 512); an accelerator needs blocks large enough to fill it, and memory bounds them (16,384
-#: edges is about 2.7 GB of intermediates at MP-0 medium size in float64).
-EDGE_BLOCKS = {"cpu": 128, "gpu": 16384, "cuda": 16384, "rocm": 16384, "tpu": 16384}
+#: Edges per block of :func:`edge_sum` on a backend with an entry here. On a CPU a block's
+#: intermediates should fit in the caches (64 to 128 edges ran fastest at MP-0 medium size on
+#: one core, about 10 % ahead of 512).
+EDGE_BLOCKS = {"cpu": 128}
+
+#: Edges per block on any other backend (an accelerator): blocks large enough to fill it, bounded
+#: by memory (16,384 edges is about 2.7 GB of intermediates at MP-0 medium size in float64).
+ACCELERATOR_EDGE_BLOCK = 16384
 
 
 def default_edge_block() -> int:
-    """The :data:`EDGE_BLOCKS` entry of JAX's default backend (16,384 for one not listed).
+    """The :data:`EDGE_BLOCKS` entry of JAX's default backend, else :data:`ACCELERATOR_EDGE_BLOCK`.
 
     Returns:
       edges per block.
     """
-    return EDGE_BLOCKS.get(jax.default_backend(), 16384)
+    return EDGE_BLOCKS.get(jax.default_backend(), ACCELERATOR_EDGE_BLOCK)
 
 
 def edge_sum(messages, inputs: dict, receivers, n: int, nodes=(), block: int | None = None):

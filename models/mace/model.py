@@ -82,8 +82,8 @@ class MACE(eqx.Module, BaseModel):
     per element (eV). scale, shift: of the atomic interaction energies (eV). skin: extra
     neighbour-search range (Å) that lets dynamics keep a list for several steps (pairs beyond
     r_max are masked; the numbers do not depend on it). edge_block: edges per block of the
-    convolution's sum (:func:`~.edges.edge_sum`; None: the backend's
-    :data:`~.edges.EDGE_BLOCKS` entry), which bounds its memory; the numbers do not depend on
+    convolution's sum (:func:`~.edges.edge_sum`; None:
+    :func:`~.edges.default_edge_block`), which bounds its memory; the numbers do not depend on
     it beyond rounding. seed: random weights
     from ``jax.random.PRNGKey(seed)``. dtype: parameter dtype; the computation follows the
     positions' dtype.
