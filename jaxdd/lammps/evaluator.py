@@ -168,7 +168,7 @@ class ForceEvaluator:
         self._pending = bool(flags[1])
         n_sys = 0
         get = lambda k: np.asarray(out[k], np.float64) if k in out else None  # noqa: E731
-        return Result(energy=float(out["energy"][n_sys]), forces=get("forces"), virial=get("virial")[n_sys],
+        return Result(energy=float(get("energy")[n_sys]), forces=get("forces"), virial=get("virial")[n_sys],
                       atomic_energies=get("atomic_energies"), atomic_virials=get("atomic_virials"))
 
     # ------------------------------------------------------------------ host side
