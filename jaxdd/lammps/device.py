@@ -208,8 +208,9 @@ def _step(held, kept):
         # the loop. In a program without the loop it fuses that arithmetic into the per-edge
         # gathers that read it and repeats it once per edge (LJ melt on one CPU core: the
         # per-edge force fusion 11 ms instead of 3 ms).
-        shapes = jax.eval_shape(lambda r: evaluate(r, kept_rows, kept_flags, DispatchReport(policy=static.spec.policy))[:2],
-                                a["positions"])
+        # The loop's initial outputs: zeros shaped as the body's (traced with a report of its own).
+        spare = DispatchReport(policy=static.spec.policy)
+        shapes = jax.eval_shape(lambda r: evaluate(r, kept_rows, kept_flags, spare)[:2], a["positions"])
         zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
         def body(carry):
