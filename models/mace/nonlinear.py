@@ -71,13 +71,14 @@ def gate_irreps(target):
     return ir.simplify(srt), scalars, gated, tuple(sources), srt
 
 
-def gate(target, x, scalar_cst, gate_cst):
+def gate(target, x, scalar_cst, gate_cst, gate_fn=jax.nn.sigmoid):
     """The gate of :func:`gate_irreps` on ``x [n, dim]`` (its sorted input layout).
 
     Args:
       target: the output irreps (scalars first, then the gated irreps in order).
       x: ``[n, dim]`` features.
-      scalar_cst, gate_cst: the constants normalising silu and the sigmoid.
+      scalar_cst, gate_cst: the constants normalising silu and the gates' activation.
+      gate_fn: the gates' activation (MACE's sigmoid; SevenNet gates with silu).
 
     Returns:
       ``[n, dim(target)]``.
@@ -90,7 +91,7 @@ def gate(target, x, scalar_cst, gate_cst):
         start += mul * (2 * l + 1)
     out = [(jax.nn.silu(blocks[("s", i)]) * scalar_cst).reshape(x.shape[0], -1) for i in range(len(scalars))]
     for i in range(len(gated)):
-        g = jax.nn.sigmoid(blocks[("g", i)][..., 0]) * gate_cst  # [n, mul]
+        g = gate_fn(blocks[("g", i)][..., 0]) * gate_cst  # [n, mul]
         out.append((blocks[("x", i)] * g[..., None]).reshape(x.shape[0], -1))
     return jnp.concatenate(out, axis=-1)
 
