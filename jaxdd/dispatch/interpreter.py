@@ -124,12 +124,15 @@ class Dispatcher:
             # Whatever comes from rank-dependent data without keeping a distributed axis (one
             # atom's value, a partial left local) differs between ranks, unless a collective
             # made it the same everywhere.
-            tainted = not d.replicates and any(i.local or i.kind in ROWS for i in ins)
+            rank_ins = [i for i in ins if i.local or i.kind in ROWS]
+            tainted = not d.replicates and bool(rank_ins)
+            # Computed from values the model declared rank-local alone: declared so too.
+            deliberate = tainted and all(i.deliberate for i in rank_ins)
             outs = []
             for v, lay in zip(eqn.outvars, d.outs):
                 lay = clean(lay, shape_of(v))
-                if tainted and lay.kind is None and not lay.local:
-                    lay = dataclasses.replace(lay, local=True)
+                if tainted and lay.kind is None and (not lay.local or deliberate):
+                    lay = dataclasses.replace(lay, local=True, deliberate=deliberate)
                 outs.append(lay)
             for v, lay in zip(eqn.outvars, propagate(self, eqn, ins, d, outs)):
                 env[v] = lay

@@ -47,7 +47,10 @@ class Layout:
         unless a rule recognises it (a graph index rebuilt from counts).
     real: the values are the atom mask: true exactly on the rows of real atoms.
     permuted: the rows along ``axis`` are this rank's rows in another order (edges sorted
-        within the rank); a row's position no longer says which row it is."""
+        within the rank); a row's position no longer says which row it is.
+    deliberate: a ``local`` value that the model declared rank-local with
+        :func:`jaxdd.to_local` (or computed from such values alone): no layout is guessed for
+        it from its axis lengths, whatever they happen to equal."""
 
     kind: Kind | None = None
     axis: int = 0
@@ -59,6 +62,7 @@ class Layout:
     mixed: str | None = None
     real: bool = False
     permuted: bool = False
+    deliberate: bool = False
 
     def moved(self, axis: int | None) -> "Layout":
         """The same tag on another axis (``None``: the axis is gone; the index meaning stays)."""

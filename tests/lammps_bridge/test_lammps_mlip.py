@@ -1,6 +1,7 @@
 """Specification: machine-learned potentials run inside LAMMPS through the bridge (live, slow).
 
-A small MACE (``jaxdd.models.mace``) and jax-md's NequIP, random weights, on 64 atoms of
+A small MACE (``jaxdd.models.mace``) and jax-md's NequIP, random weights, and the published
+SevenNet-0 (``jaxdd.models.sevennet``, read from the ``sevenn`` wheel), on 64 atoms of
 diamond silicon (metal units, float64). Under LAMMPS's ``fix nvt`` the bridge's run equals
 jaxdd's own ``NoseHooverChain`` (which follows ``fix_nh.cpp``) from the same atoms, to
 1e-9 Å; under ``fix deform`` (the box stretched 2 % along x, atoms remapped) with ``fix nvt``
@@ -83,7 +84,15 @@ def nequip():
                       periodic=True, species=(14,), species_as="atoms", params=params)
 
 
-MODELS = {"mace": mace, "nequip": nequip}
+def sevennet():
+    pytest.importorskip("sevenn", reason="the sevenn wheel (SevenNet's checkpoints) is not installed: "
+                        "pip install --no-deps sevenn")
+    from jaxdd.models.sevennet import SevenNet
+
+    return SevenNet.from_checkpoint("7net-0")
+
+
+MODELS = {"mace": mace, "nequip": nequip, "sevennet": sevennet}
 
 
 def lammps_state(lmp):
@@ -130,7 +139,8 @@ def through_jaxdd_nvt(model, start, constants):
     words = NVT.split()
     integrator = jaxdd.NoseHooverChain(dt=0.001 / tau, temperature=float(words[2]), period=float(words[4]) / tau,
                                        kB=constants["boltz"])
-    dm = jaxdd.DistributedModel(model, jaxdd.DomainConfig(R_MAX, skin=1.0, mesh=mesh_of((1, 1, 1))))
+    cutoff = model.model_config.neighbor_config.cutoff
+    dm = jaxdd.DistributedModel(model, jaxdd.DomainConfig(cutoff, skin=1.0, mesh=mesh_of((1, 1, 1))))
     md = jaxdd.DomainParallel(dm, integrator)
     state = md.run(md.init(jaxdd.AtomicData.from_ase(atoms)), STEPS)
     return np.asarray(md.gather(state).positions), float(state.energy[0])

@@ -67,7 +67,7 @@ def reduce(ctx, eqn, ins) -> Decision:
     shape = shape_of(eqn.invars[0])
     notes = ()
     kind = lay.kind
-    if kind is None and lay.local:  # rank data whose layout was lost; parameters never are
+    if kind is None and lay.local and not lay.deliberate:  # rank data whose layout was lost; parameters never are
         guessed = [(a, ctx.fallback_kind(shape[a])) for a in axes]
         guessed = [(a, k) for a, k in guessed if k is not None]
         if len(guessed) == 1 and shape:
@@ -159,7 +159,7 @@ def dot_general(ctx, eqn, ins) -> Decision:
     notes = []
     sides = [lhs, rhs]
     for i, (lay, shape, contract) in enumerate(((lhs, lshape, lc), (rhs, rshape, rc))):
-        if lay.kind is None and lay.local and len(contract) == 1:
+        if lay.kind is None and lay.local and not lay.deliberate and len(contract) == 1:
             k = ctx.fallback_kind(shape[contract[0]])
             if k is not None:
                 sides[i] = Layout(k, contract[0])

@@ -27,7 +27,7 @@ def to_local(ctx, eqn, ins) -> Decision:
       ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
         (:func:`~jaxdd.dispatch.register_rule`).
     """
-    return Decision((REPLICATED,), bind, "verb.to_local")
+    return Decision((Layout(None, 0, local=True, deliberate=True),), bind, "verb.to_local")
 
 
 @register_rule("jaxdd::autograd_target")
