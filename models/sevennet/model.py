@@ -169,13 +169,14 @@ class SevenNet(eqx.Module, BaseModel):
 
     @property
     def modalities_in_embedding(self) -> bool:
+        """True when the modality's one-hot is appended to the type one-hot (no published model)."""
         return "node_embedding" in self.modal_inputs
 
     def _linears(self):
         n_types = len(self.species)
         modal = ((self.n_modalities, 0, 1),)
         x = self.irreps[-1]
-        hidden = ((ir_dim(x) // 2, 0, 1),)
+        hidden = ((_dim(x) // 2, 0, 1),)
         embedding = Linear(((n_types, 0, 1),) + (modal if self.modalities_in_embedding else ()), self.irreps[0])
         readout = (Linear(x + (modal if "output_block" in self.modal_inputs else ()), hidden),
                    Linear(hidden, ((1, 0, 1),)))
@@ -324,7 +325,7 @@ def _envelope(options, r, rc):
     return (1 - (pw + 1) * (pw + 2) / 2 * x**pw + pw * (pw + 2) * x ** (pw + 1) - pw * (pw + 1) / 2 * x ** (pw + 2))
 
 
-def ir_dim(irreps) -> int:
+def _dim(irreps) -> int:
     """The dimension Σ mul·(2l+1) of ``irreps``."""
     return sum(m * (2 * l + 1) for m, l, _ in irreps)
 
