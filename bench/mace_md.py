@@ -330,10 +330,9 @@ def format_table(rows, notes) -> str:
         warm = f"{r['warmup_seconds']:.1f}" if r["warmup_seconds"] is not None else "-"
         lines.append([r["side"], f"{r['n_atoms']:,}", str(r["cores"]), r["dtype"], f"{r['atom_steps_per_second']:,.0f}",
                       f"{r['seconds']:.2f}", warm, f"{r['memory_kb_per_atom']:.1f}", ratio])
-    widths = [max(len(c), *(len(l[i]) for l in lines)) for i, c in enumerate(cols)]
-    out = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
-    out += ["  ".join(c.rjust(w) for c, w in zip(l, widths)) for l in lines]
-    return "\n".join(out + [f"note: {n}" for n in notes])
+    from timing import text_table
+
+    return text_table(cols, lines, notes)
 
 
 def main(argv=None) -> int:

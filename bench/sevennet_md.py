@@ -380,10 +380,9 @@ def format_table(rows, notes) -> str:
                              f"{r['memory_kb_per_atom']:.1f}", f"{r['peak_mb']:,.0f}",
                              f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-",
                              f"{r['speedup']:.2f}x" if r.get("speedup") is not None else "-"])
-    widths = [max(len(c), *(len(l[i]) for l in lines)) for i, c in enumerate(cols)]
-    out = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
-    out += ["  ".join(c.rjust(w) for c, w in zip(l, widths)) for l in lines]
-    return "\n".join(out + [f"note: {n}" for n in notes])
+    from timing import text_table
+
+    return text_table(cols, lines, notes)
 
 
 def main(argv=None) -> int:

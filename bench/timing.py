@@ -221,3 +221,20 @@ def check_args(p, args, positive=(), choices=None) -> None:
         if not values or any(v not in allowed for v in values):
             p.error(f"--{name} must list some of {','.join(allowed)}, got {text!r}")
         setattr(args, name, values)
+
+
+def text_table(cols, lines, notes=()) -> str:
+    """Rows of strings right-aligned under their column names, then one ``note:`` line each.
+
+    Args:
+      cols: the column names.
+      lines: the rows, one string per column.
+      notes: lines printed after the table.
+
+    Returns:
+      the table as text.
+    """
+    widths = [max(len(c), *(len(line[i]) for line in lines)) for i, c in enumerate(cols)]
+    out = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
+    out += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines]
+    return "\n".join(out + [f"note: {n}" for n in notes])
