@@ -32,14 +32,16 @@ def named(path) -> str:
 # ----------------------------------------------------------------------------- dtype
 
 
-@pytest.mark.parametrize("dtype", [jnp.int32, jnp.int64, np.int64, bool, jnp.bool_, "int32", jnp.complex64, None],
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.int64, np.int64, bool, jnp.bool_, "int32", jnp.complex64, None,
+                                   jnp.float16, jnp.bfloat16, "float16"],
                          ids=lambda d: getattr(d, "__name__", repr(d)))
 @pytest.mark.parametrize("loader", ["from_torch", "constructor"])
-def test_a_non_floating_dtype_is_refused_naming_dtype(loader, dtype):
-    # int32 used to truncate the weights: -25.12 eV instead of -36.16 eV, without a word.
+def test_a_dtype_other_than_float32_or_float64_is_refused_naming_dtype(loader, dtype):
+    # int32 used to truncate the weights: -25.12 eV instead of -36.16 eV, without a word; float16
+    # and bfloat16 ran 3.7 and 17.6 meV off on 8 atoms under an error text naming float32 or float64.
     load = {"from_torch": lambda: MACE.from_torch(EXPORT, dtype=dtype),
             "constructor": lambda: MACE((1, 6, 8), 4.0, dtype=dtype)}[loader]
-    with pytest.raises(ValueError, match=r"dtype must be a floating dtype \(float32 or float64\)"):
+    with pytest.raises(ValueError, match=r"dtype must be float32 or float64"):
         load()
 
 

@@ -244,8 +244,10 @@ def one_device():
     return {k: np.asarray(v) for k, v in out.items()}
 
 
-@pytest.mark.parametrize("grid", [(2, 1, 1)] + [pytest.param(g, marks=pytest.mark.slow)
-                                                  for g in ((3, 2, 1), (2, 2, 2), (4, 1, 1))],
+# Slow: the default set runs the same layers and blocked edge sums distributed through SevenNet
+# (tests/models/test_sevennet.py), a model of the published size.
+@pytest.mark.parametrize("grid", [pytest.param(g, marks=pytest.mark.slow)
+                                  for g in ((2, 1, 1), (3, 2, 1), (2, 2, 2), (4, 1, 1))],
                          ids=lambda g: "x".join(map(str, g)))
 def test_distributed_converted_model_equals_one_device(grid):
     grid_ids = tuple(grid)
