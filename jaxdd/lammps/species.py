@@ -39,12 +39,14 @@ def species_map(mapping) -> dict[int, int]:
     Returns:
       ``{1: 14, 2: 8}``.
     """
-    out = {}
+    out, spelled = {}, {}
     for type_id, species in dict(mapping).items():
         t = int(type_id) if isinstance(type_id, (int, np.integer, str)) and str(type_id).strip().isdigit() else None
         if t is None or t < 1:
             raise TypeMapError(f"atom type {type_id!r} is not a LAMMPS type (an integer >= 1)")
-        out[t] = _atomic_number(t, species)
+        if t in out:  # 1 and "1", or "1" and "01": one type, and the last one named would win unseen
+            raise TypeMapError(f"atom type {t} is named twice, as {spelled[t]!r} and {type_id!r}; name each type once")
+        out[t], spelled[t] = _atomic_number(t, species), type_id
     return out
 
 

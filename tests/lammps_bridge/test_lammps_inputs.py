@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from jaxdd.lammps.script import ScriptError, read_script
-from jaxdd.lammps.species import TypeMapError, parse_types, species_table
+from jaxdd.lammps.species import TypeMapError, parse_types, species_map, species_table
 from jaxdd.lammps.units import UnitError, check_units
 
 
@@ -26,6 +26,15 @@ def test_types_are_read_as_symbols_or_atomic_numbers():
 def test_a_bad_type_map_is_refused_naming_the_entry(text, match):
     with pytest.raises(TypeMapError, match=match):
         parse_types(text)
+
+
+def test_one_type_spelled_two_ways_is_refused_not_mapped_to_the_last():
+    # "01" and "1", or 1 and "1" from Python, are one LAMMPS type: the last one used to win
+    # without a word (type 1 read as O, PE -439.30 eV instead of -293.07).
+    with pytest.raises(TypeMapError, match="atom type 1 is named twice, as '1' and '01'"):
+        parse_types("1=C,2=O,01=O")
+    with pytest.raises(TypeMapError, match="atom type 1 is named twice, as 1 and '1'"):
+        species_map({1: "Ar", "1": "Ne"})
 
 
 def test_the_species_table_maps_each_type_and_names_the_types_missing():
