@@ -130,12 +130,13 @@ def read_script(path, fix_id: str | None = None) -> Script:
 
     Args:
       path: the LAMMPS input script.
-      fix_id: the fix's ID when the script defines several (default: its first ``fix ... external``).
+      fix_id: the fix's ID; required when the script defines several fixes of style external
+        (default: its one ``fix ... external``).
 
     Returns:
       A :class:`Script`; a :class:`ScriptError` when the file cannot be read, names no
-      ``fix ID group external pf/callback Ncall Napply`` (or no such ``fix_id``), or names
-      one with ``pf/array`` (which has no callback).
+      ``fix ID group external pf/callback Ncall Napply`` (or no such ``fix_id``), names
+      several without ``fix_id``, or names one with ``pf/array`` (which has no callback).
     """
     path = Path(path)
     try:
@@ -145,6 +146,10 @@ def read_script(path, fix_id: str | None = None) -> Script:
     commands = _commands(lines)
     externals = [c for c in commands if _is_external(c)]
     chosen = [c for c in externals if fix_id is None or c.words[1] == fix_id]
+    ids = list(dict.fromkeys(c.words[1] for c in externals if len(c.words) > 1))
+    if fix_id is None and len(ids) > 1:  # the bridge would serve one; LAMMPS stops at the other's first call
+        raise ScriptError(f"{path} defines {len(ids)} fixes of style external ({', '.join(ids)}); say which one is "
+                          f"the jaxdd model's with --fix (e.g. --fix {ids[0]})")
     if not chosen:
         if fix_id is not None and externals:
             raise ScriptError(f"{path} has no fix {fix_id!r} of style external (its fix external: "

