@@ -155,6 +155,15 @@ def test_a_time_step_far_too_large_is_refused_on_one_device_as_on_many(integrato
         md.run(md.init(melt()), 20)
 
 
+def test_a_barostat_moving_the_cell_too_fast_is_named_as_the_cause():
+    # p_period = 10 dt passes the constructor's bound; the cell then moves the atoms more than the
+    # skin allows at step 1, and the message named dt alone.
+    md = md_of(MTKBarostat(**dict(NPT, p_period=10 * DT)))
+    with pytest.raises(RuntimeError, match=r"dt = 0\.005\), or the cell changes too fast: p_period = 0\.05 is 10 time "
+                                           r"steps .*lengthen it"):
+        md.run(md.init(melt()), 20)
+
+
 def test_a_negative_step_count_is_refused():
     md = md_of(VelocityVerlet(DT))
     with pytest.raises(ValueError, match="n_steps"):
