@@ -161,6 +161,10 @@ def read_script(path, fix_id: str | None = None) -> Script:
     if len(fix.words) < 5 or fix.words[4] != "pf/callback":
         raise ScriptError(f"{path}, line {fix.first}: fix {fix.words[1]} must be 'external pf/callback Ncall Napply' "
                           f"for the jaxdd callback, got '{' '.join(fix.words)}'")
+    if fix.words[2] != "all":  # LAMMPS applies the forces to the group only; the energy is every atom's
+        raise ScriptError(f"{path}, line {fix.first}: fix {fix.words[1]} acts on group {fix.words[2]!r}; the jaxdd "
+                          "model is the potential of every atom (its energy counts them all, LAMMPS would apply "
+                          f"forces to the group only): use 'fix {fix.words[1]} all external pf/callback ...'")
     before = [c for c in commands if c.first < fix.first]
     units = next((c.words[1] for c in before if c.words[0] == "units" and len(c.words) > 1), None)
     reads_restart = units is None and any(c.words[0] == "read_restart" for c in before)

@@ -80,6 +80,14 @@ def test_a_fix_external_in_array_mode_is_refused(tmp_path):
         read_script(path)
 
 
+def test_a_fix_external_on_a_group_is_refused(tmp_path):
+    # The energy was every atom's and the forces went to the group only: 1.5 meV of drift in 10 steps.
+    path = tmp_path / "in.x"
+    path.write_text("units metal\ngroup half id 1:32\nfix ml half external pf/callback 1 1\n")
+    with pytest.raises(ScriptError, match=r"line 3: fix ml acts on group 'half'.*fix ml all external"):
+        read_script(path)
+
+
 def test_two_fixes_external_without_fix_are_refused_naming_both(tmp_path):
     # The bridge served the first; LAMMPS stopped at the second with "callback function not set".
     path = tmp_path / "in.x"
