@@ -22,7 +22,8 @@ import jax.numpy as jnp
 
 from . import irreps as ir
 from .edges import edge_sum
-from .layers import Linear, TensorProduct, conv_tp_irreps, radial_mlp, split, symmetric_contraction
+from .layers import (Linear, TensorProduct, conv_tp_irreps, radial_mlp, split, symmetric_contraction,
+                     uvu_messages)
 from .nonlinear import NONLINEAR, NonLinearInteraction
 
 __all__ = ["INTERACTIONS", "READOUTS", "Layer"]
@@ -134,15 +135,17 @@ class Layer:
         sc = self.skip_tp(p["skip_tp"], feats, attrs) if self.residual else None
         up = self.linear_up(p["linear_up"], feats)
 
-        def messages(rows, up):  # of a block of b edges: [b, dim(mid)]
+        def messages(rows, _):  # of a block of b edges: [b, dim(mid)]
             weights = radial_mlp(p["radial"], rows["feats"], act_constant)  # [b, numel]
             if cutoff is not None:
                 weights = weights * rows["cutoff"][:, None]
-            return self.conv_tp(weights, up[rows["senders"]], rows["sh"])
+            return uvu_messages(self.conv_tp, weights, rows["source"], rows["sh"])
 
-        rows = {"feats": edges["feats"], "sh": edges["sh"], "senders": senders,
+        # The senders' features gathered per irrep for every edge, before the blocks (see
+        # uvu_messages: slices of one wide array cost more than the rest in the backward pass).
+        rows = {"feats": edges["feats"], "sh": edges["sh"], "source": [b[senders] for b in split(self.edge, up)],
                 **({"cutoff": cutoff} if cutoff is not None else {})}
-        aggregated = edge_sum(messages, rows, receivers, n, up, edge_block)
+        aggregated = edge_sum(messages, rows, receivers, n, (), edge_block)
         a = self.linear(p["linear"], aggregated)
         if self.density:
             w = p["density"]  # [num_bessel, 1]: e3nn's one-layer FullyConnectedNet, no activation

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import irreps as ir
 
-__all__ = ["split", "Linear", "TensorProduct", "conv_tp_irreps", "radial_mlp", "normalized_silu_constant",
+__all__ = ["split", "Linear", "TensorProduct", "uvu_messages", "conv_tp_irreps", "radial_mlp", "normalized_silu_constant",
            "symmetric_contraction", "symmetric_basis", "symmetrize_basis", "monomials"]
 
 
@@ -155,6 +155,41 @@ def _uvu_single(c, w, x1, x2):
             acc = term if acc is None else acc + term
         cols.append(acc if acc is not None else jnp.zeros(wx.shape[:-1], x1.dtype))
     return jnp.stack(cols, axis=-1)
+
+
+def uvu_messages(conv, weight, source, sh):
+    """The convolution's tensor product ``conv`` (``uvu`` paths, second input of multiplicity
+    one) on a block of ``b`` edges.
+
+    Each path is ``y[e, u, k] = α w[e, u] Σ_i x[e, u, i] G[e, i, k]`` with the harmonics folded
+    into the coupling, ``G[e, i, k] = Σ_j C[i, j, k] Y[e, j]``, written as a broadcast product
+    summed over ``i``: its gradient is the same form, with no slices of the inputs (whose
+    gradients are padded copies, one per path, that XLA's CPU fusions sum element by element).
+
+    Args:
+      conv: the :class:`TensorProduct` (its irreps and instructions; every one ``uvu``).
+      weight: ``[b, numel]`` per-edge weights, one block of ``mul`` per instruction, in order.
+      source: the senders' features, one ``[b, mul, 2l+1]`` array per entry of ``irreps_in1``.
+      sh: ``[b, (lmax+1)²]`` the edges' harmonics (``irreps_in2``).
+
+    Returns:
+      ``[b, dim(irreps_out)]``.
+    """
+    harmonics = split(conv.irreps_in2, sh)
+    out = [None] * len(conv.irreps_out)
+    offset = 0
+    for i1, i2, o, _ in conv.instructions:
+        mul, l1, _ = conv.irreps_in1[i1]
+        l2, lo = conv.irreps_in2[i2][1], conv.irreps_out[o][1]
+        fan_in = sum(conv.irreps_in2[j2][0] for _, j2, o2, _ in conv.instructions if o2 == o)
+        alpha = math.sqrt((2 * lo + 1) / fan_in)
+        w = weight[:, offset:offset + mul] * alpha
+        offset += mul
+        c = jnp.asarray(ir.wigner_3j(l1, l2, lo), sh.dtype)
+        g = jnp.einsum("ijk,bj->bik", c, harmonics[i2][:, 0, :])  # [b, 2l1+1, 2lo+1]
+        y = jnp.sum(source[i1][:, :, :, None] * g[:, None, :, :], axis=2)  # [b, mul, 2lo+1]
+        out[o] = (w[:, :, None] * y).reshape(y.shape[0], -1)
+    return jnp.concatenate(out, axis=-1)
 
 
 def conv_tp_irreps(irreps1, irreps2, target):

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from . import irreps as ir
 from .edges import edge_sum
-from .layers import Linear
+from .layers import Linear, split, uvu_messages
 
 __all__ = ["NONLINEAR", "NonLinearInteraction", "mlp_with_layer_norm", "gate"]
 
@@ -149,13 +149,15 @@ class NonLinearInteraction:
             return out if cutoff is None else out * rows["cutoff"][:, None]
 
         def messages(rows, nodes):
-            return layer.conv_tp(network(rows, nodes[:2], p["radial_net"]), nodes[2][rows["senders"]], rows["sh"])
+            return uvu_messages(layer.conv_tp, network(rows, nodes, p["radial_net"]), rows["source"], rows["sh"])
 
         rows = {"feats": edges["feats"], "sh": edges["sh"], "senders": senders, "receivers": receivers,
                 "inside": edges["inside"], **({"cutoff": cutoff} if cutoff is not None else {})}
         edge_density = jnp.tanh(network(rows, (source, target), p["density_net"])[:, 0] ** 2)
         density = jax.ops.segment_sum(edge_density, receivers, num_segments=n)
-        aggregated = edge_sum(messages, rows, receivers, n, (source, target, up), edge_block)
+        # The senders' features gathered per irrep before the blocks (see layers.uvu_messages).
+        rows["source"] = [b[senders] for b in split(layer.edge, up)]
+        aggregated = edge_sum(messages, rows, receivers, n, (source, target), edge_block)
         a = self.linear_1(p["linear_1"], aggregated) / (density * p["beta"] + p["alpha"])[:, None] + res
         a = gate(layer.target, a, *constants)
         return self.linear_2(p["linear_2"], a), sc

@@ -31,8 +31,6 @@ checkpoint's weights apply unchanged.
 
 from __future__ import annotations
 
-import math
-
 
 import e3nn_jax as e3nn
 import equinox as eqx
@@ -44,8 +42,7 @@ from jaxdd.spec.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfi
 from jaxdd.neighbors import edge_vectors
 
 from ..mace.edges import edge_sum
-from ..mace.irreps import wigner_3j
-from ..mace.layers import Linear, TensorProduct, conv_tp_irreps, radial_mlp, split
+from ..mace.layers import Linear, TensorProduct, conv_tp_irreps, radial_mlp, split, uvu_messages
 from ..mace.nonlinear import gate, gate_irreps
 from . import checkpoint as ckpt
 
@@ -275,41 +272,6 @@ class SevenNet(eqx.Module, BaseModel):
         bessel = (2.0 / rc) * jnp.sin(p["bessel"] * r[:, None]) / r[:, None]
         envelope = _envelope(dict(self.cutoff_function), r, rc)
         return {"sh": sh, "basis": jnp.where(inside[:, None], bessel * envelope[:, None], 0.0)}
-
-
-def uvu_messages(conv, weight, source, sh):
-    """The convolution's tensor product ``conv`` (``uvu`` paths, second input of multiplicity
-    one) on a block of ``b`` edges.
-
-    Each path is ``y[e, u, k] = α w[e, u] Σ_i x[e, u, i] G[e, i, k]`` with the harmonics folded
-    into the coupling, ``G[e, i, k] = Σ_j C[i, j, k] Y[e, j]``, written as a broadcast product
-    summed over ``i``: its gradient is the same form, with no slices of the inputs (whose
-    gradients are padded copies, one per path, that XLA's CPU fusions sum element by element).
-
-    Args:
-      conv: the :class:`~jaxdd.models.mace.layers.TensorProduct` (its irreps and instructions).
-      weight: ``[b, numel]`` per-edge weights, one block of ``mul`` per instruction, in order.
-      source: the senders' features, one ``[b, mul, 2l+1]`` array per entry of ``irreps_in1``.
-      sh: ``[b, (lmax+1)²]`` the edges' harmonics (``irreps_in2``).
-
-    Returns:
-      ``[b, dim(irreps_out)]``.
-    """
-    harmonics = split(conv.irreps_in2, sh)
-    out = [None] * len(conv.irreps_out)
-    offset = 0
-    for i1, i2, o, _ in conv.instructions:
-        mul, l1, _ = conv.irreps_in1[i1]
-        l2, lo = conv.irreps_in2[i2][1], conv.irreps_out[o][1]
-        fan_in = sum(conv.irreps_in2[j2][0] for _, j2, o2, _ in conv.instructions if o2 == o)
-        alpha = math.sqrt((2 * lo + 1) / fan_in)
-        w = weight[:, offset:offset + mul] * alpha
-        offset += mul
-        c = jnp.asarray(wigner_3j(l1, l2, lo), sh.dtype)
-        g = jnp.einsum("ijk,bj->bik", c, harmonics[i2][:, 0, :])  # [b, 2l1+1, 2lo+1]
-        y = jnp.sum(source[i1][:, :, :, None] * g[:, None, :, :], axis=2)  # [b, mul, 2lo+1]
-        out[o] = (w[:, :, None] * y).reshape(y.shape[0], -1)
-    return jnp.concatenate(out, axis=-1)
 
 
 def _envelope(options, r, rc):
