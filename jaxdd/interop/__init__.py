@@ -7,9 +7,10 @@ ASE calculator run like any other, and the other way round, ASE drives any jaxdd
 - :mod:`jaxdd.interop.ase`: ``Calculator``, an ASE calculator around a jaxdd model (ASE is a core
   dependency, so this package imports it);
 - :mod:`jaxdd.interop.jax_md`: jax-md neighbour-list potentials (``energy_fn(R, neighbor)``; it
-  imports jax-md on import, so this package leaves it to be imported by name).
+  imports jax-md on import, so this package leaves it to be imported by name);
+- :mod:`jaxdd.interop.pth`: files written by ``torch.save`` (published weights), read without torch.
 """
 
-from . import ase
+from . import ase, pth
 
-__all__ = ["ase", "jax_md"]
+__all__ = ["ase", "jax_md", "pth"]
