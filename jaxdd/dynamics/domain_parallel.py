@@ -285,7 +285,7 @@ class DomainParallel:
                     f"step {state.step + 1} would move an atom more than {self.step_limit:.4g} Å (half the skin, or "
                     "DomainConfig.migration_hysteresis) in one step: the time step is too large for these "
                     f"velocities and forces ({type(self.integrator).__name__}.dt = "
-                    f"{getattr(self.integrator, 'dt', '?')}){self._cell_hint()}; reduce dt, or raise "
+                    f"{getattr(self.integrator, 'dt', '?')}){_cell_hint(self.integrator)}; reduce dt, or raise "
                     "DomainConfig.skin if the steps are meant to be this long")
             elif reason in (REBUILD, NONFINITE, AHEAD):
                 # A stale halo, or a step a model refused on this plan (the distributed PME mesh
@@ -294,9 +294,8 @@ class DomainParallel:
                 if reason != AHEAD and taken == 0 and fresh:
                     raise RuntimeError(
                         f"an atom moved more than {self.threshold:.4g} Å (half the skin) in one step from a fresh "
-                        f"plan; the time step is too large for the skin{self._cell_hint()}: reduce dt or raise "
-                        "DomainConfig.skin"
-                        if reason == REBUILD else
+                        f"plan; the time step is too large for the skin{_cell_hint(self.integrator)}: reduce dt or "
+                        "raise DomainConfig.skin" if reason == REBUILD else
                         f"the step is not finite at step {state.step + 1} (energy, forces, positions, "
                         "velocities, cell or the integrator's state), on a plan built from the step before: the model "
                         "failed on these positions (atoms too close? a time step too large?); the state passed to "
@@ -309,15 +308,6 @@ class DomainParallel:
         return state
 
     # ------------------------------------------------------------------ results
-
-    def _cell_hint(self) -> str:
-        """For an integrator that moves the cell, its barostat period in time steps: a short one
-        moves the atoms with the cell, and the step guard would otherwise name dt alone."""
-        p_period, dt = getattr(self.integrator, "p_period", None), getattr(self.integrator, "dt", None)
-        if not getattr(self.integrator, "moves_cell", False) or not p_period or not dt:
-            return ""
-        return (f", or the cell changes too fast: p_period = {p_period:g} is {p_period / dt:.3g} time steps "
-                f"(LAMMPS suggests about 1,000 dt for a barostat's Pdamp: lengthen it)")
 
     def gather(self, state: MDState) -> Batch:
         """The system of ``state``, as a Batch in the original atom order (positions unwrapped)."""
@@ -380,3 +370,13 @@ def _reach(md: DomainParallel):
         return None
     nc = md.dist_model.model.model_config.neighbor_config
     return (float(md.dist_model.ghost_width), float(nc.search_cutoff))
+
+
+def _cell_hint(integrator) -> str:
+    """For an integrator that moves the cell, its barostat period in time steps: a short one
+    moves the atoms with the cell, and the step guard would otherwise name dt alone."""
+    p_period, dt = getattr(integrator, "p_period", None), getattr(integrator, "dt", None)
+    if not getattr(integrator, "moves_cell", False) or not p_period or not dt:
+        return ""
+    return (f", or the cell changes too fast: p_period = {p_period:g} is {p_period / dt:.3g} time steps "
+            f"(LAMMPS suggests about 1,000 dt for a barostat's Pdamp: lengthen it)")
