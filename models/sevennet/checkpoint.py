@@ -23,6 +23,7 @@ import numpy as np
 from jaxdd.interop import pth
 
 from ..mace import irreps as ir
+from ..mace.layers import conv_tp_irreps
 
 __all__ = ["PRETRAINED", "UnsupportedCheckpoint", "resolve", "read"]
 
@@ -180,32 +181,25 @@ def _conv_columns(irreps_x, sh, target, state, prefix, version, source):
     (input irrep, harmonic, output degree), and some of them store Wigner 3j blocks of the
     opposite sign: those paths' columns are negated, as sevenn's own loader does.
     """
-    mids, by_loop = [], []
-    for i, (mul, l1, p1) in enumerate(irreps_x):
-        for j, (_, l2, p2) in enumerate(sh):
-            for lo in range(abs(l1 - l2), l1 + l2 + 1):
-                if (lo, p1 * p2) in target:
-                    by_loop.append((i, j, len(mids)))
-                    mids.append((mul, lo, p1 * p2))
-    _, perm = ir.sort(tuple(mids))
-    by_loop = [(i, j, perm[k]) for i, j, k in by_loop]
-    by_output = sorted(by_loop, key=lambda t: t[2])
+    mids, by_output = conv_tp_irreps(irreps_x, sh, tuple((1, l, p) for l, p in target))
+    # sevenn < 0.11 found each path once, by input irrep, then harmonic, then output degree.
+    by_loop = sorted(by_output, key=lambda ins: (ins[0], ins[1], mids[ins[2]][1]))
     layers = sorted(k for k in state if k.startswith(f"{prefix}.weight_nn.layer") and k.endswith(".weight"))
     w = np.asarray(state[layers[-1]], np.float64)
-    if w.shape[1] != sum(irreps_x[i][0] for i, _, _ in by_loop):
+    numel = sum(irreps_x[i][0] for i, _, _, _ in by_loop)
+    if w.shape[1] != numel:
         raise UnsupportedCheckpoint(f"SevenNet checkpoint {source!r}: {layers[-1]} has {w.shape[1]} columns, the "
-                                    "convolution's paths need "
-                                    f"{sum(irreps_x[i][0] for i, _, _ in by_loop)}")
+                                    f"convolution's paths need {numel}")
     old = version[:3] < (0, 11, 0) or (version[:3] == (0, 11, 0) and version[3] == "dev0")
     if not old:
         return w
     blocks, start = {}, 0
-    sorted_mids = ir.sort(tuple(mids))[0]
-    for i, j, k in by_loop:
+    for ins in by_loop:
+        i, j, k, _ = ins
         mul = irreps_x[i][0]
         block = w[:, start:start + mul]
         start += mul
-        l1, l2, l3 = irreps_x[i][1], sh[j][1], sorted_mids[k][1]
+        l1, l2, l3 = irreps_x[i][1], sh[j][1], mids[k][1]
         key = f"{prefix}.convolution._compiled_main_left_right._w3j_{l1}_{l2}_{l3}"
         if l1 > 0 and l2 > 0 and l3 > 0 and key in state:
             stored, ours = np.asarray(state[key], np.float64), ir.wigner_3j(l1, l2, l3)
@@ -213,7 +207,7 @@ def _conv_columns(irreps_x, sh, target, state, prefix, version, source):
                 block = -block
             elif not np.allclose(stored, ours, atol=1e-6):
                 raise UnsupportedCheckpoint(f"SevenNet checkpoint {source!r}: {key} is not e3nn's Wigner 3j symbol")
-        blocks[(i, j, k)] = block
+        blocks[ins] = block
     return np.concatenate([blocks[t] for t in by_output], axis=1)
 
 

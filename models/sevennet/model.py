@@ -42,6 +42,8 @@ from jaxdd.spec.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfi
 from jaxdd.neighbors import edge_vectors
 
 from ..mace.edges import edge_sum
+from ..mace.radial import polynomial_cutoff
+from ..species import neighbor_inputs, species_table
 from ..mace.layers import Linear, TensorProduct, conv_tp_irreps, radial_mlp, split, uvu_messages
 from ..mace.nonlinear import gate, gate_irreps
 from . import checkpoint as ckpt
@@ -214,19 +216,14 @@ class SevenNet(eqx.Module, BaseModel):
                              "checkpoint that covers them")
 
     def adapt_input(self, data, **kwargs) -> dict:
-        if data.neighbors is None:
-            raise ValueError("SevenNet needs data.neighbors; call it through jaxdd.compute")
-        return dict(positions=data.positions, cell=data.cell, batch_idx=data.batch_idx,
-                    atomic_numbers=data.atomic_numbers, atom_mask=data.atom_mask, neighbors=data.neighbors,
-                    n_systems=data.n_systems)
+        return neighbor_inputs(data, "SevenNet")
 
     def forward(self, positions, cell, batch_idx, atomic_numbers, atom_mask, neighbors, n_systems):
         dt = positions.dtype
         n = positions.shape[0]
         p = jax.tree_util.tree_map(lambda a: a.astype(dt), self.params)
-        table = np.zeros(max(self.species) + 1, np.int32)
-        table[list(self.species)] = np.arange(len(self.species))
-        kind = jnp.asarray(table)[jnp.clip(atomic_numbers, 0, table.size - 1)]
+        table = jnp.asarray(species_table(self.species))
+        kind = table[jnp.clip(atomic_numbers, 0, table.size - 1)]
         onehot = jax.nn.one_hot(kind, len(self.species), dtype=dt)
         embedding, readout = self._linears()
         x = embedding(p["embedding"], _with_modal(onehot, p["modal"], self.modalities_in_embedding))
@@ -282,9 +279,7 @@ def _envelope(options, r, rc):
         r2, on2, c2 = r * r, r_on * r_on, rc * rc
         switch = (c2 - r2) ** 2 * (c2 + 2 * r2 - 3 * on2) / (c2 - on2) ** 3
         return jnp.where(r < r_on, 1.0, switch)
-    pw = float(options.get("poly_cut_p_value", 6))
-    x = r / rc
-    return (1 - (pw + 1) * (pw + 2) / 2 * x**pw + pw * (pw + 2) * x ** (pw + 1) - pw * (pw + 1) / 2 * x ** (pw + 2))
+    return polynomial_cutoff(r, rc, int(options.get("poly_cut_p_value", 6)))
 
 
 def _dim(irreps) -> int:
