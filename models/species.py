@@ -10,7 +10,7 @@ import numpy as np
 
 from jaxdd.data.checks import integral
 
-__all__ = ["species_table", "check_species", "check_cutoff", "validate_species", "neighbor_inputs"]
+__all__ = ["species_table", "check_species", "check_cutoff", "validate_species", "neighbor_inputs", "weights_dtype"]
 
 
 def species_table(species):
@@ -57,3 +57,26 @@ def neighbor_inputs(data, owner) -> dict:
     return dict(positions=data.positions, cell=data.cell, batch_idx=data.batch_idx,
                 atomic_numbers=data.atomic_numbers, atom_mask=data.atom_mask, neighbors=data.neighbors,
                 n_systems=data.n_systems)
+
+
+def weights_dtype(dtype, owner):
+    """``dtype`` as a numpy dtype; ValueError naming ``owner``'s dtype unless it is float32 or float64.
+
+    Args:
+      dtype: the dtype asked for (a numpy or jax dtype, a type or its name).
+      owner: the model or loader, for the message.
+
+    Returns:
+      the numpy dtype.
+    """
+    try:
+        dt = None if dtype is None else np.dtype(dtype)
+    except TypeError:
+        dt = None
+    # The weights are cast to it: an integer or bool dtype would truncate them without a word, and
+    # a half precision rounds them to 3 significant digits (meV off on a few atoms).
+    if dt is None or dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+        got = dt.name if dt is not None else repr(dtype)
+        raise ValueError(f"{owner} dtype must be float32 or float64, got {got}; the weights are cast to it: an "
+                         "integer or bool dtype would truncate them and a half precision would round them")
+    return dt

@@ -41,6 +41,7 @@ from jaxdd.spec.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfi
 from jaxdd.neighbors import edge_vectors
 
 from .. import species as species_lib
+from ..species import weights_dtype
 from . import irreps as ir
 from . import radial as rad
 from .blocks import INTERACTIONS, READOUTS, Layer
@@ -49,21 +50,6 @@ from .convert import select_head, weights_from_state_dict
 from .torch_import import is_export, load_export, read, save_export
 
 __all__ = ["MACE", "INTERACTIONS", "export_torch"]
-
-
-def _float_dtype(dtype, owner):
-    """``dtype`` as a numpy dtype; ValueError naming ``dtype`` unless it is a floating one."""
-    try:
-        dt = None if dtype is None else np.dtype(dtype)
-    except TypeError:
-        dt = None
-    # The weights are cast to it: an integer or bool dtype would truncate them without a word, and
-    # a half precision rounds them to 3 significant digits (meV off on a few atoms).
-    if dt is None or dt not in (np.dtype(np.float32), np.dtype(np.float64)):
-        got = dt.name if dt is not None else repr(dtype)
-        raise ValueError(f"{owner} dtype must be float32 or float64, got {got}; the weights are cast to it: an "
-                         "integer or bool dtype would truncate them and a half precision would round them")
-    return dt
 
 
 class MACE(eqx.Module, BaseModel):
@@ -128,7 +114,7 @@ class MACE(eqx.Module, BaseModel):
                  atomic_energies=None, scale: float = 1.0, shift: float = 0.0, skin: float = 0.0, edge_block=None,
                  seed: int = 0, dtype=jnp.float64, _weights=None, _act_constant=None, _gate_constants=None):
         owner = "MACE"
-        dtype = _float_dtype(dtype, owner)
+        dtype = weights_dtype(dtype, owner)
         self.species = species_lib.check_species(species, owner)
         r_max = species_lib.check_cutoff(r_max, owner)
         self.num_bessel = integral(f"{owner} num_bessel", num_bessel, minimum=1)
@@ -251,7 +237,7 @@ class MACE(eqx.Module, BaseModel):
         Returns:
           the :class:`MACE`.
         """
-        dtype = _float_dtype(dtype, "MACE.from_torch")
+        dtype = weights_dtype(dtype, "MACE.from_torch")
         if isinstance(source, (str, os.PathLike)) and is_export(source):
             if config is not None:
                 # config holds mace-torch constructor arguments, for a state dict only; the

@@ -43,7 +43,7 @@ from jaxdd.neighbors import edge_vectors
 
 from ..mace.edges import edge_sum
 from ..mace.radial import polynomial_cutoff
-from ..species import neighbor_inputs, species_table
+from ..species import neighbor_inputs, species_table, weights_dtype
 from ..mace.layers import Linear, TensorProduct, conv_tp_irreps, radial_mlp, split, uvu_messages
 from ..mace.nonlinear import gate, gate_irreps
 from . import checkpoint as ckpt
@@ -149,10 +149,7 @@ class SevenNet(eqx.Module, BaseModel):
           UnsupportedCheckpoint: an option of the architecture that is not implemented.
           ValueError: ``modal`` missing or unknown (the message lists the modalities).
         """
-        dt = np.dtype(dtype) if isinstance(dtype, (str, type, np.dtype)) else None
-        if dt is None or dt not in (np.dtype(np.float32), np.dtype(np.float64)):
-            raise ValueError(f"SevenNet.from_checkpoint dtype must be float32 or float64, got {dtype!r}; lower "
-                             "precisions lose the weights' own float32 accuracy")
+        dt = weights_dtype(dtype, "SevenNet.from_checkpoint")
         settings, weights = ckpt.read(name_or_path, modal)
         return cls(settings, weights, skin=skin, edge_block=edge_block, dtype=dt)
 
