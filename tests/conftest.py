@@ -152,3 +152,19 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONG_MODULES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: tests keep their order
+
+
+# JAXDD_TEST_RAN_LOG=FILE: the id of every test that finishes is appended to FILE, one a line,
+# as it finishes (flushed, so a run stopped at a time budget leaves the list of what did run:
+# .ci/run compares it with the collected tests to name the ones that did not).
+_ran_log = os.environ.get("JAXDD_TEST_RAN_LOG")
+_is_worker = "PYTEST_XDIST_WORKER" in os.environ
+
+
+def pytest_runtest_logreport(report):
+    # With pytest-xdist the workers' reports reach the controlling process too; only the
+    # process without ``workerinput`` writes, so each test is written once.
+    if _ran_log and report.when == "teardown" and not _is_worker:
+        with open(_ran_log, "a") as f:
+            f.write(report.nodeid + "\n")
+
