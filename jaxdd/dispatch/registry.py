@@ -14,16 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..registry import Registry
 from .report import DispatchError
 
-__all__ = ["register_rule", "rule_for", "verb_rule", "registered_rules", "Rule"]
+__all__ = ["register_rule", "rule_for", "verb_rule", "registered_rules", "Rule", "RULES"]
 
-#: ``rule(ctx, eqn, in_layouts) -> Decision``.
+#: The rule protocol: ``rule(ctx, eqn, in_layouts) -> Decision``. ``ctx`` is the running
+#: :class:`~jaxdd.dispatch.Dispatcher`, ``eqn`` the jaxpr equation, ``in_layouts`` the
+#: :class:`~jaxdd.dispatch.Layout` of each input of ``eqn``; the :class:`~jaxdd.dispatch.Decision`
+#: gives the layout of each output (and any rewrite of the equation). A registered rule's own
+#: docstring says in one line what it decides.
 Rule = Callable
 
-_EXACT: dict[str, Rule] = {}
-_PREFIX: dict[str, Rule] = {}
-_VERBS: dict[str, Rule] = {}
+#: Every rule by the name it was registered under: a primitive's name, ``"prefix*"`` or a
+#: ``"namespace::op"`` verb.
+RULES: Registry[Rule] = Registry("dispatch rule", DispatchError)
 
 
 def _name_of(primitive) -> str:
@@ -34,14 +39,6 @@ def _name_of(primitive) -> str:
     return name
 
 
-def _same_rule(a: Rule, b: Rule) -> bool:
-    """True for the same function, or the same function defined again (a module or notebook run twice)."""
-    if a is b:
-        return True
-    keys = ("__module__", "__qualname__", "__code__")
-    return all(getattr(a, k, None) is not None and getattr(a, k, None) == getattr(b, k, None) for k in keys)
-
-
 def register_rule(primitive, rule: Rule | None = None, *, replace: bool = False):
     """Register ``rule`` as the distributed meaning of ``primitive``; returns ``rule``.
 
@@ -49,7 +46,7 @@ def register_rule(primitive, rule: Rule | None = None, *, replace: bool = False)
         primitive: a ``jax.extend.core.Primitive`` or its name; ``"prefix*"`` for every
             primitive whose name starts with ``prefix``; ``"namespace::op"`` for a verb
             (a ``jax.jit`` whose function is named so).
-        rule: ``rule(ctx, eqn, in_layouts) -> Decision``. Omit it to use
+        rule: ``rule(ctx, eqn, in_layouts) -> Decision`` (see :data:`Rule`). Omit it to use
             ``register_rule(p)`` as a decorator.
         replace: allow replacing a different rule already registered under that name
             (registering the same function again is always allowed).
@@ -62,30 +59,23 @@ def register_rule(primitive, rule: Rule | None = None, *, replace: bool = False)
         return lambda r: register_rule(primitive, r, replace=replace)
     if not callable(rule):
         raise DispatchError(f"register_rule({name!r}, ...): the rule must be callable, got {rule!r}")
-    table, key = (_VERBS, name) if "::" in name else (_PREFIX, name[:-1]) if name.endswith("*") else (_EXACT, name)
-    old = table.get(key)
-    if old is not None and not replace and not _same_rule(old, rule):
-        raise DispatchError(f"a dispatch rule for {name!r} is already registered "
-                            f"({getattr(old, '__module__', '?')}.{getattr(old, '__qualname__', old)}); "
-                            "pass replace=True to replace it")
-    table[key] = rule
-    return rule
+    return RULES.register(name, rule, replace=replace)
 
 
 def rule_for(name: str) -> Rule | None:
     """The rule of the primitive called ``name``: its own, else the longest matching prefix's, else None."""
-    rule = _EXACT.get(name)
-    if rule is not None:
+    rule = RULES.get(name)
+    if rule is not None and "::" not in name:
         return rule
-    prefixes = [p for p in _PREFIX if name.startswith(p)]
-    return _PREFIX[max(prefixes, key=len)] if prefixes else None
+    prefixes = [p for p in RULES if p.endswith("*") and name.startswith(p[:-1])]
+    return RULES[max(prefixes, key=len)] if prefixes else None
 
 
 def verb_rule(name: str | None) -> Rule | None:
     """The rule of the verb (named ``jax.jit``) called ``name``, or None."""
-    return _VERBS.get(name) if name is not None else None
+    return RULES.get(name) if name is not None and "::" in name else None
 
 
 def registered_rules() -> dict[str, Rule]:
     """Every registered rule by name (prefix rules end in ``*``); a copy."""
-    return {**_EXACT, **{p + "*": r for p, r in _PREFIX.items()}, **_VERBS}
+    return RULES.copy()

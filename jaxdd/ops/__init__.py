@@ -11,7 +11,7 @@ specs holding them can be static arguments of ``jax.jit``. All errors are :class
 
 from .errors import SpecError
 from .policies import POLICIES, GraphParallelPolicy, HaloRefreshPolicy, HaloStoragePolicy, StoragePolicy
-from .registry import OpHandle, get_op, op_providers, register_op, registered_ops
+from .registry import OpHandle, get_op, op_providers, register_op, register_op_namespace, registered_ops
 from .sharding import match_varying, varying_axes
 from .transforms import (TRANSFORMS, AllReduceSum, GatherInputs, GatherInputsFull, ScatterOutputs,
                          SliceOutputsOwned, SliceOwned, Transform)
@@ -35,6 +35,7 @@ __all__ = [
     "register_op",
     "get_op",
     "registered_ops",
+    "register_op_namespace",
     "op_providers",
     "varying_axes",
     "match_varying",

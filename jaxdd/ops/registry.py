@@ -4,47 +4,35 @@ A *named op* (``"namespace::op"``) is a kernel the dispatch cannot see into, dec
 spec by an :class:`~jaxdd.spec.OpAdapter`; :func:`register_op` names it, :func:`get_op`
 finds it again. All errors are :class:`~jaxdd.ops.SpecError`.
 
-A module provides a namespace by registering its ops when it is imported: a module-level
-call of :func:`register_op` (or of a helper named ``*_op`` around it, such as
-``jaxdd.ffi.warp.warp_op``) with the op's name written out. jaxdd's own providers
-(``jaxdd_ffi``, ``jaxdd_warp``, ``jaxdd_mesh``, and any a new module adds) are found by
-reading the sources of jaxdd and its model zoo (``jaxdd.models``, whose ``pme_grid`` provides
-``jaxdd_mesh``) for such calls (:func:`op_providers`), and :func:`get_op` imports
-them on first use, so a spec file naming their ops loads without importing them first.
-Ops of other packages resolve once the module that registers them is imported.
+A module provides a namespace by registering its ops when it is imported. So that a spec file
+naming its ops loads without importing the module first, the namespace is registered too, with
+the modules that provide it (:func:`register_op_namespace`): :func:`get_op` imports them on
+first use. jaxdd's own namespaces (``jaxdd_ffi``, ``jaxdd_warp``, ``jaxdd_mesh``) are
+registered here, in :data:`OP_NAMESPACES`; ops of other packages resolve once the module that
+registers them is imported, or on first use once their namespace is registered.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
-import importlib.util
 import re
 from collections.abc import Callable
-from pathlib import Path
 
 import jax
 
+from ..registry import Registry
 from .errors import SpecError
 from .sharding import match_varying
 
-__all__ = ["OpHandle", "register_op", "get_op", "registered_ops", "op_providers"]
+__all__ = ["OpHandle", "register_op", "get_op", "registered_ops", "register_op_namespace", "op_providers", "OPS",
+           "OP_NAMESPACES"]
 
 _OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_.]*", re.ASCII)
-_REGISTRY: dict[str, "OpHandle"] = {}
-# The package whose modules op_providers reads: the one holding jaxdd.ops, and its model zoo,
-# installed as a subpackage from a folder of its own.
-_PACKAGE_DIR = Path(__file__).resolve().parents[1]
-_PACKAGE = __name__.split(".", 1)[0]
-_ZOO = f"{_PACKAGE}.models"
-# A registration at module level (a line that is not indented): a call of register_op or a
-# *_op helper, bare, assigned or as a decorator, whose first argument is a written-out op name.
-# Groups: the function called, the op's namespace.
-_REGISTRATION = re.compile(
-    r"""^(?:@|[A-Za-z_][\w.]*\s*(?::[^=\n]*)?=\s*)?(?:[A-Za-z_][\w]*\.)*(\w*_op)\(\s*["']([A-Za-z_]\w*)::""",
-    re.MULTILINE | re.ASCII)
-
+#: Every named op's :class:`OpHandle`, by name; two handles are the same op when their functions are.
+OPS: Registry["OpHandle"] = Registry("named op", SpecError, definition=lambda handle: handle.fn)
+#: namespace → the modules that register its ops, imported by :func:`get_op` on first use.
+OP_NAMESPACES: Registry[tuple[str, ...]] = Registry("op namespace", SpecError)
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class OpHandle:
@@ -166,18 +154,8 @@ def register_op(name: str, fn: Callable | None = None, *, fwd: Callable | None =
             raise SpecError(f"register_op({name!r}, ...): {field} must be callable, got {rule!r}")
     if fwd is not None and bwd is None:
         raise SpecError(f"register_op({name!r}, ...): fwd without bwd; pass the backward rule too")
-    old = _REGISTRY.get(name)
-    if old is not None and not (replace or old.fn is fn or _same_source(old.fn, fn)):
-        raise SpecError(f"op {name!r} is already registered by {old.module or 'another module'}; pass replace=True")
     handle = OpHandle(name, fn, getattr(fn, "__module__", "") or "", fwd=fwd, bwd=bwd)
-    _REGISTRY[name] = handle
-    return handle
-
-
-def _same_source(a: Callable, b: Callable) -> bool:
-    """True for the same function defined again (a module or notebook cell run twice)."""
-    keys = ("__module__", "__qualname__", "__code__")
-    return all(getattr(a, k, None) is not None and getattr(a, k, None) == getattr(b, k, None) for k in keys)
+    return OPS.register(name, handle, replace=replace)
 
 
 def get_op(name: str) -> OpHandle:
@@ -187,11 +165,11 @@ def get_op(name: str) -> OpHandle:
     if not isinstance(name, str) or "::" not in name:
         raise SpecError(f"an op handle is a 'namespace::op' string, got {name!r}")
     namespace = name.split("::", 1)[0]
-    if name not in _REGISTRY:
-        for module in _discovered_providers().get(namespace, ()):
+    if name not in OPS:
+        for module in OP_NAMESPACES.get(namespace, ()):
             importlib.import_module(module)
     try:
-        return _REGISTRY[name]
+        return OPS[name]
     except KeyError:
         raise SpecError(
             f"op {name!r} is not registered; import the module that registers the {namespace!r} ops "
@@ -201,45 +179,37 @@ def get_op(name: str) -> OpHandle:
 
 def registered_ops() -> tuple[str, ...]:
     """Names of all registered ops, sorted."""
-    return tuple(sorted(_REGISTRY))
+    return tuple(sorted(OPS))
+
+
+def register_op_namespace(namespace: str, *modules: str, replace: bool = False) -> tuple[str, ...]:
+    """Declare the modules that register the ops of ``namespace``, so :func:`get_op` imports them.
+
+    Args:
+      namespace: the part of the op names before ``::`` (an identifier).
+      modules: absolute names of the modules whose import registers the namespace's ops.
+      replace: allow a different list of modules for a namespace already declared.
+
+    Returns:
+      ``modules``.
+    """
+    if not isinstance(namespace, str) or not namespace.isidentifier():
+        raise SpecError(f"an op namespace is an identifier, got {namespace!r}")
+    if not modules or not all(isinstance(m, str) and all(p.isidentifier() for p in m.split(".")) for m in modules):
+        raise SpecError(f"register_op_namespace({namespace!r}, ...): give the providing modules' dotted names, "
+                        f"got {modules!r}")
+    return OP_NAMESPACES.register(namespace, tuple(modules), replace=replace)
 
 
 def op_providers() -> dict[str, tuple[str, ...]]:
-    """jaxdd's own providers of named ops: namespace → the modules that register its ops.
+    """The declared providers of named ops: namespace → the modules that register its ops.
 
-    Found by reading (not importing) every module of the jaxdd package for registrations at
-    module level (see the module docstring), once per process; :func:`get_op` imports a
-    namespace's modules when asked for one of its ops that is not registered yet.
-
-    Returns: {namespace: (module name, ...)}, modules in path order.
+    Returns: {namespace: (module name, ...)} (see :func:`register_op_namespace`).
     """
-    return dict(_discovered_providers())
+    return OP_NAMESPACES.copy()
 
 
-@functools.cache
-def _discovered_providers() -> dict[str, tuple[str, ...]]:
-    found: dict[str, list[str]] = {}
-    roots = [(_PACKAGE, _PACKAGE_DIR)]
-    zoo = importlib.util.find_spec(_ZOO)  # located, not imported
-    if zoo is not None and zoo.submodule_search_locations:
-        roots += [(_ZOO, Path(folder)) for folder in zoo.submodule_search_locations
-                  if Path(folder).resolve() != _PACKAGE_DIR / "models"]  # else read with the package
-    for package, folder in roots:
-        for module, source in _sources(package, folder):
-            namespaces = {m.group(2) for m in _REGISTRATION.finditer(source) if m.group(1) != "get_op"}
-            for namespace in sorted(namespaces):
-                found.setdefault(namespace, []).append(module)
-    return {namespace: tuple(modules) for namespace, modules in found.items()}
-
-
-def _sources(package: str, folder: Path):
-    """Yield (module name, source text) for each readable ``.py`` file under ``folder``."""
-    for path in sorted(folder.rglob("*.py")):
-        parts = path.relative_to(folder).with_suffix("").parts
-        if "__pycache__" in parts:
-            continue
-        try:
-            source = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        yield ".".join((package, *(parts[:-1] if parts[-1] == "__init__" else parts))), source
+# jaxdd's own providers: the compiled kernels, the Warp kernels, the model zoo's particle-mesh grid.
+register_op_namespace("jaxdd_ffi", "jaxdd.ffi.attention", "jaxdd.ffi.lj")
+register_op_namespace("jaxdd_warp", "jaxdd.ffi.warp")
+register_op_namespace("jaxdd_mesh", "jaxdd.models.pme_grid")

@@ -75,7 +75,7 @@ def test_the_library_exports_every_handler_the_kernel_modules_declare():
     assert not missing
 
 
-def test_jaxdd_own_op_providers_are_found_by_reading_their_modules():
+def test_jaxdd_own_op_namespaces_are_declared_with_the_modules_that_register_their_ops():
     providers = op_providers()
     assert {"jaxdd.ffi.attention", "jaxdd.ffi.lj"} <= set(providers["jaxdd_ffi"])
     assert providers["jaxdd_warp"] == ("jaxdd.ffi.warp",)

@@ -179,11 +179,13 @@ def test_no_import_cycle_between_packages():
     assert cycle is None, "packages import each other: " + " -> ".join(cycle)
 
 
-# Each layer imports only the layers below it: atoms and geometry, the kernels, neighbour lists (and
-# their capacities), what a model declares, how a system is cut into ranks, the dispatch, the engine
-# that runs rank programs, and what drives the engine (dynamics, ASE, the validator, LAMMPS).
-LAYERS = ("jaxdd.data", "jaxdd.ops", "jaxdd.ffi", "jaxdd.neighbors", "jaxdd.spec", "jaxdd.decomposition",
-          "jaxdd.dispatch", "jaxdd.engine", "jaxdd.dynamics", "jaxdd.interop", "jaxdd.validate", "jaxdd.lammps")
+# Each layer imports only the layers below it: the registry every extension point uses, atoms and
+# geometry, the kernels, neighbour lists (and their capacities), what a model declares, how a system
+# is cut into ranks, the dispatch, the engine that runs rank programs, and what drives the engine
+# (dynamics, ASE, the validator, LAMMPS).
+LAYERS = ("jaxdd.registry", "jaxdd.data", "jaxdd.ops", "jaxdd.ffi", "jaxdd.neighbors", "jaxdd.spec",
+          "jaxdd.decomposition", "jaxdd.dispatch", "jaxdd.engine", "jaxdd.dynamics", "jaxdd.interop", "jaxdd.validate",
+          "jaxdd.lammps")
 
 
 def test_the_top_level_holds_packages_and_entry_points_only():
