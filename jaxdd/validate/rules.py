@@ -15,8 +15,9 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 
+from ..registry import Registry
 from .ghost_sums import add_scatter_outputs
 from .rule import FixCandidate, FixContext, FixRule
 from .spec_rules import add_all_reduce, deep_halo_for_unfollowed_values, drop_extra_all_reduce, halo_correction_to_local
@@ -24,15 +25,18 @@ from .spec_rules import add_all_reduce, deep_halo_for_unfollowed_values, drop_ex
 __all__ = ["FIX_RULES", "FixRuleRegistry", "register_fix_rule"]
 
 
-class FixRuleRegistry:
-    """Fix rules in the order the validator tries their candidates.
+class FixRuleRegistry(Registry[FixRule]):
+    """Fix rules by name, in the order the validator tries their candidates.
 
-    Iterating yields the rule names (as the tuple of names this used to be); ``rules()``
-    gives the :class:`FixRule` objects.
+    A :class:`~jaxdd.registry.Registry`: iterating yields the rule names, ``registry[name]``
+    the :class:`FixRule`, ``rules()`` all of them in order.
+
+    Args:
+      rules: the rules to start with, in order.
     """
 
     def __init__(self, rules: Iterable[FixRule] = ()):
-        self._rules: list[FixRule] = []
+        super().__init__("fix rule", ValueError, definition=lambda rule: rule.propose)
         for rule in rules:
             self.register(rule)
 
@@ -45,73 +49,30 @@ class FixRuleRegistry:
           propose: with a name: ``propose(ctx) -> candidates`` for a failed attempt's FixContext.
           description: with a name: what the rule fixes, in a sentence.
           before: the name of a rule to try this one ahead of (default: after all others).
-          replace: allow a rule of the same name to be replaced (in place, unless ``before``).
+          replace: allow a different rule of the same name to be replaced (in place, unless ``before``).
         """
         if not isinstance(rule, FixRule):
             rule = FixRule(rule, propose, description)
         elif propose is not None:
             raise ValueError("pass a FixRule, or a name and its propose function, not both")
-        at = self._index(rule.name)
-        if at is not None and not replace:
-            raise ValueError(f"fix rule {rule.name!r} is already registered; pass replace=True")
-        if at is not None:
-            if before is None:
-                self._rules[at] = rule
-                return rule
-            del self._rules[at]
-        if before is None:
-            self._rules.append(rule)
-        else:
-            where = self._index(before)
-            if where is None:
-                raise ValueError(f"before={before!r}: no such fix rule (rules: {list(self)})")
-            self._rules.insert(where, rule)
-        return rule
-
-    def unregister(self, name: str) -> FixRule:
-        """Remove the rule ``name`` and return it."""
-        at = self._index(name)
-        if at is None:
-            raise ValueError(f"no fix rule {name!r} (rules: {list(self)})")
-        return self._rules.pop(at)
+        return super().register(rule.name, rule, replace=replace, before=before)
 
     def rules(self) -> tuple[FixRule, ...]:
         """The registered rules, in the order they are tried."""
-        return tuple(self._rules)
+        return self.values()
 
     def propose(self, ctx: FixContext) -> list[tuple[str, FixCandidate]]:
         """(rule name, candidate) for a failed attempt (its FixContext ``ctx``), rules in order.
         A rule that raises is skipped with a warning naming it: one faulty rule must not end a
         validation."""
         out = []
-        for rule in self._rules:
+        for rule in self.values():
             try:
                 out += [(rule.name, c) for c in rule.propose(ctx)]
             except Exception as exc:
                 warnings.warn(f"fix rule {rule.name!r} raised {type(exc).__name__}: {exc}; skipped", RuntimeWarning,
                               stacklevel=2)
         return out
-
-    def _index(self, name: str) -> int | None:
-        return next((i for i, r in enumerate(self._rules) if r.name == name), None)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter([r.name for r in self._rules])
-
-    def __len__(self) -> int:
-        return len(self._rules)
-
-    def __contains__(self, name) -> bool:
-        return self._index(name) is not None
-
-    def __getitem__(self, name: str) -> FixRule:
-        at = self._index(name)
-        if at is None:
-            raise KeyError(name)
-        return self._rules[at]
-
-    def __repr__(self) -> str:
-        return f"FixRuleRegistry({list(self)})"
 
 
 # The targeted rule first: it only fires for an op adapter with an untransformed per-atom

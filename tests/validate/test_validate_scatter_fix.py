@@ -204,8 +204,9 @@ def test_a_user_rule_is_registered_in_order_and_proposes_candidates():
 
     registry.register("mine", mine, before="add_all_reduce")
     assert list(registry)[3:5] == ["mine", "add_all_reduce"]
-    with pytest.raises(ValueError, match="already registered"):
-        registry.register("mine", mine)
+    assert registry.register("mine", mine).propose is mine  # the same rule again: allowed
+    with pytest.raises(ValueError, match="'mine' is already registered.*replace=True"):
+        registry.register("mine", lambda ctx: [])
     proposed = registry.propose(_ctx(SPEC_MPNN_HALO, {}))
     assert [(name, c.why) for name, c in proposed] == [("mine", "a guess")]
     assert registry.unregister("mine").name == "mine" and "mine" not in registry
