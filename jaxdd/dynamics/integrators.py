@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..data.checks import integral
+from ..registry import Registry
 
 __all__ = ["RankState", "StepContext", "Dynamics", "VelocityVerlet", "Langevin", "FIRE", "KB_EV_PER_K",
            "INTEGRATORS", "register_integrator", "cell_map", "carry_with_cell"]
@@ -350,28 +351,32 @@ class FIRE:
 
 
 #: Integrator classes by name: what ``DomainParallel`` accepts and checkpoints record.
-INTEGRATORS: dict[str, type] = {}
+INTEGRATORS: Registry[type] = Registry("integrator", ValueError)
 
 
-def register_integrator(cls: type) -> type:
+def register_integrator(cls: type | None = None, *, replace: bool = False) -> type:
     """Make the frozen-dataclass integrator ``cls`` known to ``DomainParallel`` and to
     checkpoints (by its class name); usable as a class decorator.
 
     A class must provide ``init``, ``step`` and ``converged`` (see the module docstring);
-    ``needs_virial`` and ``moves_cell`` default to False.
+    ``needs_virial`` and ``moves_cell`` default to False. A different class under a name
+    already registered is refused unless ``replace=True`` (the same class defined again is
+    allowed).
 
     Args:
-      cls: the integrator class.
+      cls: the integrator class (None: return a decorator, ``@register_integrator(replace=True)``).
+      replace: allow replacing a different class registered under the same name.
 
     Returns:
       ``cls``.
     """
+    if cls is None:
+        return lambda c: register_integrator(c, replace=replace)
     missing = [m for m in ("init", "step", "converged") if not callable(getattr(cls, m, None))]
     if not isinstance(cls, type) or not dataclasses.is_dataclass(cls) or missing:
         raise ValueError(f"an integrator must be a frozen dataclass with init, step and converged methods; "
                          f"{cls!r} {'misses ' + ', '.join(missing) if missing else 'is not a dataclass'}")
-    INTEGRATORS[cls.__name__] = cls
-    return cls
+    return INTEGRATORS.register(cls.__name__, cls, replace=replace)
 
 
 for _cls in (VelocityVerlet, Langevin, FIRE):
