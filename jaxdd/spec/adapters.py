@@ -6,7 +6,9 @@ dispatch installs the replacement while the model is traced and restores the ori
 afterwards. These classes only *declare* the swap.
 
 A replacement is a callable or a ``"module:qualname"`` reference; only importable
-module-level callables can be saved in a spec file.
+module-level callables can be saved in a spec file. The kinds of adapter are registered by
+their JSON tag (:data:`HELPER_ADAPTERS`, :func:`register_helper_adapter`); an
+:class:`AdapterInstaller` (formerly ``AdapterRegistry``) installs them while a model is traced.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from ..ops import SpecError
+from ..registry import Registry
 
-__all__ = ["AdapterRegistry", "HelperAdapter", "PythonAdapter", "JitAdapter", "MethodAdapter", "ModuleForwardAdapter", "resolve_reference"]
+__all__ = ["AdapterInstaller", "AdapterRegistry", "HelperAdapter", "PythonAdapter", "JitAdapter", "MethodAdapter",
+           "ModuleForwardAdapter", "HELPER_ADAPTERS", "register_helper_adapter", "resolve_reference"]
 
 
 def resolve_reference(ref: str, what: str = "replacement") -> Any:
@@ -114,6 +118,25 @@ class HelperAdapter:
         return ".".join(getattr(self, n) for n in self._names)
 
 
+#: The kinds of helper adapter by JSON tag (``kind``): what a spec file's helpers may name.
+HELPER_ADAPTERS: Registry[type[HelperAdapter]] = Registry("helper adapter kind", SpecError)
+
+
+def register_helper_adapter(cls: type[HelperAdapter]) -> type[HelperAdapter]:
+    """Make the :class:`HelperAdapter` subclass ``cls`` a kind spec files may name (its ``kind``).
+
+    Args:
+      cls: a frozen-dataclass subclass of HelperAdapter with a ``kind`` of its own.
+
+    Returns:
+      ``cls`` (so the call works as a class decorator).
+    """
+    if not (isinstance(cls, type) and issubclass(cls, HelperAdapter) and cls.kind):
+        raise SpecError(f"register_helper_adapter takes a HelperAdapter subclass with a kind, got {cls!r}")
+    return HELPER_ADAPTERS.register(cls.kind, cls)
+
+
+@register_helper_adapter
 @dataclasses.dataclass(frozen=True)
 class PythonAdapter(HelperAdapter):
     """Replace the function ``module_path.attr_name`` while the model is traced."""
@@ -125,17 +148,15 @@ class PythonAdapter(HelperAdapter):
     _names: ClassVar[tuple[str, ...]] = ("module_path", "attr_name")
 
 
+@register_helper_adapter
 @dataclasses.dataclass(frozen=True)
-class JitAdapter(HelperAdapter):
+class JitAdapter(PythonAdapter):
     """Replace the jitted function ``module_path.attr_name``; the replacement is jitted too."""
 
-    module_path: str
-    attr_name: str
-    replacement: Callable | str
     kind: ClassVar[str] = "jit"
-    _names: ClassVar[tuple[str, ...]] = ("module_path", "attr_name")
 
 
+@register_helper_adapter
 @dataclasses.dataclass(frozen=True)
 class MethodAdapter(HelperAdapter):
     """Replace the method ``module_path.class_name.method_name``."""
@@ -148,6 +169,7 @@ class MethodAdapter(HelperAdapter):
     _names: ClassVar[tuple[str, ...]] = ("module_path", "class_name", "method_name")
 
 
+@register_helper_adapter
 @dataclasses.dataclass(frozen=True)
 class ModuleForwardAdapter(HelperAdapter):
     """Replace the ``__call__`` of the module class ``module_path.class_name``."""
@@ -157,11 +179,6 @@ class ModuleForwardAdapter(HelperAdapter):
     replacement: Callable | str
     kind: ClassVar[str] = "module_forward"
     _names: ClassVar[tuple[str, ...]] = ("module_path", "class_name")
-
-
-HELPER_ADAPTERS: dict[str, type[HelperAdapter]] = {
-    cls.kind: cls for cls in (PythonAdapter, JitAdapter, MethodAdapter, ModuleForwardAdapter)
-}
 
 
 # --------------------------------------------------------------------------- installing
@@ -197,7 +214,7 @@ class _Installed:
     own: bool  # the attribute lived on the owner itself (not inherited)
 
 
-class AdapterRegistry:
+class AdapterInstaller:
     """Installs helper adapters while a model is traced and restores the originals.
 
     ``install(*adapters)`` is all-or-nothing: if one adapter fails, those already installed
@@ -218,7 +235,7 @@ class AdapterRegistry:
         try:
             for adapter in adapters:
                 if not isinstance(adapter, HelperAdapter):
-                    raise SpecError(f"AdapterRegistry.install takes helper adapters, got {adapter!r}")
+                    raise SpecError(f"AdapterInstaller.install takes helper adapters, got {adapter!r}")
                 owner, attr = _owner(adapter)
                 own = attr in getattr(owner, "__dict__", {})
                 original = owner.__dict__[attr] if own else getattr(owner, attr)
@@ -254,6 +271,11 @@ class AdapterRegistry:
         finally:
             while len(self._active) > mark:
                 _put_back(self._active.pop())
+
+
+#: The former name of :class:`AdapterInstaller` (it installs adapters; the kinds are registered in
+#: :data:`HELPER_ADAPTERS`).
+AdapterRegistry = AdapterInstaller
 
 
 def _put_back(item: _Installed) -> None:
