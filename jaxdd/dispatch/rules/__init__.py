@@ -1,5 +1,8 @@
 """The built-in dispatch rules, one module per family; importing this package registers them.
 
+Every rule takes what the rule protocol says, ``rule(ctx, eqn, ins) -> Decision``
+(:data:`jaxdd.dispatch.registry.Rule`); its docstring says in a line or two what it decides.
+
 - :mod:`.elementwise`: the default rule, ``select_n``, casts, graph-parallel index bounds;
 - :mod:`.reductions`: ``reduce_*``, ``dot_general`` over atoms, cumulative ops, argmax/argmin;
 - :mod:`.shapes`: broadcasts, reshapes, transposes, slices, concatenation, pad, iota, sort;

@@ -31,10 +31,6 @@ _MAX_FIXPOINT_ROUNDS = 8
 
 def call(ctx, eqn, ins) -> Decision:
     """jit / pjit / closed_call: verbs and named ops, else entered when their body needs a rule.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     name = eqn.params.get("name")
     rule = verb_rule(name)
@@ -67,10 +63,6 @@ def custom_derivative(ctx, eqn, ins) -> Decision:
     dispatch (e3x's norm takes a max over edges, and its rule is what keeps zero-length
     padding pairs finite). A ``custom_vjp`` whose body needs one is differentiated through
     its body. Either way the entry is counted (``enter.<primitive>``), not a fallback.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     jaxpr, consts = sub_jaxpr(eqn.params.get("call_jaxpr", eqn.params.get("fun_jaxpr")))
     plan = ctx.analyse(jaxpr, ins, consts)
@@ -124,10 +116,6 @@ for _name in ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"):
 
 def remat(ctx, eqn, ins) -> Decision:
     """``remat`` / ``checkpoint``: the body entered when it needs a rule, under the same ``jax.checkpoint``.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     jaxpr, consts = sub_jaxpr(eqn.params["jaxpr"])
     plan = ctx.analyse(jaxpr, ins)
@@ -150,10 +138,6 @@ for _name in ("remat", "remat2", "checkpoint"):
 @register_rule("scan")
 def scan(ctx, eqn, ins) -> Decision:
     """A scan over layers is entered once; a scan over rank rows with a carry is recorded.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     p = eqn.params
     jaxpr, consts = sub_jaxpr(p["jaxpr"])
@@ -204,10 +188,6 @@ def while_loop(ctx, eqn, ins) -> Decision:
     """A while loop entered when its body or condition needs a rule (carry layouts joined to a fixed point).
 
     Refuses a loop whose condition differs between ranks while its body exchanges halos.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     p = eqn.params
     cj, cc = sub_jaxpr(p["cond_jaxpr"])
@@ -252,10 +232,6 @@ def cond(ctx, eqn, ins) -> Decision:
     """``cond`` / ``switch``: every branch entered under the joined output layouts when one needs a rule.
 
     Refuses a branch index that differs between ranks while a branch exchanges halos.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     branches = eqn.params["branches"]
     plans = [ctx.analyse(b.jaxpr, tuple(ins[1:])) for b in branches]

@@ -68,10 +68,6 @@ for _name in sorted(ELEMENTWISE_PRIMITIVES):
 
 def identity(ctx, eqn, ins) -> Decision:
     """An identity on values: each output has its input's layout, index meaning included.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     return Decision(tuple(ins))
 
@@ -84,10 +80,6 @@ register_rule("optimization_barrier", identity)
 def split(ctx, eqn, ins) -> Decision:
     """``jnp.split``: each piece as a ``slice`` of it. Across the distributed axis every piece
     keeps the rows (and index columns cut with it); along it only the first piece does.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     (lay,) = ins
     axis, sizes = eqn.params["axis"], tuple(eqn.params["sizes"])
@@ -116,10 +108,6 @@ def split(ctx, eqn, ins) -> Decision:
 def unstack(ctx, eqn, ins) -> Decision:
     """Each piece ``x[i]`` along ``axis``, that axis gone. Across the distributed axis every
     piece keeps the rows (and the index an index row held); along it the rows are taken apart.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     (lay,) = ins
     axis, n = eqn.params["axis"], len(eqn.outvars)
@@ -161,10 +149,6 @@ def _couples_rows(eqn, what: str, kind: Kind) -> tuple[str, ...]:
 def lu(ctx, eqn, ins) -> Decision:
     """An LU factorisation, once per matrix of a batch: a batch axis of rows stays; a matrix
     whose rows or columns are atoms couples every rank's rows (recorded).
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     (lay,) = ins
     ndim = len(shape_of(eqn.invars[0]))
@@ -182,10 +166,6 @@ def lu(ctx, eqn, ins) -> Decision:
 def triangular_solve(ctx, eqn, ins) -> Decision:
     """``a x = b`` (or ``x a = b``) with ``a`` triangular: each right-hand side, and each matrix
     of a batch, on its own. The solution keeps ``b``'s rows unless they are the axis solved along.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     a, b = ins
     nd_a, nd_b = len(shape_of(eqn.invars[0])), len(shape_of(eqn.invars[1]))
@@ -207,10 +187,6 @@ def custom_linear_solve(ctx, eqn, ins) -> Decision:
     ``b``, as long as the operator and its solvers need no rule — applied to per-row values they
     then act on each row alone. An operator that does need one (a sum over atoms: a system
     coupling every rank's rows) is recorded and left rank-local; the equation is bound as traced.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     lengths, jaxprs = eqn.params["const_lengths"], eqn.params["jaxprs"]
     n_consts = sum(lengths)

@@ -26,8 +26,7 @@ def custom_op(ctx, adapter, eqn, ins) -> Decision:
     """A named op with an :class:`~jaxdd.spec.OpAdapter`: its argument and output transforms.
 
     Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
+      ctx, eqn, ins: as for every dispatch rule (:data:`~jaxdd.dispatch.registry.Rule`).
       adapter: the op's OpAdapter.
     """
     jaxpr, _ = sub_jaxpr(eqn.params["jaxpr"])
@@ -95,8 +94,7 @@ def custom_op_graph_parallel(ctx, adapter, eqn, ins, outs) -> Decision:
     ``AllReduceSum`` keep their meaning.
 
     Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
+      ctx, eqn, ins: as for every dispatch rule (:data:`~jaxdd.dispatch.registry.Rule`).
       adapter: the op's OpAdapter.
       outs: the layouts of the op's outputs.
     """

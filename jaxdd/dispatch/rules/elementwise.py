@@ -21,10 +21,6 @@ _INDEX_KEEPING = _VALUE_KEEPING | {"clamp", "max", "min"}
 
 def elementwise(ctx, eqn, ins) -> Decision:
     """Elementwise and unknown primitives: a tag survives where the output keeps its axis.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     keep_index = eqn.primitive.name in _INDEX_KEEPING
     outs = []
@@ -52,10 +48,6 @@ def elementwise(ctx, eqn, ins) -> Decision:
 @register_rule("select_n")
 def select_n(ctx, eqn, ins) -> Decision:
     """``jnp.where``: the cases' index meaning survives when they agree.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     d = elementwise(ctx, eqn, ins)
     out = d.outs[0]
@@ -87,10 +79,6 @@ def index_bound(ctx, eqn, ins) -> Decision:
     A single-device model tells padding edges by ``senders < n`` and keeps indices in
     range by ``jnp.minimum(senders, n - 1)`` or a clip, with ``n`` its atom count. Senders
     index every rank's rows, so ``n`` (this rank's rows) becomes the stacked count there.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     real = real_rows_test(ctx, eqn, ins)
     if real is not None:
@@ -161,10 +149,6 @@ for _name in ("lt", "le", "gt", "ge", "eq", "ne", "min", "clamp"):
 
 def pvary(ctx, eqn, ins) -> Decision:
     """Per-rank typing recorded by a trace with manual axis types: an identity on values.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     return Decision(tuple(ins), lambda eqn, invals: list(invals), passive=True)
 

@@ -30,10 +30,6 @@ __all__ = ["gather", "scatter", "scatter_all_nodes", "uniform_along"]
 def gather(ctx, eqn, ins) -> Decision:
     """``x[idx]``: rows gathered by atom or edge indices keep the indices' layout; graph-parallel
     senders read from every rank's rows; a gather along untouched axes keeps the operand's layout.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     op, idx = ins
     dn = eqn.params["dimension_numbers"]
@@ -84,10 +80,6 @@ def scatter(ctx, eqn, ins) -> Decision:
     """``x.at[idx].add / set / max / min / mul``: by what the indices point at (owned rows, local
     rows, graph-parallel senders), the scatter is bound locally, its ghost partials sent home, or
     its rows refreshed; indices of unknown provenance are left rank-local and recorded.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     name = eqn.primitive.name
     if len(ins) != 3:

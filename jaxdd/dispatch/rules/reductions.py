@@ -55,10 +55,6 @@ def across_ranks(op: str, x, axes: tuple[int, ...], axis_names):
 @register_rule("reduce_*")
 def reduce(ctx, eqn, ins) -> Decision:
     """``reduce_<op>`` over some axes: a collective when a rank-row axis is among them.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     if "axes" not in eqn.params:  # reduce_precision and the like: elementwise
         return elementwise(ctx, eqn, ins)
@@ -110,10 +106,6 @@ def reduce(ctx, eqn, ins) -> Decision:
 @register_rule("cum*")
 def cumulative(ctx, eqn, ins) -> Decision:
     """``cumsum`` and friends along rank rows: left rank-local and recorded.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     lay = ins[0]
     if lay.kind in ROWS and eqn.params.get("axis") == lay.axis:
@@ -125,10 +117,6 @@ def cumulative(ctx, eqn, ins) -> Decision:
 
 def arg(ctx, eqn, ins) -> Decision:
     """``argmax``/``argmin``: over rank rows a local row index (recorded); else the axis moves.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     lay = ins[0]
     if lay.kind in ROWS and lay.axis in tuple(eqn.params["axes"]):
@@ -148,10 +136,6 @@ register_rule("argmin", arg)
 @register_rule("dot_general")
 def dot_general(ctx, eqn, ins) -> Decision:
     """A contraction: over a rank-row axis it is a reduction over atoms (masked, ``psum``).
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lhs, rhs = ins

@@ -24,10 +24,6 @@ __all__ = ["broadcast_in_dim", "reshape", "squeeze", "transpose", "slice_", "dyn
 @register_rule("broadcast_in_dim")
 def broadcast_in_dim(ctx, eqn, ins) -> Decision:
     """A tagged axis keeps its tag where the broadcast keeps its length.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     lay = ins[0]
     if lay.kind is None:
@@ -43,10 +39,6 @@ def broadcast_in_dim(ctx, eqn, ins) -> Decision:
 @register_rule("reshape")
 def reshape(ctx, eqn, ins) -> Decision:
     """The tagged axis keeps its tag where the reshape leaves it whole; merged or split, the layout is lost.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     lay = ins[0]
     if lay.kind is None:
@@ -65,10 +57,6 @@ def reshape(ctx, eqn, ins) -> Decision:
 @register_rule("squeeze")
 def squeeze(ctx, eqn, ins) -> Decision:
     """The tagged axis keeps its tag, renumbered past the squeezed axes.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     lay = ins[0]
     dims = tuple(eqn.params["dimensions"])
@@ -80,10 +68,6 @@ def squeeze(ctx, eqn, ins) -> Decision:
 @register_rule("transpose")
 def transpose(ctx, eqn, ins) -> Decision:
     """The tagged axis keeps its tag at its new position.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     lay = ins[0]
     if lay.kind is None:
@@ -94,10 +78,6 @@ def transpose(ctx, eqn, ins) -> Decision:
 @register_rule("slice")
 def slice_(ctx, eqn, ins) -> Decision:
     """A prefix of the rows keeps every row where it was; any other slice renumbers them.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     lay = ins[0]
     if lay.kind is None:
@@ -123,10 +103,6 @@ def slice_(ctx, eqn, ins) -> Decision:
 @register_rule("dynamic_slice")
 def dynamic_slice(ctx, eqn, ins) -> Decision:
     """A slice that keeps the whole tagged axis keeps its layout; any other picks rank-local rows.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     lay = ins[0]
     if lay.kind is None:
@@ -142,10 +118,6 @@ def dynamic_slice(ctx, eqn, ins) -> Decision:
 @register_rule("dynamic_update_slice")
 def dynamic_update_slice(ctx, eqn, ins) -> Decision:
     """The operand's layout.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     return Decision((ins[0],))
 
@@ -154,10 +126,6 @@ def dynamic_update_slice(ctx, eqn, ins) -> Decision:
 def concatenate(ctx, eqn, ins) -> Decision:
     """Rows appended after tagged rows keep their place; index columns side by side keep
     what each column points at.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     dim = eqn.params["dimension"]
     first = ins[0]
@@ -210,10 +178,6 @@ def stack(ctx, eqn, ins) -> Decision:
     """``jnp.stack``: each input gains a new axis, then they sit side by side along it. Index
     arrays stacked as the last axis (``jnp.stack([senders, receivers], -1)``) keep what each
     column points at; stacked as rows they keep their index kind when all inputs share it.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     axis = eqn.params["axis"]
     oshape = shape_of(eqn.outvars[0])
@@ -240,10 +204,6 @@ def stack(ctx, eqn, ins) -> Decision:
 @register_rule("pad")
 def pad(ctx, eqn, ins) -> Decision:
     """Padding after the tagged rows keeps them in place; any other shifts them and the layout is lost.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     lay = ins[0]
     if lay.kind is None:
@@ -257,10 +217,6 @@ def pad(ctx, eqn, ins) -> Decision:
 @register_rule("iota")
 def iota(ctx, eqn, ins) -> Decision:
     """An ``iota`` as long as the local rows (or edges) is taken for their indices: a recorded guess.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     shape, dim = tuple(eqn.params["shape"]), eqn.params["dimension"]
     kind = ctx.fallback_kind(shape[dim])
@@ -278,10 +234,6 @@ def sort(ctx, eqn, ins) -> Decision:
     did, and an ``iota`` sorted with them (``argsort``'s payload) the permutation. Outside a
     deep halo that is all: a sum over permuted edges counts every row, since each is this
     rank's own. Along atom rows, or in a deep halo, the layout is lost (recorded).
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     dim = eqn.params["dimension"]
     tagged = [lay for lay in ins if lay.kind in ROWS and lay.axis == dim]

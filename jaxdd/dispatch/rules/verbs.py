@@ -22,10 +22,6 @@ __all__ = ["to_local", "autograd_target", "system_sum", "system_sum_local", "ref
 @register_rule("jaxdd::to_local")
 def to_local(ctx, eqn, ins) -> Decision:
     """The value with its layout forgotten: no rule fires on what is computed from it.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     return Decision((Layout(None, 0, local=True, deliberate=True),), bind, "verb.to_local")
 
@@ -33,10 +29,6 @@ def to_local(ctx, eqn, ins) -> Decision:
 @register_rule("jaxdd::autograd_target")
 def autograd_target(ctx, eqn, ins) -> Decision:
     """An identity: positions handed to the model are already what forces are taken against.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     return Decision((ins[0],), bind, "verb.autograd_target")
 
@@ -62,10 +54,6 @@ def _system_sum(ctx, eqn, ins, total: bool) -> Decision:
 @register_rule("jaxdd::system_sum")
 def system_sum(ctx, eqn, ins) -> Decision:
     """Owned rows only, summed over ranks: the same per-system sums on every rank.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     return _system_sum(ctx, eqn, ins, total=True)
 
@@ -73,10 +61,6 @@ def system_sum(ctx, eqn, ins) -> Decision:
 @register_rule("jaxdd::system_sum_local")
 def system_sum_local(ctx, eqn, ins) -> Decision:
     """Owned rows only, this rank's share (no communication).
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     return _system_sum(ctx, eqn, ins, total=False)
 
@@ -97,10 +81,6 @@ def _per_atom(ctx, eqn, ins) -> Layout:
 @register_rule("jaxdd::refresh_neighbors")
 def refresh_neighbors(ctx, eqn, ins) -> Decision:
     """Ghost rows re-read from their owners.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     lay = _per_atom(ctx, eqn, ins)
     return Decision((lay,), lambda eqn, invals: [ctx.runtime.halo_refresh(invals[0], lay.axis)],
@@ -110,10 +90,6 @@ def refresh_neighbors(ctx, eqn, ins) -> Decision:
 @register_rule("jaxdd::scatter_to_owners")
 def scatter_to_owners(ctx, eqn, ins) -> Decision:
     """Ghost partial sums added into their owners, then refreshed.
-
-    Args:
-      ctx, eqn, ins: the dispatcher, the equation and its input layouts, as for every rule
-        (:func:`~jaxdd.dispatch.register_rule`).
     """
     lay = _per_atom(ctx, eqn, ins)
     return Decision((lay,), lambda eqn, invals: [ctx.runtime.halo_correct(invals[0], lay.axis)],
