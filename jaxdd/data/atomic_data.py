@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from .ase_atoms import fields_from_ase, to_ase_atoms
 from .fields import coerce_atoms, coerce_cell, coerce_pbc
-from .pytree import register, set_fields
+from .pytree import register, replaced, set_fields
 from .validation import check_atom_values, check_cells
 from .wrap import wrap_positions
 
@@ -63,17 +63,8 @@ class AtomicData:
         return self.positions.shape[0]
 
     def replace(self, **changes: Any) -> "AtomicData":
-        """A validated copy with the given fields changed.
-
-        Args:
-          changes: field name → new value (as the constructor takes it).
-
-        Returns:
-          A new AtomicData.
-        """
-        kw = {f: getattr(self, f) for f in self._fields}
-        kw.update(changes)
-        return AtomicData(**kw)
+        """A validated copy with ``changes`` (field name → new value) applied (:func:`~jaxdd.data.pytree.replaced`)."""
+        return replaced(self, **changes)
 
     def wrap(self) -> "AtomicData":
         """A copy with positions wrapped into the cell on periodic axes (see `wrap_positions`)."""
@@ -85,18 +76,8 @@ class AtomicData:
 
     @classmethod
     def from_ase(cls, atoms: Any, dtype: Any = None) -> "AtomicData":
-        """From an ``ase.Atoms``.
-
-        Masses are always taken (ASE's defaults when unset); charges only when some initial
-        charge is non-zero; velocities only when the atoms carry momenta.
-
-        Args:
-          atoms: an ``ase.Atoms``.
-          dtype: the float dtype (None: JAX's default float).
-
-        Returns:
-          An AtomicData.
-        """
+        """From the ``ase.Atoms`` ``atoms``, floats of ``dtype`` (None: JAX's default); what is
+        taken from it: :func:`~jaxdd.data.ase_atoms.fields_from_ase`."""
         return cls(**fields_from_ase(atoms, dtype))
 
     def to_ase(self) -> Any:

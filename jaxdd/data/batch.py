@@ -13,7 +13,7 @@ from .atomic_data import AtomicData
 from .concat import concatenated_fields, split_systems
 from .fields import coerce_atoms, coerce_cell, coerce_int, coerce_pbc
 from .padding import padded_fields
-from .pytree import register, set_fields
+from .pytree import register, replaced, set_fields
 from .validation import check_atom_values, check_cells, check_layout, is_concrete
 from .wrap import wrap_positions
 
@@ -169,17 +169,8 @@ class Batch:
         return obj
 
     def replace(self, **changes: Any) -> "Batch":
-        """A validated copy with the given fields changed.
-
-        Args:
-          changes: field name → new value (as the constructor takes it).
-
-        Returns:
-          A new Batch.
-        """
-        kw = {f: getattr(self, f) for f in self._fields}
-        kw.update(changes)
-        return Batch(**kw)
+        """A validated copy with ``changes`` (field name → new value) applied (:func:`~jaxdd.data.pytree.replaced`)."""
+        return replaced(self, **changes)
 
     def wrap(self) -> "Batch":
         """A copy with positions wrapped into each system's cell on periodic axes only.

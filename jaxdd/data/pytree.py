@@ -13,7 +13,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-__all__ = ["register", "set_fields"]
+__all__ = ["register", "set_fields", "replaced"]
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}  # each registered class's fields, in order
 
 
 def _frozen_setattr(self, name, value):
@@ -57,7 +60,7 @@ def register(cls, fields: tuple[str, ...]):
         return obj
 
     jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
-    cls._fields = fields
+    cls._fields = _FIELDS[cls] = fields
     cls.__setattr__ = _frozen_setattr
     cls.__delattr__ = _frozen_setattr
 
@@ -74,3 +77,9 @@ def set_fields(obj: Any, **values: Any) -> None:
     """Set the fields of a frozen ``obj`` (in its constructor): field name → ``values``."""
     for k, v in values.items():
         object.__setattr__(obj, k, v)
+
+
+def replaced(obj: Any, **changes: Any) -> Any:
+    """A copy of the registered ``obj`` made by its constructor (so validated), with ``changes``
+    (field name → new value, as the constructor takes it) applied."""
+    return type(obj)(**{**{f: getattr(obj, f) for f in _FIELDS[type(obj)]}, **changes})
