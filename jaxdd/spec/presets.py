@@ -9,16 +9,8 @@ from collections.abc import Mapping
 from .frozen_map import FrozenMap
 from .mlip_spec import MLIPSpec
 
-__all__ = [
-    "PRESETS",
-    "SPEC_MPNN_HALO",
-    "SPEC_LJ_HALO",
-    "SPEC_UMA_HALO",
-    "SPEC_EWALD_HALO",
-    "SPEC_PME_HALO",
-    "SPEC_DFTD3_HALO",
-    "SPEC_MPNN_GP",
-]
+__all__ = ["PRESETS", "SPEC_MPNN_HALO", "SPEC_LJ_HALO", "SPEC_UMA_HALO", "SPEC_EWALD_HALO", "SPEC_PME_HALO",
+           "SPEC_DFTD3_HALO", "SPEC_MPNN_GP"]
 
 
 def _preset(name: str) -> MLIPSpec:

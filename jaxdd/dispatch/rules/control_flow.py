@@ -30,8 +30,7 @@ _MAX_FIXPOINT_ROUNDS = 8
 
 
 def call(ctx, eqn, ins) -> Decision:
-    """jit / pjit / closed_call: verbs and named ops, else entered when their body needs a rule.
-    """
+    """jit / pjit / closed_call: verbs and named ops, else entered when their body needs a rule."""
     name = eqn.params.get("name")
     rule = verb_rule(name)
     if rule is not None:
@@ -115,8 +114,7 @@ for _name in ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"):
 
 
 def remat(ctx, eqn, ins) -> Decision:
-    """``remat`` / ``checkpoint``: the body entered when it needs a rule, under the same ``jax.checkpoint``.
-    """
+    """``remat`` / ``checkpoint``: the body entered when it needs a rule, under the same ``jax.checkpoint``."""
     jaxpr, consts = sub_jaxpr(eqn.params["jaxpr"])
     plan = ctx.analyse(jaxpr, ins)
     if not plan.active:
@@ -137,8 +135,7 @@ for _name in ("remat", "remat2", "checkpoint"):
 
 @register_rule("scan")
 def scan(ctx, eqn, ins) -> Decision:
-    """A scan over layers is entered once; a scan over rank rows with a carry is recorded.
-    """
+    """A scan over layers is entered once; a scan over rank rows with a carry is recorded."""
     p = eqn.params
     jaxpr, consts = sub_jaxpr(p["jaxpr"])
     nc, nk = scan_counts(p)

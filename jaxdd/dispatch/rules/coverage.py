@@ -67,8 +67,7 @@ for _name in sorted(ELEMENTWISE_PRIMITIVES):
 
 
 def identity(ctx, eqn, ins) -> Decision:
-    """An identity on values: each output has its input's layout, index meaning included.
-    """
+    """An identity on values: each output has its input's layout, index meaning included."""
     return Decision(tuple(ins))
 
 

@@ -20,8 +20,7 @@ _INDEX_KEEPING = _VALUE_KEEPING | {"clamp", "max", "min"}
 
 
 def elementwise(ctx, eqn, ins) -> Decision:
-    """Elementwise and unknown primitives: a tag survives where the output keeps its axis.
-    """
+    """Elementwise and unknown primitives: a tag survives where the output keeps its axis."""
     keep_index = eqn.primitive.name in _INDEX_KEEPING
     outs = []
     for v in eqn.outvars:
@@ -47,8 +46,7 @@ def elementwise(ctx, eqn, ins) -> Decision:
 
 @register_rule("select_n")
 def select_n(ctx, eqn, ins) -> Decision:
-    """``jnp.where``: the cases' index meaning survives when they agree.
-    """
+    """``jnp.where``: the cases' index meaning survives when they agree."""
     d = elementwise(ctx, eqn, ins)
     out = d.outs[0]
     return Decision((Layout(out.kind, out.axis, owned_or_node(ctx, eqn, ins, range(1, len(ins)))),))
@@ -148,8 +146,7 @@ for _name in ("lt", "le", "gt", "ge", "eq", "ne", "min", "clamp"):
 
 
 def pvary(ctx, eqn, ins) -> Decision:
-    """Per-rank typing recorded by a trace with manual axis types: an identity on values.
-    """
+    """Per-rank typing recorded by a trace with manual axis types: an identity on values."""
     return Decision(tuple(ins), lambda eqn, invals: list(invals), passive=True)
 
 

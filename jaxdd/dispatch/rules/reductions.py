@@ -54,8 +54,7 @@ def across_ranks(op: str, x, axes: tuple[int, ...], axis_names):
 
 @register_rule("reduce_*")
 def reduce(ctx, eqn, ins) -> Decision:
-    """``reduce_<op>`` over some axes: a collective when a rank-row axis is among them.
-    """
+    """``reduce_<op>`` over some axes: a collective when a rank-row axis is among them."""
     if "axes" not in eqn.params:  # reduce_precision and the like: elementwise
         return elementwise(ctx, eqn, ins)
     (lay,) = ins[:1]
@@ -105,8 +104,7 @@ def reduce(ctx, eqn, ins) -> Decision:
 
 @register_rule("cum*")
 def cumulative(ctx, eqn, ins) -> Decision:
-    """``cumsum`` and friends along rank rows: left rank-local and recorded.
-    """
+    """``cumsum`` and friends along rank rows: left rank-local and recorded."""
     lay = ins[0]
     if lay.kind in ROWS and eqn.params.get("axis") == lay.axis:
         return Decision((lay.plain(),), notes=(
@@ -116,8 +114,7 @@ def cumulative(ctx, eqn, ins) -> Decision:
 
 
 def arg(ctx, eqn, ins) -> Decision:
-    """``argmax``/``argmin``: over rank rows a local row index (recorded); else the axis moves.
-    """
+    """``argmax``/``argmin``: over rank rows a local row index (recorded); else the axis moves."""
     lay = ins[0]
     if lay.kind in ROWS and lay.axis in tuple(eqn.params["axes"]):
         return Decision((REPLICATED,), notes=(
@@ -135,8 +132,7 @@ register_rule("argmin", arg)
 
 @register_rule("dot_general")
 def dot_general(ctx, eqn, ins) -> Decision:
-    """A contraction: over a rank-row axis it is a reduction over atoms (masked, ``psum``).
-    """
+    """A contraction: over a rank-row axis it is a reduction over atoms (masked, ``psum``)."""
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lhs, rhs = ins
     lshape, rshape = shape_of(eqn.invars[0]), shape_of(eqn.invars[1])

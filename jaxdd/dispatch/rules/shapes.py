@@ -21,54 +21,53 @@ __all__ = ["broadcast_in_dim", "reshape", "squeeze", "transpose", "slice_", "dyn
            "concatenate", "stack", "pad", "iota", "sort", "is_iota"]
 
 
+def _lost(lay: Layout, why: str = "") -> Decision:
+    """One output whose layout is lost (untagged, in ``lay``'s index space); ``why`` is noted
+    when ``lay`` was per-row (a fallback the report shows)."""
+    return Decision((Layout(None, 0, lay.index),), notes=(why,) if why and lay.kind in ROWS else ())
+
+
 @register_rule("broadcast_in_dim")
 def broadcast_in_dim(ctx, eqn, ins) -> Decision:
-    """A tagged axis keeps its tag where the broadcast keeps its length.
-    """
+    """A tagged axis keeps its tag where the broadcast keeps its length."""
     lay = ins[0]
     if lay.kind is None:
-        return Decision((Layout(None, 0, lay.index),))
+        return _lost(lay)
     dims = eqn.params["broadcast_dimensions"]
     ishape, oshape = shape_of(eqn.invars[0]), eqn.params["shape"]
     a = dims[lay.axis]
     if oshape[a] != ishape[lay.axis]:
-        return Decision((Layout(None, 0, lay.index),))
+        return _lost(lay)
     return Decision((Layout(lay.kind, a, lay.index),))
 
 
 @register_rule("reshape")
 def reshape(ctx, eqn, ins) -> Decision:
-    """The tagged axis keeps its tag where the reshape leaves it whole; merged or split, the layout is lost.
-    """
+    """The tagged axis keeps its tag where the reshape leaves it whole; merged or split, the layout is lost."""
     lay = ins[0]
     if lay.kind is None:
-        return Decision((Layout(None, 0, lay.index),))
+        return _lost(lay)
     ishape, oshape = shape_of(eqn.invars[0]), tuple(eqn.params["new_sizes"])
     before = int(np.prod(ishape[: lay.axis], dtype=np.int64))
     for j in range(len(oshape)):
         if int(np.prod(oshape[:j], dtype=np.int64)) == before and oshape[j] == ishape[lay.axis]:
             return Decision((Layout(lay.kind, j, lay.index),))
-    note = ()
-    if lay.kind in ROWS:
-        note = (f"reshape {ishape}->{oshape} merges the per-{lay.kind.value} axis in {where(eqn)}: layout lost",)
-    return Decision((Layout(None, 0, lay.index),), notes=note)
+    return _lost(lay, f"reshape {ishape}->{oshape} merges the per-{lay.kind.value} axis in {where(eqn)}: layout lost")
 
 
 @register_rule("squeeze")
 def squeeze(ctx, eqn, ins) -> Decision:
-    """The tagged axis keeps its tag, renumbered past the squeezed axes.
-    """
+    """The tagged axis keeps its tag, renumbered past the squeezed axes."""
     lay = ins[0]
     dims = tuple(eqn.params["dimensions"])
     if lay.kind is None or lay.axis in dims:
-        return Decision((Layout(None, 0, lay.index),))
+        return _lost(lay)
     return Decision((Layout(lay.kind, lay.axis - sum(1 for d in dims if d < lay.axis), lay.index),))
 
 
 @register_rule("transpose")
 def transpose(ctx, eqn, ins) -> Decision:
-    """The tagged axis keeps its tag at its new position.
-    """
+    """The tagged axis keeps its tag at its new position."""
     lay = ins[0]
     if lay.kind is None:
         return Decision((lay,))
@@ -77,11 +76,10 @@ def transpose(ctx, eqn, ins) -> Decision:
 
 @register_rule("slice")
 def slice_(ctx, eqn, ins) -> Decision:
-    """A prefix of the rows keeps every row where it was; any other slice renumbers them.
-    """
+    """A prefix of the rows keeps every row where it was; any other slice renumbers them."""
     lay = ins[0]
     if lay.kind is None:
-        return Decision((Layout(None, 0, lay.index),))
+        return _lost(lay)
     a = lay.axis
     start, limit = eqn.params["start_indices"][a], eqn.params["limit_indices"][a]
     strides = eqn.params.get("strides") or (1,) * len(eqn.params["start_indices"])
@@ -93,32 +91,25 @@ def slice_(ctx, eqn, ins) -> Decision:
             if c1 - c0 == 1:  # one index column (pairs[:, 0]): what it points at
                 return Decision((Layout(lay.kind, a, lay.columns[c0]),))
         return Decision((lay,))
-    note = ()
-    if lay.kind in ROWS:
-        note = (f"slice [{start}:{limit}:{strides[a]}] of the per-{lay.kind.value} axis ({full} rows) in "
-                f"{where(eqn)}: rows renumbered, layout lost",)
-    return Decision((Layout(None, 0, lay.index),), notes=note)
+    return _lost(lay, f"slice [{start}:{limit}:{strides[a]}] of the per-{lay.kind.value} axis ({full} rows) in "
+                 f"{where(eqn)}: rows renumbered, layout lost")
 
 
 @register_rule("dynamic_slice")
 def dynamic_slice(ctx, eqn, ins) -> Decision:
-    """A slice that keeps the whole tagged axis keeps its layout; any other picks rank-local rows.
-    """
+    """A slice that keeps the whole tagged axis keeps its layout; any other picks rank-local rows."""
     lay = ins[0]
     if lay.kind is None:
-        return Decision((Layout(None, 0, lay.index),))
+        return _lost(lay)
     if eqn.params["slice_sizes"][lay.axis] == shape_of(eqn.invars[0])[lay.axis]:
         return Decision((lay,))
-    note = ()
-    if lay.kind in ROWS:
-        note = (f"dynamic_slice of the per-{lay.kind.value} axis in {where(eqn)} picks rank-local rows: layout lost",)
-    return Decision((Layout(None, 0, lay.index),), notes=note)
+    return _lost(lay, f"dynamic_slice of the per-{lay.kind.value} axis in {where(eqn)} picks rank-local rows: "
+                 "layout lost")
 
 
 @register_rule("dynamic_update_slice")
 def dynamic_update_slice(ctx, eqn, ins) -> Decision:
-    """The operand's layout.
-    """
+    """The operand's layout."""
     return Decision((ins[0],))
 
 
@@ -203,8 +194,7 @@ def stack(ctx, eqn, ins) -> Decision:
 
 @register_rule("pad")
 def pad(ctx, eqn, ins) -> Decision:
-    """Padding after the tagged rows keeps them in place; any other shifts them and the layout is lost.
-    """
+    """Padding after the tagged rows keeps them in place; any other shifts them and the layout is lost."""
     lay = ins[0]
     if lay.kind is None:
         return Decision((REPLICATED,))
@@ -216,8 +206,7 @@ def pad(ctx, eqn, ins) -> Decision:
 
 @register_rule("iota")
 def iota(ctx, eqn, ins) -> Decision:
-    """An ``iota`` as long as the local rows (or edges) is taken for their indices: a recorded guess.
-    """
+    """An ``iota`` as long as the local rows (or edges) is taken for their indices: a recorded guess."""
     shape, dim = tuple(eqn.params["shape"]), eqn.params["dimension"]
     kind = ctx.fallback_kind(shape[dim])
     if kind is None:

@@ -21,15 +21,13 @@ __all__ = ["to_local", "autograd_target", "system_sum", "system_sum_local", "ref
 
 @register_rule("jaxdd::to_local")
 def to_local(ctx, eqn, ins) -> Decision:
-    """The value with its layout forgotten: no rule fires on what is computed from it.
-    """
+    """The value with its layout forgotten: no rule fires on what is computed from it."""
     return Decision((Layout(None, 0, local=True, deliberate=True),), bind, "verb.to_local")
 
 
 @register_rule("jaxdd::autograd_target")
 def autograd_target(ctx, eqn, ins) -> Decision:
-    """An identity: positions handed to the model are already what forces are taken against.
-    """
+    """An identity: positions handed to the model are already what forces are taken against."""
     return Decision((ins[0],), bind, "verb.autograd_target")
 
 
@@ -53,15 +51,13 @@ def _system_sum(ctx, eqn, ins, total: bool) -> Decision:
 
 @register_rule("jaxdd::system_sum")
 def system_sum(ctx, eqn, ins) -> Decision:
-    """Owned rows only, summed over ranks: the same per-system sums on every rank.
-    """
+    """Owned rows only, summed over ranks: the same per-system sums on every rank."""
     return _system_sum(ctx, eqn, ins, total=True)
 
 
 @register_rule("jaxdd::system_sum_local")
 def system_sum_local(ctx, eqn, ins) -> Decision:
-    """Owned rows only, this rank's share (no communication).
-    """
+    """Owned rows only, this rank's share (no communication)."""
     return _system_sum(ctx, eqn, ins, total=False)
 
 
@@ -80,8 +76,7 @@ def _per_atom(ctx, eqn, ins) -> Layout:
 
 @register_rule("jaxdd::refresh_neighbors")
 def refresh_neighbors(ctx, eqn, ins) -> Decision:
-    """Ghost rows re-read from their owners.
-    """
+    """Ghost rows re-read from their owners."""
     lay = _per_atom(ctx, eqn, ins)
     return Decision((lay,), lambda eqn, invals: [ctx.runtime.halo_refresh(invals[0], lay.axis)],
                     "verb.refresh_neighbors")
@@ -89,8 +84,7 @@ def refresh_neighbors(ctx, eqn, ins) -> Decision:
 
 @register_rule("jaxdd::scatter_to_owners")
 def scatter_to_owners(ctx, eqn, ins) -> Decision:
-    """Ghost partial sums added into their owners, then refreshed.
-    """
+    """Ghost partial sums added into their owners, then refreshed."""
     lay = _per_atom(ctx, eqn, ins)
     return Decision((lay,), lambda eqn, invals: [ctx.runtime.halo_correct(invals[0], lay.axis)],
                     "verb.scatter_to_owners")
