@@ -7,6 +7,7 @@ import math
 
 from ..data.checks import integral
 from ..ops import SpecError
+from ..ops.errors import check_always_true, check_choice
 
 __all__ = ["CompilePolicy", "FORCE_STRATEGIES"]
 
@@ -46,15 +47,12 @@ class CompilePolicy:
             object.__setattr__(self, field, float(v))
         object.__setattr__(self, "max_regrowths",
                            integral("CompilePolicy.max_regrowths", self.max_regrowths, minimum=1, error=SpecError))
-        if self.force_strategy not in FORCE_STRATEGIES:
-            raise SpecError(f"CompilePolicy.force_strategy must be one of {list(FORCE_STRATEGIES)}, got {self.force_strategy!r}")
-        if not isinstance(self.stress_via_strain, bool):
-            raise SpecError(f"CompilePolicy.stress_via_strain must be a bool, got {self.stress_via_strain!r}")
-        if not self.stress_via_strain:
-            raise SpecError(
-                "CompilePolicy.stress_via_strain=False: jaxdd derives stress only from the derivative with respect to "
-                "a strain of positions and cell; a model that computes its own stress returns 'stress' as an output "
-                "and leaves it out of ModelConfig.autograd_outputs")
+        check_choice("CompilePolicy", "force_strategy", self.force_strategy, FORCE_STRATEGIES)
+        check_always_true(
+            "CompilePolicy", "stress_via_strain", self.stress_via_strain,
+            "jaxdd derives stress only from the derivative with respect to a strain of positions and cell; a model "
+            "that computes its own stress returns 'stress' as an output and leaves it out of "
+            "ModelConfig.autograd_outputs")
 
     def to_dict(self) -> dict:
         """The ``compile`` object of a version-2 spec file: field name → value."""

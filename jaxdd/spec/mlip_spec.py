@@ -12,6 +12,7 @@ from typing import Any
 
 from .adapters import HelperAdapter
 from ..ops import SpecError, StoragePolicy
+from ..ops.errors import check_always_true
 from .compile_policy import CompilePolicy
 from .distribution import DistributionSpec, OpAdapter
 from .frozen_map import FrozenMap
@@ -76,13 +77,10 @@ class MLIPSpec:
                 f"{both} are both owned-only and all-reduced; an owned-only key is sliced per rank, an all-reduced "
                 "key is summed across ranks: keep each in one of the two"
             )
-        if not isinstance(self.system_reductions, bool):
-            raise SpecError(f"MLIPSpec.system_reductions must be a bool, got {self.system_reductions!r}")
-        if not self.system_reductions:
-            raise SpecError(
-                "MLIPSpec.system_reductions=False: the dispatch always reduces per-atom sums to per-system ones across "
-                "ranks (it is what makes a distributed energy complete); list keys that are per-rank partials in "
-                "all_reduce_outputs instead")
+        check_always_true(
+            "MLIPSpec", "system_reductions", self.system_reductions,
+            "the dispatch always reduces per-atom sums to per-system ones across ranks (it is what makes a "
+            "distributed energy complete); list keys that are per-rank partials in all_reduce_outputs instead")
         clash = sorted(k for k in owned if kinds.get(k, OutputKind.PER_NODE) is not OutputKind.PER_NODE)
         if clash:
             raise SpecError(f"{clash} are owned-only outputs (per-atom, sliced to owned rows) but declared "
