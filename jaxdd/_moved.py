@@ -33,6 +33,8 @@ MOVED = {
     "jaxdd.virials": "jaxdd.engine.virials",
     "jaxdd.ase": "jaxdd.interop.ase",
     "jaxdd.pme_grid": "jaxdd.models.pme_grid",
+    # What the drivers share, moved down from the dynamics into the engine.
+    "jaxdd.dynamics.placement": "jaxdd.engine.run_placement",
 }
 
 _warned: set[str] = set()

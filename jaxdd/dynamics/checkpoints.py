@@ -18,10 +18,11 @@ from jax.sharding import PartitionSpec as P
 from ..spec.checkpoint import array_tree, damaged, read_json, restore_arrays
 from ..data import Batch
 from ..decomposition.halo import Exchange, HaloLayout, HaloRouting
+from ..engine.atom_order import atom_order, unwrapped_positions
+from ..engine.placed import AtomRows, Placed, RankPlan
 from ..neighbors import NeighborCapacity
 from ..neighbors.capacity import Capacities
 from .integrators import INTEGRATORS
-from .placement import atom_order, unwrapped_positions
 from .state import MDState
 
 __all__ = ["save", "restore", "read_md_json", "read_md_arrays", "fingerprint", "barrier"]
@@ -49,9 +50,10 @@ def save(md, path, state: MDState) -> Path:
     barrier("jaxdd.save.checked")  # every process has looked before any writes
     path.mkdir(parents=True, exist_ok=True)
     t = state.template
+    # The layout on disk names the rows and the plan's arrays as the dicts of earlier states did.
     tree = dict(
-        ranked={**state.arrays, **flat_plan(state.fixed)}, energy=state.energy, extra=state.extra,
-        plan_cell=state.fixed["plan_cell"], virial=state.virial,
+        ranked={**state.rows.as_dict(), **flat_plan(state.plan)}, energy=state.energy, extra=state.extra,
+        plan_cell=state.plan.plan_cell, virial=state.virial,
         **({"cuts": np.asarray(md.placement.cuts)} if md.placement.cuts is not None else {}),
         template={k: np.asarray(v) for k, v in batch_fields(t).items()},
     )
@@ -118,23 +120,22 @@ def restore(md, path) -> MDState:
             neighbors=NeighborCapacity(**{k: (tuple(v) if isinstance(v, list) else v)
                                           for k, v in meta["nl_capacity"].items()})))
         md.placement.reset_frame(template)
-        arrays, fixed = unflat_plan(a["ranked"], template, replicated)
+        rows, plan = unflat_plan(a["ranked"], template, replicated)
         if "plan_cell" in a:
-            fixed["plan_cell"] = jax.device_put(np.asarray(a["plan_cell"]), replicated)
-        state = MDState(step=meta["step"], energy=energy, extra=extra, arrays=arrays, fixed=fixed,
-                        template=template, layout=layout_of(meta["layout"]), ghost_width=meta.get("ghost_width"),
-                        virial=a["virial"] if "virial" in a else jax.device_put(
-                            np.zeros((template.n_systems, 3, 3), dtype), replicated))
+            plan = plan.replace(plan_cell=jax.device_put(np.asarray(a["plan_cell"]), replicated))
+        placed = Placed(rows=rows, plan=plan, template=template, layout=layout_of(meta["layout"]),
+                        ghost_width=meta.get("ghost_width"))
+        state = MDState.start(placed, step=meta["step"], extra=extra, energy=energy, virial=a.get("virial"),
+                              converged=bool(meta["converged"]))
     else:
         held = {k: np.asarray(v) for k, v in a["ranked"].items()}
         n = template.n_atoms
         atoms = {k: atom_order(held["ids"], held[k], n) for k in ("positions", "image", "velocities", "forces")}
         positions = unwrapped_positions(template, atoms["positions"], atoms["image"])
-        state = md.placement.place(template, positions, atoms["velocities"], atoms["forces"], step=meta["step"],
-                            extra=extra, energy=energy)
-        if a.get("virial") is not None:
-            state.virial = jax.device_put(np.asarray(a["virial"]), replicated)
-    state.converged = bool(meta["converged"])
+        state = MDState.start(md.placement.place(template, positions, atoms["velocities"], atoms["forces"]),
+                              step=meta["step"], extra=extra, energy=energy,
+                              virial=None if a.get("virial") is None else np.asarray(a["virial"]),
+                              converged=bool(meta["converged"]))
     if meta.get("model") != fingerprint(dm.model):
         # Another model (weights, cutoff) than the one that wrote the checkpoint: its plan is
         # checked (planned again if too narrow) and its energy and forces are this model's.
@@ -207,28 +208,35 @@ def with_empty(arrays: dict, empty: dict, sharding_of) -> dict:
     return arrays
 
 
-def flat_plan(fixed: dict) -> dict:
-    """The per-rank arrays of a plan by flat name (cell and system mask come from the batch)."""
-    out = {f"local__{k}": v for k, v in batch_fields(fixed["local"]).items()}
-    if fixed["local"].velocities is not None:
-        out["local__velocities"] = fixed["local"].velocities
-    out.update({f"routing__{f.name}": getattr(fixed["routing"], f.name)
-                for f in dataclasses.fields(fixed["routing"])})
-    out["owned_rows"] = fixed["owned_rows"]
+def flat_plan(plan: RankPlan) -> dict:
+    """The per-rank arrays of ``plan`` by flat name (``local__positions``, ``routing__send_idx``,
+    ``owned_rows`` ...; cell and system mask come from the batch)."""
+    out = {f"local__{k}": v for k, v in batch_fields(plan.local).items()}
+    if plan.local.velocities is not None:
+        out["local__velocities"] = plan.local.velocities
+    out.update({f"routing__{f.name}": getattr(plan.routing, f.name) for f in dataclasses.fields(plan.routing)})
+    out["owned_rows"] = plan.owned_rows
     return out
 
 
-def unflat_plan(ranked: dict, template: Batch, replicated) -> tuple[dict, dict]:
-    """(atom arrays, plan) from :func:`flat_plan`'s names, as :meth:`~jaxdd.dynamics.placement.Placement.place` lays them out."""
-    arrays = {k: v for k, v in ranked.items() if "__" not in k and k != "owned_rows"}
+def unflat_plan(ranked: dict, template: Batch, replicated) -> tuple[AtomRows, RankPlan]:
+    """(rows, plan) from the names of :func:`flat_plan` and :meth:`~jaxdd.engine.placed.AtomRows.as_dict`,
+    as :meth:`~jaxdd.engine.run_placement.Placement.place` lays them out.
+
+    Args:
+      ranked: the checkpoint's ``ranked`` arrays by name.
+      template: the batch (its cell and system mask, placed with ``replicated``).
+      replicated: the sharding of arrays every rank holds whole.
+    """
+    arrays = AtomRows(**{k: v for k, v in ranked.items() if "__" not in k and k != "owned_rows"})
     local = {k[len("local__"):]: v for k, v in ranked.items() if k.startswith("local__")}
     local = Batch.unchecked(**local, **{k: None for k in (*_OPTIONAL_FIELDS, "velocities") if k not in local},
                             neighbors=None)
     routing = HaloRouting(**{k[len("routing__"):]: v for k, v in ranked.items() if k.startswith("routing__")})
     cell = jax.device_put(np.asarray(template.cell), replicated)
-    fixed = dict(local=local, owned_rows=ranked["owned_rows"], routing=routing, cell=cell, plan_cell=cell,
-                 system_mask=jax.device_put(np.asarray(template.system_mask), replicated))
-    return arrays, fixed
+    plan = RankPlan(local=local, owned_rows=ranked["owned_rows"], routing=routing, cell=cell, plan_cell=cell,
+                    system_mask=jax.device_put(np.asarray(template.system_mask), replicated))
+    return arrays, plan
 
 
 def layout_json(layout: HaloLayout) -> dict:

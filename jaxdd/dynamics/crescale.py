@@ -109,17 +109,9 @@ class CRescale(Dynamics):
         return -2 * jnp.sqrt(volume) * (self.pressure - p_int - 0.5 * kT / volume)
 
     def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
-        """One step: velocity rescaling, a stochastic volume (or per-axis) move inside velocity
-        Verlet, velocity rescaling.
-
-        Args:
-          state: the rank's RankState before the step (its ``virial`` read).
-          ctx: the StepContext.
-          forces_fn: ``forces_fn(positions, cell) -> (forces, energy, virial)``, called once.
-
-        Returns:
-          The RankState after the step, with the new cell.
-        """
+        """One step from ``state`` (velocity rescaling, a stochastic volume or per-axis move
+        inside velocity Verlet, velocity rescaling), with ``ctx`` and ``forces_fn`` as
+        :meth:`~jaxdd.dynamics.integrators.Dynamics.step` takes them."""
         dtype = state.positions.dtype
         dt = jnp.asarray(self.dt, dtype)
         kT = self.kB * self.temperature

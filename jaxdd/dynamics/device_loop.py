@@ -12,50 +12,18 @@ import jax.numpy as jnp
 
 from ..dispatch import DispatchReport
 from ..decomposition.halo import halo_forward
+from ..engine.cells import cell_map
+from ..engine.rank_forces import rank_forces
 from ..engine.rank_neighbors import neighbor_needs, rank_neighbors
-from ..engine.rank_program import RankRows, rank_evaluate, run_ranks
-from .integrators import RankState, StepContext, cell_map
+from ..engine.rank_program import run_ranks
+from .integrators import RankState, StepContext
 
-__all__ = ["advance", "rank_forces", "split_plan", "RUNNING", "REBUILD", "OVERFLOW", "CONVERGED", "NONFINITE", "AHEAD",
+__all__ = ["advance", "RUNNING", "REBUILD", "OVERFLOW", "CONVERGED", "NONFINITE", "AHEAD",
            "TOO_FAST"]
 
 # Why the device loop stopped. REBUILD: the step just taken outran the plan and was
 # discarded; AHEAD: the step was kept, and the next one, extrapolated, would outrun it.
 RUNNING, REBUILD, OVERFLOW, CONVERGED, NONFINITE, AHEAD, TOO_FAST = 0, 1, 2, 3, 4, 5, 6
-
-
-def split_plan(fixed):
-    """(the plan's per-rank arrays, the cell and system mask the same on every rank) of the
-    plan ``fixed`` (``MDState.fixed``)."""
-    return {k: fixed[k] for k in ("local", "owned_rows", "routing")}, (fixed["cell"], fixed["system_mask"])
-
-
-def rank_forces(model, f, own_pos, own_sys, static, report, neighbors=None, virial=False):
-    """(forces [n_owned, 3] eV/Å, energy [S] eV, neighbour list, virial) of one rank. A model
-    that computes its forces itself (a kernel's direct forces: "forces" is an output and not
-    an autograd output) is taken at its word, which costs one pass instead of a forward and a
-    backward one; otherwise forces are minus the gradient of the energy. With ``virial`` the
-    virial W = -dE/dε [S, 3, 3] eV summed over ranks comes too (from the strain gradient;
-    None otherwise). Call inside :func:`~jaxdd.engine.rank_program.run_ranks`.
-
-    Args:
-      model: the model on this rank.
-      f: this rank's plan (``local``, ``owned_rows``, ``routing``, ``cell`` [S, 3, 3] Å,
-        ``system_mask`` [S]).
-      own_pos: [n_owned, 3] Å owned positions (in the partition's wrapped frame).
-      own_sys: [n_owned] system of each owned row.
-      static: the rank program.
-      report: the dispatch report the trace writes to.
-      neighbors: a kept neighbour list to reuse; None builds one.
-      virial: also the virial.
-    """
-    direct = "forces" not in static.autograd and not virial
-    rows = RankRows(f["local"], own_pos, own_sys, f["owned_rows"], f["routing"], f["cell"], f["system_mask"])
-    per_system, out, _, nl, g_pos, g_strain, _ = rank_evaluate(
-        model, rows, static, report, forces=not direct, stress=virial, neighbors=neighbors)
-    forces = out["forces"][:static.layout.n_owned] if direct else -g_pos
-    w = -jax.lax.psum(g_strain, static.axes).astype(per_system.dtype) if virial else None
-    return forces, per_system, nl, w
 
 
 @eqx.filter_jit
@@ -65,11 +33,11 @@ def advance(model, arrays, energy, extra, virial, fixed, step0, n, static, integ
 
     Args:
       model: the model.
-      arrays: the per-rank rows ``[P, n_owned, ...]`` (:class:`~jaxdd.dynamics.state.MDState`).
+      arrays: the per-rank rows ``[P, n_owned, ...]`` (:class:`~jaxdd.engine.placed.AtomRows`).
       energy: [S] eV potential energy of the current positions.
       extra: the integrator's own state (thermostat chains, ...).
       virial: [S, 3, 3] eV, W = -dE/dε of the current positions, or None.
-      fixed: the plan (``MDState.fixed``).
+      fixed: the plan (:class:`~jaxdd.engine.placed.RankPlan`).
       step0: int32 steps taken before this call.
       n: int32 most steps to take.
       static: the rank program.
@@ -86,7 +54,7 @@ def advance(model, arrays, energy, extra, virial, fixed, step0, n, static, integ
         W·s once lengths shrank by s); None otherwise.
 
     Returns:
-      (arrays, energy, extra, cell, virial, steps taken, reason, needed sizes): ``reason``
+      (rows, energy, extra, cell, virial, steps taken, reason, needed sizes): ``reason``
       one of ``RUNNING``, ``REBUILD``, ``OVERFLOW``, ... above.
     """
     axes = static.axes
@@ -96,7 +64,7 @@ def advance(model, arrays, energy, extra, virial, fixed, step0, n, static, integ
 
     def rank_fn(model, report, a, f, cell, system_mask, plan_cell, energy, extra, virial, step0, n):
         f = dict(f, cell=cell, system_mask=system_mask)
-        valid = a["ids"] >= 0
+        valid = a.ids >= 0
         n_sys = static.n_systems
 
         def local_shift2(x, ref):
@@ -114,7 +82,7 @@ def advance(model, arrays, energy, extra, virial, fixed, step0, n, static, integ
             m = cell_map(ref_cell, cell_now, system_mask)  # identity for padding systems
             # The least factor by which any length shrank: the smallest singular value of m.
             shrink = jnp.min(jnp.linalg.svd(m, compute_uv=False))
-            return jnp.einsum("ni,nij->nj", ref, m[a["system"]]), jnp.minimum(shrink, 1.0)
+            return jnp.einsum("ni,nij->nj", ref, m[a.system]), jnp.minimum(shrink, 1.0)
 
         def moved2(x, cell_now, ref, ref_cell):
             """Largest squared displacement since ``ref``, and how far lengths shrank since then."""
@@ -126,7 +94,7 @@ def advance(model, arrays, energy, extra, virial, fixed, step0, n, static, integ
                                   static, cell=cell_now, routing=f["routing"])
 
         def evaluate(x, nl, cell_now):
-            forces, per_system, nl, w = rank_forces(model, dict(f, cell=cell_now), x, a["system"], static, report,
+            forces, per_system, nl, w = rank_forces(model, dict(f, cell=cell_now), x, a.system, static, report,
                                                     neighbors=nl, virial=want_virial)
             return forces, per_system, w, nl
 
@@ -135,25 +103,25 @@ def advance(model, arrays, energy, extra, virial, fixed, step0, n, static, integ
             nl = neighbors(x, cell_now)
             return (nl,) + neighbor_needs(nl, axes)
 
-        counts = jax.lax.psum(jax.ops.segment_sum(valid.astype(jnp.int32), a["system"], num_segments=n_sys), axes)
+        counts = jax.lax.psum(jax.ops.segment_sum(valid.astype(jnp.int32), a.system, num_segments=n_sys), axes)
 
         def context(step):
             return StepContext(
-                inv_mass=a["inv_mass"][:, None], ids=a["ids"], system=a["system"], valid=valid, step=step,
+                inv_mass=a.inv_mass[:, None], ids=a.ids, system=a.system, valid=valid, step=step,
                 n_atoms=counts,
                 system_sum=lambda v: jax.lax.psum(
-                    jax.ops.segment_sum(jnp.where(valid.reshape((-1,) + (1,) * (v.ndim - 1)), v, 0), a["system"],
+                    jax.ops.segment_sum(jnp.where(valid.reshape((-1,) + (1,) * (v.ndim - 1)), v, 0), a.system,
                                         num_segments=n_sys), axes),
                 global_max=lambda v: jax.lax.pmax(v, axes),
             )
 
-        x0 = a["positions"]
+        x0 = a.positions
         # A kept list carries whether it overflowed when built and the sizes it needed: its
         # capacities are checked (one collective) only at the steps that build it.
         verlet = (*built(x0, cell), x0, cell) if reuse else None
         _, _, needed0 = jax.eval_shape(built, x0, cell)
         zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), needed0)
-        state0 = RankState(x0, a["velocities"], a["forces"], energy, extra, cell, virial)
+        state0 = RankState(x0, a.velocities, a.forces, energy, extra, cell, virial)
         done0 = integrator.converged(state0, context(step0))
         init = (jnp.int32(0), done0, jnp.where(done0, CONVERGED, RUNNING).astype(jnp.int32), (state0, verlet),
                 zeros)
@@ -199,7 +167,7 @@ def advance(model, arrays, energy, extra, virial, fixed, step0, n, static, integ
                       & jnp.all(jnp.isfinite(new.cell))
                       & functools.reduce(jnp.logical_and, [jnp.all(jnp.isfinite(x)) for x in
                                                            jax.tree_util.tree_leaves(new.extra)], jnp.asarray(True)))
-            ref, shrink = carried(a["reference"], plan_cell, box["cell"])
+            ref, shrink = carried(a.reference, plan_cell, box["cell"])
             # Where the next step would take the atoms, this step's move extrapolated: a plan it
             # would outrun is rebuilt now, rather than after a step evaluated in vain (a wrong
             # guess costs a rebuild one step early, or the discarded step as before).
@@ -229,11 +197,11 @@ def advance(model, arrays, energy, extra, virial, fixed, step0, n, static, integ
                     kept, box["needed"])
 
         k, _, reason, (state, _), needed = jax.lax.while_loop(cond, body, init)
-        out = dict(a, positions=state.positions, velocities=state.velocities, forces=state.forces)
+        out = a.replace(positions=state.positions, velocities=state.velocities, forces=state.forces)
         return out, state.energy, state.extra, state.cell, state.virial, k, reason, needed
 
-    ranked, replicated = split_plan(fixed)
+    ranked, replicated = fixed.split()
     return run_ranks(rank_fn, static, model=model, ranked=(arrays, ranked),
-                     replicated=(*replicated, fixed["plan_cell"], energy, extra, virial, step0, n),
+                     replicated=(*replicated, fixed.plan_cell, energy, extra, virial, step0, n),
                      replicated_out=(False, True, True, True, True, True, True, True),
                      report=DispatchReport(policy=static.spec.policy))[0]

@@ -35,12 +35,12 @@ from ..data.checks import integral
 from ..data import AtomicData, Batch, as_batch
 from ..engine.distributed import DistributedModel
 from ..engine.rank_program import Needs
+from ..engine.run_placement import Placement
 from . import checkpoints, observables
 from .device_loop import AHEAD, CONVERGED, NONFINITE, OVERFLOW, REBUILD, TOO_FAST, advance
 from .device_programs import evaluate
 from .integrators import INTEGRATORS, KB_EV_PER_K
 from .io import ExtXYZWriter, Progress
-from .placement import Placement
 from .state import MDState, RunStats
 
 __all__ = ["DomainParallel", "MDState", "RunStats"]
@@ -128,13 +128,12 @@ class DomainParallel:
         positions = np.asarray(batch.positions, np.float64)
         place = self.placement
         place.cuts = place.weights = None  # a new system: balanced blocks are placed for its atoms
-        state = place.place(batch, positions, np.asarray(batch.velocities), None, step=0,
-                            extra=self.integrator.init(batch), energy=None)
+        state = MDState.start(place.place(batch, positions, np.asarray(batch.velocities)), step=0,
+                              extra=self.integrator.init(batch))
         if self._by_pairs():  # blocks balanced by atoms first; then by the pairs they measured
             place.weights = self.pair_weights(state)
             place.cuts = None
-            state = place.place(batch, positions, np.asarray(batch.velocities), None, step=0,
-                                extra=state.extra, energy=None)
+            state = state.replace(placed=place.place(batch, positions, np.asarray(batch.velocities)))
         return self.with_forces(state)
 
     def _by_pairs(self) -> bool:
@@ -150,16 +149,13 @@ class DomainParallel:
         stress = bool(self.integrator.needs_virial)
 
         def attempt(_):
-            energy, forces, virial, overflow, needed = evaluate(self.dist_model.model, state.arrays, state.fixed,
+            energy, forces, virial, overflow, needed = evaluate(self.dist_model.model, state.rows, state.plan,
                                                                 self.program(state), stress)
             return (energy, forces, virial), Needs.of_neighbors(overflow, needed)
 
         energy, forces, virial = self.dist_model.sizing.run_until_fits(attempt)
-        state.arrays = {**state.arrays, "forces": forces}
-        state.energy = energy
-        if stress:
-            state.virial = -virial.astype(energy.dtype)
-        return state
+        return state.replace(rows=state.rows.replace(forces=forces), energy=energy,
+                             **({"virial": -virial.astype(energy.dtype)} if stress else {}))
 
     def fitting(self, state: MDState) -> MDState:
         """``state`` on a plan that holds every neighbour of this model: a plan built for a
@@ -169,7 +165,7 @@ class DomainParallel:
         if dm.ghost_width_covers(state.ghost_width):
             return state
         self.placement.counters.rebuilds += 1
-        return self.with_forces(self.placement.rebuild_on_host(state))
+        return self.with_forces(state.replace(placed=self.placement.rebuild_on_host(state.placed)))
 
     # ------------------------------------------------------------------ running
 
@@ -210,7 +206,7 @@ class DomainParallel:
         bar = Progress(n_steps, int(np.asarray(state.template.atom_mask).sum())) if show else None
         counts0, regrowths = dataclasses.replace(self.placement.counters), self.dist_model.sizing.regrowths
         start, done = time.perf_counter(), 0
-        state = self.fitting(dataclasses.replace(state))
+        state = self.fitting(state)
         if writer is not None and writer.frames == 0:
             writer.write(self, state)
         while done < n_steps and not state.converged:
@@ -221,7 +217,8 @@ class DomainParallel:
             state = self._advance(state, chunk)
             done += state.step - before
             if rebalance_every and state.step % rebalance_every == 0 and state.step != before:
-                state = self.placement.rebalance(state, self.pair_weights(state) if self._by_pairs() else None)
+                weights = self.pair_weights(state) if self._by_pairs() else None
+                state = state.replace(placed=self.placement.rebalance(state.placed, weights))
             if thermo_every and (state.step % thermo_every == 0 or state.converged):
                 log(state.step, self.thermo(state))
             if writer is not None and (state.step % trajectory_every == 0 or state.converged):
@@ -231,7 +228,7 @@ class DomainParallel:
                     obs(self, state)
             if bar is not None:
                 bar.update(done)
-        jax.block_until_ready(state.arrays["positions"])
+        jax.block_until_ready(state.rows.positions)
         seconds = time.perf_counter() - start
         n_atoms = int(np.asarray(state.template.atom_mask).sum())
         now = self.placement.counters
@@ -250,7 +247,7 @@ class DomainParallel:
         Its loop body is one step, which XLA's cost analysis counts once: the flops and bytes
         of a step on one rank. n_steps: the loop's bound (a traced value)."""
         return advance.lower(
-            self.dist_model.model, state.arrays, state.energy, state.extra, state.virial, state.fixed,
+            self.dist_model.model, state.rows, state.energy, state.extra, state.virial, state.plan,
             jnp.asarray(state.step, jnp.int32), jnp.asarray(integral("n_steps", n_steps, minimum=0), jnp.int32),
             self.program(state), self.integrator, self.threshold, self.step_limit, self.nl_skin,
             _reach(self)).lowered
@@ -262,24 +259,23 @@ class DomainParallel:
             taken = 0
 
             def chunk(_):  # steps kept before an overflow stay taken; the rest run on grown capacities
-                nonlocal n, taken
-                arrays, energy, extra, cell, virial, k, reason, needed = advance(
-                    self.dist_model.model, state.arrays, state.energy, state.extra, state.virial, state.fixed,
+                nonlocal n, taken, state
+                rows, energy, extra, cell, virial, k, reason, needed = advance(
+                    self.dist_model.model, state.rows, state.energy, state.extra, state.virial, state.plan,
                     jnp.asarray(state.step, jnp.int32), jnp.asarray(n, jnp.int32), self.program(state),
                     self.integrator, self.threshold, self.step_limit, self.nl_skin, _reach(self))
                 k, reason = int(k), int(reason)
-                state.arrays, state.energy, state.extra, state.virial = arrays, energy, extra, virial
+                placed = state.placed.replace(rows=rows)
                 if self.integrator.moves_cell:
-                    state.fixed = {**state.fixed, "cell": cell}
-                    state.template = state.template.replace(cell=cell)
-                state.step += k
+                    placed = placed.with_cell(cell)
+                state = state.replace(placed=placed, energy=energy, extra=extra, virial=virial, step=state.step + k)
                 n -= k
                 taken += k
                 return reason, Needs.of_neighbors(reason == OVERFLOW, needed)
 
             reason = self.dist_model.sizing.run_until_fits(chunk)
             if reason == CONVERGED:
-                state.converged = True
+                state = state.replace(converged=True)
             elif reason == TOO_FAST:
                 raise RuntimeError(
                     f"step {state.step + 1} would move an atom more than {self.step_limit:.4g} Å (half the skin, or "
@@ -301,7 +297,7 @@ class DomainParallel:
                         "failed on these positions (atoms too close? a time step too large?); the state passed to "
                         "run() is unchanged")
                 self.placement.counters.discarded += int(reason != AHEAD)
-                state = self.placement.rebuild(state)
+                state = state.replace(placed=self.placement.rebuild(state.placed))
                 fresh = True
                 continue
             fresh = fresh and taken == 0
@@ -311,13 +307,13 @@ class DomainParallel:
 
     def gather(self, state: MDState) -> Batch:
         """The system of ``state``, as a Batch in the original atom order (positions unwrapped)."""
-        positions, velocities = self.placement.global_rows(state, "positions", "velocities")
+        positions, velocities = self.placement.global_rows(state.placed, "positions", "velocities")
         dtype = state.template.positions.dtype
         return state.template.replace(positions=jnp.asarray(positions, dtype), velocities=jnp.asarray(velocities, dtype))
 
     def forces(self, state: MDState) -> np.ndarray:
         """Forces [V, 3] eV/Å on the positions of ``state``, in the original atom order."""
-        return self.placement.global_rows(state, "forces")[0]
+        return self.placement.global_rows(state.placed, "forces")[0]
 
     def thermo(self, state: MDState) -> dict:
         """Per-system thermodynamics of ``state``, numpy [S]: :func:`jaxdd.dynamics.observables.thermo`."""

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..data.checks import integral
-from .io import host_array
+from ..engine.host import host_array
 
 __all__ = ["HeatFlux", "heat_flux"]
 
@@ -136,9 +136,9 @@ class HeatFlux:
         """J [S, 3] (float64 numpy) of ``state`` without recording it, from the per-atom terms of
         ``md`` (a DomainParallel)."""
         terms = md.atom_terms(state)
-        arrays = state.arrays
-        flux = _ranked_flux(terms["atomic_energies"], terms["atomic_virials"], arrays["velocities"],
-                            arrays["masses"], arrays["system"], arrays["ids"], state.template.n_systems,
+        rows = state.rows
+        flux = _ranked_flux(terms["atomic_energies"], terms["atomic_virials"], rows.velocities,
+                            rows.masses, rows.system, rows.ids, state.template.n_systems,
                             self.include_kinetic)
         return host_array(flux).astype(np.float64)
 

@@ -37,7 +37,7 @@ from ..data.checks import integral
 from ..registry import Registry
 
 __all__ = ["RankState", "StepContext", "Dynamics", "VelocityVerlet", "Langevin", "FIRE", "KB_EV_PER_K",
-           "INTEGRATORS", "register_integrator", "cell_map", "carry_with_cell"]
+           "INTEGRATORS", "register_integrator", "verlet"]
 
 KB_EV_PER_K = 8.617333262e-5  # Boltzmann constant (eV/K), as ase.units.kB
 
@@ -145,32 +145,38 @@ class Dynamics:
         """
         return jnp.asarray(False)
 
+    def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
+        """One step of the rank's owned atoms.
 
-def cell_map(old, new, real=None):
-    """[S, 3, 3] M that carries positions of cells ``old`` to ``new`` ([S, 3, 3] Å, rows
-    lattice vectors) keeping fractional coordinates: x_new = x_old @ M = x_old @ old⁻¹ @ new.
-    real: [S] the systems to map (default: those whose ``old`` cell has a volume); the
-    others get the identity (padding systems' empty cells)."""
-    if real is None:
-        real = jnp.abs(jnp.linalg.det(old)) > 0
-    real = real[:, None, None]
-    eye = jnp.eye(3, dtype=old.dtype)
-    return jnp.einsum("sij,sjk->sik", jnp.linalg.inv(jnp.where(real, old, eye)), jnp.where(real, new, eye))
+        Args:
+          state: the rank's RankState before the step (its ``virial`` read by a barostat).
+          ctx: the StepContext.
+          forces_fn: ``forces_fn(positions, cell=None) -> (forces, energy, virial)``, called
+            once (``cell``: the cell the positions are in, when the step moved it).
+
+        Returns:
+          The RankState after the step (with the new cell, when the step moved it).
+        """
+        raise NotImplementedError(f"{type(self).__name__} defines no step")
 
 
-def carry_with_cell(x, old, new, system, real=None):
-    """Positions ``x`` [n, 3] of cells ``old`` carried to ``new`` (:func:`cell_map`).
+def verlet(x, v, forces, ctx: StepContext, forces_fn, dt):
+    """Velocity Verlet: a half kick, a drift, the forces at the new positions, a half kick.
 
     Args:
-      x: [n, 3] positions (Å) in the cells ``old``.
-      old, new: [S, 3, 3] cells (Å, rows lattice vectors).
-      system: [n] system of each row.
-      real: [S] the systems to map, as for :func:`cell_map`.
+      x: [n, 3] Å positions. v: [n, 3] velocities. forces: [n, 3] eV/Å at ``x``.
+      ctx: the StepContext (its ``inv_mass``).
+      forces_fn: ``forces_fn(positions) -> (forces, energy, virial)``, called once.
+      dt: the time step (a scalar of the positions' dtype).
 
     Returns:
-      [n, 3] positions in the cells ``new``, at the same fractional coordinates.
+      (positions, velocities, forces, energy [S] eV, virial or None) after the step.
     """
-    return jnp.einsum("ni,nij->nj", x, cell_map(old, new, real)[system])
+    v = v + 0.5 * dt * forces * ctx.inv_mass
+    x = x + dt * v
+    f, e, w = forces_fn(x)
+    v = v + 0.5 * dt * f * ctx.inv_mass
+    return x, v, f, e, w
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,21 +189,10 @@ class VelocityVerlet(Dynamics):
         object.__setattr__(self, "dt", check_number("VelocityVerlet", "dt", self.dt))
 
     def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
-        """One velocity Verlet step.
-
-        Args:
-          state: the rank's RankState before the step.
-          ctx: the StepContext.
-          forces_fn: ``forces_fn(positions) -> (forces, energy, virial)``, called once.
-
-        Returns:
-          The RankState after the step.
-        """
+        """One velocity Verlet step from ``state``, with ``ctx`` and ``forces_fn`` as
+        :meth:`Dynamics.step` takes them."""
         dt = jnp.asarray(self.dt, state.positions.dtype)
-        v = state.velocities + 0.5 * dt * state.forces * ctx.inv_mass
-        x = state.positions + dt * v
-        f, e, w = forces_fn(x)
-        v = v + 0.5 * dt * f * ctx.inv_mass
+        x, v, f, e, w = verlet(state.positions, state.velocities, state.forces, ctx, forces_fn, dt)
         return state._replace(positions=x, velocities=v, forces=f, energy=e, virial=_kept(w, state))
 
     def energy(self, extra, n_atoms, cell):
@@ -247,16 +242,8 @@ class Langevin(Dynamics):
         return draw(jnp.maximum(ctx.ids, 0))
 
     def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
-        """One BAOAB step.
-
-        Args:
-          state: the rank's RankState before the step.
-          ctx: the StepContext.
-          forces_fn: ``forces_fn(positions) -> (forces, energy, virial)``, called once.
-
-        Returns:
-          The RankState after the step.
-        """
+        """One BAOAB step from ``state``, with ``ctx`` and ``forces_fn`` as :meth:`Dynamics.step`
+        takes them."""
         dtype = state.positions.dtype
         dt = jnp.asarray(self.dt, dtype)
         c1 = jnp.exp(jnp.asarray(-self.friction * self.dt, dtype))
@@ -316,16 +303,8 @@ class FIRE:
         return ctx.global_max(jnp.max(f2, initial=0.0)) < self.fmax**2
 
     def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
-        """One FIRE step: velocities mixed towards the forces, time steps adapted, moves capped.
-
-        Args:
-          state: the rank's RankState before the step.
-          ctx: the StepContext.
-          forces_fn: ``forces_fn(positions) -> (forces, energy, virial)``, called once.
-
-        Returns:
-          The RankState after the step.
-        """
+        """One FIRE step from ``state`` (velocities mixed towards the forces, time steps adapted,
+        moves capped), with ``ctx`` and ``forces_fn`` as :meth:`Dynamics.step` takes them."""
         ex = state.extra
         f, v, sys = state.forces, state.velocities, ctx.system
         vf = ctx.system_sum(jnp.sum(f * v, axis=1))

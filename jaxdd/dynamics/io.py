@@ -1,5 +1,5 @@
-"""Output of a run: an extxyz trajectory writer, a progress line, and host copies of per-rank
-arrays (checkpoints are :mod:`jaxdd.dynamics.checkpoints`)."""
+"""Output of a run: an extxyz trajectory writer and a progress line (checkpoints are
+:mod:`jaxdd.dynamics.checkpoints`; host copies of device arrays :mod:`jaxdd.engine.host`)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-
-__all__ = ["ExtXYZWriter", "Progress", "host_array"]
-
-
-def host_array(x) -> np.ndarray:
-    """``x`` whole on the host; with several processes each contributes its devices' rows
-    (a collective: every process must call it)."""
-    if getattr(x, "is_fully_addressable", True):
-        return np.asarray(x)
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+__all__ = ["ExtXYZWriter", "Progress"]
 
 
 class ExtXYZWriter:

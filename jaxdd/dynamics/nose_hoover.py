@@ -18,8 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..data.checks import integral
-from .integrators import (KB_EV_PER_K, Dynamics, RankState, StepContext, carry_with_cell, check_number, check_period,
-                          register_integrator)
+from ..engine.cells import carry_with_cell
+from .integrators import (KB_EV_PER_K, Dynamics, RankState, StepContext, check_number, check_period,
+                          register_integrator, verlet)
 
 __all__ = ["NoseHooverChain", "MTKBarostat", "chain_half_step", "cell_volume", "check_barostat_cell"]
 
@@ -160,24 +161,13 @@ class NoseHooverChain(_Thermostat, Dynamics):
         return _chain_init(batch.n_systems, self.chain, 1.0 / self.period, batch.positions.dtype)
 
     def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
-        """One step: chain half step, velocity Verlet, chain half step.
-
-        Args:
-          state: the rank's RankState before the step.
-          ctx: the StepContext.
-          forces_fn: ``forces_fn(positions) -> (forces, energy, virial)``, called once.
-
-        Returns:
-          The RankState after the step.
-        """
+        """One step from ``state`` (chain half step, velocity Verlet, chain half step), with
+        ``ctx`` and ``forces_fn`` as :meth:`~jaxdd.dynamics.integrators.Dynamics.step` takes them."""
         dt = jnp.asarray(self.dt, state.positions.dtype)
         dof = ctx.dof().astype(state.positions.dtype)
         extra, s = self._thermostat(state.extra, ctx.kinetic2(state.velocities), dof)
-        v = state.velocities * s[ctx.system][:, None]
-        v = v + 0.5 * dt * state.forces * ctx.inv_mass
-        x = state.positions + dt * v
-        f, e, w = forces_fn(x)
-        v = v + 0.5 * dt * f * ctx.inv_mass
+        x, v, f, e, w = verlet(state.positions, state.velocities * s[ctx.system][:, None], state.forces, ctx,
+                               forces_fn, dt)
         extra, s = self._thermostat(extra, ctx.kinetic2(v), dof)
         v = v * s[ctx.system][:, None]
         return state._replace(positions=x, velocities=v, forces=f, energy=e, extra=extra,
@@ -364,17 +354,9 @@ class MTKBarostat(_Thermostat, Dynamics):
     # ---------------------------------------------------------------- the step
 
     def step(self, state: RankState, ctx: StepContext, forces_fn) -> RankState:
-        """One step of LAMMPS's ``fix npt``: chains and cell rates half steps around velocity
-        Verlet, the cell remapped twice.
-
-        Args:
-          state: the rank's RankState before the step (its ``virial`` read).
-          ctx: the StepContext.
-          forces_fn: ``forces_fn(positions, cell) -> (forces, energy, virial)``, called once.
-
-        Returns:
-          The RankState after the step, with the new cell.
-        """
+        """One step of LAMMPS's ``fix npt`` from ``state`` (chains and cell rates half steps around
+        velocity Verlet, the cell remapped twice), with ``ctx`` and ``forces_fn`` as
+        :meth:`~jaxdd.dynamics.integrators.Dynamics.step` takes them."""
         dtype = state.positions.dtype
         dt = jnp.asarray(self.dt, dtype)
         sys = ctx.system

@@ -10,12 +10,12 @@ import sys
 import jax
 import numpy as np
 
+from ..engine.atom_order import atom_order
+from ..engine.host import host_array
 from ..engine.rank_program import Needs
 from ..engine.virials import refuse_broken
 from .device_programs import atom_terms as device_atom_terms
 from .device_programs import evaluate, kinetic, pair_counts
-from .io import host_array
-from .placement import atom_order
 from .state import MDState
 
 __all__ = ["thermo", "check_atom_terms", "atom_terms", "pair_weights", "print_thermo"]
@@ -36,7 +36,7 @@ def thermo(md, state: MDState) -> dict:
     t = state.template
     n_sys = t.n_systems
     # Reduced on the devices: no process gathers the velocities.
-    ke, counts = (host_array(x) for x in kinetic(state.arrays, n_sys))
+    ke, counts = (host_array(x) for x in kinetic(state.rows, n_sys))
     ke = ke.astype(np.float64)
     dof = np.maximum(3 * counts - 3, 1)
     pe = np.asarray(state.energy, np.float64)
@@ -51,7 +51,7 @@ def thermo(md, state: MDState) -> dict:
             stress = -np.asarray(state.virial, np.float64)
         else:
             def attempt(_):  # positions still valid for the plan: an overflow grows and evaluates again
-                _, _, stress, overflow, needed = evaluate(md.dist_model.model, state.arrays, state.fixed,
+                _, _, stress, overflow, needed = evaluate(md.dist_model.model, state.rows, state.plan,
                                                           md.program(state), True)
                 return stress, Needs.of_neighbors(overflow, needed)
 
@@ -83,7 +83,7 @@ def atom_terms(md, state: MDState) -> dict:
       state: its state.
 
     Returns:
-      A dict of per-rank arrays laid out as ``state.arrays`` ([P, n_owned, ...]):
+      A dict of per-rank arrays laid out as ``state.rows`` ([P, n_owned, ...]):
       ``atomic_energies`` [P, n] eV and ``atomic_virials`` [P, n, 3, 3] eV (W_i, summing to
       the system's virial -dE/dε; :mod:`jaxdd.engine.virials`), zero on free rows.
     """
@@ -91,7 +91,7 @@ def atom_terms(md, state: MDState) -> dict:
     check_atom_terms(md)
     static = md.dist_model.program(state.template.n_systems, ("energy", "atomic_energies", "forces"),
                                      state.layout)
-    energies, virials = device_atom_terms(model, state.arrays, state.fixed, static)
+    energies, virials = device_atom_terms(model, state.rows, state.plan, static)
     refuse_broken(virials, type(model).__name__, "atomic_virials")
     return dict(atomic_energies=energies, atomic_virials=virials)
 
@@ -100,8 +100,8 @@ def pair_weights(md, state: MDState) -> np.ndarray:
     """The cost per atom ``DomainConfig(balance_by="pairs")`` shares out: 1 + each atom's
     neighbour count within the model's search range, [V] in the batch's atom order,
     measured on the devices from the ranks' neighbour lists of ``state`` under ``md``."""
-    counts = pair_counts(state.arrays, state.fixed, md.program(state))
-    return 1.0 + atom_order(host_array(state.arrays["ids"]), host_array(counts), state.template.n_atoms)
+    counts = pair_counts(state.rows, state.plan, md.program(state))
+    return 1.0 + atom_order(host_array(state.rows.ids), host_array(counts), state.template.n_atoms)
 
 
 def print_thermo(step: int, thermo: dict) -> None:

@@ -1,43 +1,107 @@
-"""The state of a running simulation and the statistics of a run."""
+"""The state of a running simulation (an immutable pytree) and the statistics of a run."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from ..data import Batch
+from ..engine.placed import AtomRows, Placed, RankPlan
 
-__all__ = ["MDState", "RunStats", "Counters"]
+__all__ = ["MDState", "RunStats"]
 
 
-@dataclasses.dataclass
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class MDState:
-    """A running simulation (host object holding device arrays).
+    """A running simulation: an immutable pytree of device arrays (:meth:`replace` makes a
+    changed copy; assigning a field raises).
 
-    step: steps taken. energy: [S] eV potential energy of the current positions.
-    converged: a minimiser reached its force threshold. ``arrays`` are the per-rank rows
-    ([P, n_owned, ...]: ``positions`` in the plan's wrapped frame, ``image`` the lattice
-    vectors wrapping removed, ``velocities``, ``forces``, ``ids`` global atom index or -1,
-    ``system``, ``inv_mass``, ``reference`` the positions the plan was built from, and the
-    atoms' ``atomic_numbers``, ``masses`` and ``charges``); ``fixed`` is the plan (routing,
-    the local rows' batch, cell); ``layout`` its static shape; ``ghost_width`` (Å) the
-    ghost shell the plan was built for, checked against the model before the plan is used.
-    ``virial``: [S, 3, 3] eV, W = -dE/dε of the current positions (zeros unless the
-    integrator reads it). The current cell is ``template.cell`` (it moves under a barostat);
-    ``fixed["plan_cell"]`` is the cell the plan was built in.
+    placed: the atoms on the ranks (:class:`~jaxdd.engine.placed.Placed`: their rows, the
+    plan, the batch, the layout and the ghost shell the plan was built for). energy: [S] eV
+    potential energy of the current positions. extra: the integrator's own state (a dict of
+    per-system arrays, its keys the integrator's). virial: [S, 3, 3] eV, W = -dE/dε of the
+    current positions (zeros unless the integrator reads it). step (static): steps taken.
+    converged (static): a minimiser reached its force threshold. The current cell is
+    ``template.cell`` (it moves under a barostat); ``plan.plan_cell`` is the cell the plan
+    was built in.
     """
 
-    step: int
+    placed: Placed
     energy: jax.Array
     extra: dict
-    arrays: dict
-    fixed: dict
-    template: Batch
-    layout: object = None
-    converged: bool = False
-    ghost_width: float | None = None
-    virial: jax.Array | None = None
+    virial: jax.Array
+    step: int = dataclasses.field(metadata=dict(static=True))
+    converged: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+    @classmethod
+    def start(cls, placed: Placed, *, step: int, extra: dict, energy=None, virial=None,
+              converged: bool = False) -> MDState:
+        """A state of the atoms ``placed``, the rest placed replicated on their mesh.
+
+        Args:
+          placed: the :class:`~jaxdd.engine.placed.Placed` atoms.
+          step: steps taken.
+          extra: the integrator's own state.
+          energy: [S] eV potential energy of the positions; None: zeros.
+          virial: [S, 3, 3] eV; None: zeros.
+          converged: a minimiser reached its force threshold.
+        """
+        t = placed.template
+        dtype = t.positions.dtype
+        replicated = NamedSharding(placed.plan.cell.sharding.mesh, P())
+        energy = jnp.zeros(t.n_systems, dtype) if energy is None else energy
+        virial = jnp.zeros((t.n_systems, 3, 3), dtype) if virial is None else virial
+        return cls(placed=placed, energy=jax.device_put(energy, replicated), extra=jax.device_put(extra, replicated),
+                   virial=jax.device_put(virial, replicated), step=step, converged=converged)
+
+    def replace(self, **changes) -> MDState:
+        """A copy with ``changes`` applied: field names of the state, or of its
+        :class:`~jaxdd.engine.placed.Placed` (``rows``, ``plan``, ``template``, ``layout``,
+        ``ghost_width``), which replace those of ``placed``."""
+        moved = {k: changes.pop(k) for k in list(changes) if k in Placed.names()}
+        if moved:
+            changes["placed"] = changes.get("placed", self.placed).replace(**moved)
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def rows(self) -> AtomRows:
+        """The per-rank rows ``[P, n_owned, ...]`` (:class:`~jaxdd.engine.placed.AtomRows`)."""
+        return self.placed.rows
+
+    @property
+    def plan(self) -> RankPlan:
+        """The halo plan (:class:`~jaxdd.engine.placed.RankPlan`)."""
+        return self.placed.plan
+
+    @property
+    def template(self) -> Batch:
+        """The batch the run started from, with the current cell."""
+        return self.placed.template
+
+    @property
+    def layout(self):
+        """The plan's static :class:`~jaxdd.decomposition.halo.HaloLayout`."""
+        return self.placed.layout
+
+    @property
+    def ghost_width(self) -> float | None:
+        """The ghost shell (Å) the plan was built for."""
+        return self.placed.ghost_width
+
+    @property
+    def arrays(self) -> AtomRows:
+        """:attr:`rows`, under its earlier name (``state.arrays["ids"]`` reads a row field)."""
+        return self.placed.rows
+
+    @property
+    def fixed(self) -> RankPlan:
+        """:attr:`plan`, under its earlier name (``state.fixed["cell"]`` reads a plan field)."""
+        return self.placed.plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,18 +121,5 @@ class RunStats:
     migrations: int
     recompiles: int
     host_rebuilds: int = 0
-    rebalances: int = 0
-    discarded: int = 0
-
-
-@dataclasses.dataclass
-class Counters:
-    """Events of a :class:`~jaxdd.dynamics.DomainParallel` since it was made (host counts):
-    plan rebuilds, those planned on the host, atoms that migrated to another rank,
-    rebalancings, and steps evaluated and discarded."""
-
-    rebuilds: int = 0
-    host_rebuilds: int = 0
-    migrations: int = 0
     rebalances: int = 0
     discarded: int = 0

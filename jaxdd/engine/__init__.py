@@ -5,6 +5,16 @@
 - :mod:`~jaxdd.engine.rank_program` — one rank's program, its inputs, and the evaluation on a rank.
 - :mod:`~jaxdd.engine.distributed` — ``DomainConfig`` and ``DistributedModel``.
 
+What every driver (``DomainParallel``, the LAMMPS bridge, the ASE calculator) shares:
+
+- :mod:`~jaxdd.engine.placed` — ``AtomRows``, ``RankPlan``, ``Placed``: atoms placed on the ranks (pytrees).
+- :mod:`~jaxdd.engine.run_placement` — ``Placement``: atoms placed, their plan rebuilt, the ranks rebalanced.
+- :mod:`~jaxdd.engine.replan_program` — a plan rebuilt on the devices, atoms migrating.
+- :mod:`~jaxdd.engine.rank_forces` — the forces on one rank's owned atoms.
+- :mod:`~jaxdd.engine.atom_order` — per-rank rows back in the batch's atom order.
+- :mod:`~jaxdd.engine.cells` — positions carried with a moving cell (``cell_map``).
+- :mod:`~jaxdd.engine.host` — ``host_array``: device arrays whole on the host.
+
 How a system is cut and what each rank holds (partition, halo plans, migration, node blocks,
 the ``shard_map`` wrapper) is the layer below, :mod:`jaxdd.decomposition`.
 """

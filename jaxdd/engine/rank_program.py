@@ -35,8 +35,8 @@ from ..spec import MLIPSpec
 from .virials import atomic_virials, enforce_sum_rule
 from .rank_neighbors import neighbor_stats, rank_neighbors
 
-__all__ = ["RankProgram", "RankInputs", "RankRows", "Evaluation", "ReportSink", "Needs", "Sizing", "rank_evaluate",
-           "run_ranks"]
+__all__ = ["RankProgram", "RankInputs", "RankRows", "Evaluation", "ReportSink", "Needs", "STALE", "Sizing",
+           "rank_evaluate", "run_ranks"]
 
 
 class ReportSink:
@@ -118,17 +118,13 @@ class RankProgram:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class RankInputs:
-    """The arrays a :class:`RankProgram` reads; ``[P, ...]`` fields hold every rank's rows.
+class RankRows:
+    """One rank's rows of an evaluation (a pytree; inside :func:`run_ranks`).
 
-    local: [P, n_local] rows as a :class:`~jaxdd.Batch` (positions filled on device by the
-    halo exchange). own_pos: [P, n_owned, 3] Å owned positions in the partition's wrapped
-    frame. own_sys: [P, n_owned] their systems. owned_rows: [P, n_local] real owned rows.
-    routing: the halo plan's per-rank routing. cell: [S, 3, 3] Å. system_mask: [S].
-    gather: [N'] where each atom's owned row lands in the flattened ``[P * n_owned]`` outputs
-    (N' = the atom count's bucket; padding atoms read a zero row).
-    program (static): the program these inputs are laid out for. n_atoms (static): atoms
-    of the batch, the rows outputs are cut back to.
+    local: the rank's local rows as a :class:`~jaxdd.Batch` (positions made by the halo
+    exchange). own_pos: [n_owned, 3] Å owned positions (in the partition's wrapped frame).
+    own_sys: [n_owned] system of each owned row. owned_rows: [n_local] real owned rows.
+    routing: the rank's halo routing. cell: [S, 3, 3] Å. system_mask: [S].
     """
 
     local: Batch
@@ -138,6 +134,21 @@ class RankInputs:
     routing: object
     cell: jax.Array
     system_mask: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RankInputs(RankRows):
+    """The arrays a :class:`RankProgram` reads: the :class:`RankRows` fields with every rank's
+    rows stacked on a leading ``[P]`` axis (``local``, ``own_pos``, ``own_sys``, ``owned_rows``,
+    ``routing``; ``cell`` and ``system_mask`` the same on every rank), and
+
+    gather: [N'] where each atom's owned row lands in the flattened ``[P * n_owned]`` outputs
+    (N' = the atom count's bucket; padding atoms read a zero row).
+    program (static): the program these inputs are laid out for. n_atoms (static): atoms
+    of the batch, the rows outputs are cut back to.
+    """
+
     gather: jax.Array
     program: RankProgram | None = dataclasses.field(default=None, metadata=dict(static=True))
     n_atoms: int = dataclasses.field(default=0, metadata=dict(static=True))
@@ -154,24 +165,6 @@ class RankInputs:
                            else jax.device_put(getattr(self, f.name), replicated))
                   for f in dataclasses.fields(self) if not f.metadata.get("static")}
         return dataclasses.replace(self, **placed)
-
-
-class RankRows(NamedTuple):
-    """One rank's rows of an evaluation (a pytree; inside :func:`run_ranks`).
-
-    local: the rank's local rows as a :class:`~jaxdd.Batch` (positions made by the halo
-    exchange). own_pos: [n_owned, 3] Å owned positions (in the partition's wrapped frame).
-    own_sys: [n_owned] system of each owned row. owned_rows: [n_local] real owned rows.
-    routing: the rank's halo routing. cell: [S, 3, 3] Å. system_mask: [S].
-    """
-
-    local: Batch
-    own_pos: jax.Array
-    own_sys: jax.Array
-    owned_rows: jax.Array
-    routing: object
-    cell: jax.Array
-    system_mask: jax.Array
 
 
 class Evaluation(NamedTuple):
@@ -211,7 +204,8 @@ def rank_evaluate(model, rows: RankRows, program: RankProgram, report: DispatchR
       An :class:`Evaluation`: the energies, outputs and layouts, the neighbour list and this
       rank's share of the gradients asked for.
     """
-    local, own_pos, own_sys, owned_rows, routing, cell, system_mask = rows
+    local, own_pos, own_sys, owned_rows, routing, cell, system_mask = (
+        rows.local, rows.own_pos, rows.own_sys, rows.owned_rows, rows.routing, rows.cell, rows.system_mask)
     axes = program.axes
     layout = program.layout
     spec = program.spec
@@ -357,6 +351,10 @@ class Needs:
         return cls(neighbors=neighbor_stats(needed)) if bool(overflow) else None
 
 
+#: The needs of a run whose plan an atom outran (:meth:`Sizing.run_until_fits` plans again).
+STALE = "stale plan"
+
+
 class Sizing:
     """The capacities of one model's rank programs, and the one rule by which they grow.
 
@@ -434,15 +432,18 @@ class Sizing:
         self.regrowths += 1
         return grown
 
-    def run_until_fits(self, attempt, *, what: str = "neighbour lists"):
+    def run_until_fits(self, attempt, *, what: str = "neighbour lists", replan=None):
         """Run ``attempt`` until it fits (:func:`jaxdd.neighbors.capacity.run_until_fits`), growing
         these capacities by :meth:`grow`.
 
         Args:
           attempt: ``attempt(capacities) -> (result, needs)``: one run with these capacities;
             ``needs`` a :class:`Needs` when it overflowed (the run is then done again with
-            grown capacities), else None.
+            grown capacities), :data:`STALE` when an atom outran the run's plan (``replan``
+            then plans again, and the run is done again), else None.
           what: what overflowed, for the error.
+          replan: ``replan()`` plans again after a :data:`STALE` run (at most once per call:
+            a fresh plan holds the atoms where they are); None: no run goes stale.
 
         Returns:
           The result of the first run that fitted.
@@ -450,5 +451,11 @@ class Sizing:
         Raises:
           RuntimeError: still overflowing after ``max_regrowths`` growths.
         """
-        return run_until_fits(lambda: attempt(self._capacities), self.grow, max_regrowths=self.max_regrowths,
-                              what=what)
+        def grow_to(needs):
+            if needs is STALE:
+                replan()
+            else:
+                self.grow(needs)
+
+        return run_until_fits(lambda: attempt(self._capacities), grow_to,
+                              max_regrowths=self.max_regrowths + (replan is not None), what=what)

@@ -1,9 +1,9 @@
 """The device programs of a LAMMPS callback: LAMMPS's positions into the plan's rows, forces,
 energy and virial out, with the neighbour lists kept on the devices between callbacks.
 
-Both programs run on a placed state (:class:`~jaxdd.dynamics.MDState`: per-rank rows
-``[P, n_owned, ...]`` and the plan ``fixed``), through the same rank functions as
-``DomainParallel``'s loop (:func:`~jaxdd.dynamics.device_loop.rank_forces`).
+Both programs run on atoms placed on the ranks (:class:`~jaxdd.engine.placed.Placed`: per-rank
+rows ``[P, n_owned, ...]`` and the plan), through the same rank functions as
+``DomainParallel``'s loop (:func:`~jaxdd.engine.rank_forces.rank_forces`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import numpy as np
 
 from ..decomposition.halo import halo_forward
 from ..dispatch import DispatchReport
-from ..dynamics.device_loop import rank_forces, split_plan
-from ..dynamics.integrators import cell_map
+from ..engine.cells import cell_map
+from ..engine.rank_forces import rank_forces
 from ..engine.rank_neighbors import neighbor_needs, rank_neighbors
 from ..engine.rank_program import RankRows, rank_evaluate, run_ranks
 
@@ -72,7 +72,7 @@ def built_lists(arrays, fixed, static):
 
     Args:
       arrays: the per-rank rows ``[P, n_owned, ...]`` (``positions`` in the plan's frame).
-      fixed: the plan (``MDState.fixed``).
+      fixed: the plan (:class:`~jaxdd.engine.placed.RankPlan`).
       static: the rank program.
 
     Returns:
@@ -81,13 +81,13 @@ def built_lists(arrays, fixed, static):
       built for).
     """
     def rank_fn(_, report, a, f, cell, system_mask):
-        x = a["positions"]
+        x = a.positions
         local = halo_forward(x, static.layout, f["routing"], static.axes, cell=cell)
         nl = rank_neighbors(local, f["local"], static, cell=cell, routing=f["routing"])
         overflow, needed = neighbor_needs(nl, static.axes)
         return nl, overflow, needed, x, cell
 
-    ranked, replicated = split_plan(fixed)
+    ranked, replicated = fixed.split()
     return run_ranks(rank_fn, static, ranked=(arrays, ranked), replicated=replicated,
                      replicated_out=(False, True, True, False, True))[0]
 
@@ -105,8 +105,8 @@ def callback_step(model, arrays, fixed, kept, x_in, rows_of, slot_of, origin, ce
 
     Args:
       model: the model.
-      arrays: the per-rank rows ``[P, n_owned, ...]`` (:class:`~jaxdd.dynamics.MDState`).
-      fixed: the plan (``MDState.fixed``).
+      arrays: the per-rank rows ``[P, n_owned, ...]`` (:class:`~jaxdd.engine.placed.AtomRows`).
+      fixed: the plan (:class:`~jaxdd.engine.placed.RankPlan`).
       kept: the neighbour lists from :func:`built_lists` or the last call (None when the
         settings keep none).
       x_in: [N, 3] Å LAMMPS's positions of its local atoms, in its order.
@@ -142,8 +142,8 @@ def _step(held, kept):
 
     def rank_fn(model, report, a, f, kept_rows, rows_of, cell, system_mask, plan_cell, prev_cell, pbc, x_in, origin,
                 kept_flags, trips):
-        valid = a["ids"] >= 0
-        system = a["system"]
+        valid = a.ids >= 0
+        system = a.system
         f = dict(f, cell=cell, system_mask=system_mask)
 
         def evaluate(prev_rows, kept_rows, kept_flags, report):
@@ -157,7 +157,7 @@ def _step(held, kept):
 
             # The plan holds every neighbour while no atom has moved threshold from its reference
             # (a shell planned W wide is W·shrink wide once the cell's lengths shrank by shrink).
-            ref, shrink = _carried(a["reference"], plan_cell, cell, system_mask)
+            ref, shrink = _carried(a.reference, plan_cell, cell, system_mask)
             allowed = settings.threshold - (1.0 - shrink) * settings.ghost_width / 2
             d2 = _largest2(x, ref, valid, axes)
             ahead2 = _largest2(2 * x - prev, ref, valid, axes)
@@ -210,7 +210,7 @@ def _step(held, kept):
         # per-edge force fusion 11 ms instead of 3 ms).
         # The loop's initial outputs: zeros shaped as the body's (traced with a report of its own).
         spare = DispatchReport(policy=static.spec.policy)
-        shapes = jax.eval_shape(lambda r: evaluate(r, kept_rows, kept_flags, spare)[:2], a["positions"])
+        shapes = jax.eval_shape(lambda r: evaluate(r, kept_rows, kept_flags, spare)[:2], a.positions)
         zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
         def body(carry):
@@ -218,15 +218,15 @@ def _step(held, kept):
             ranked_out, flags, kept_rows, kept_flags = evaluate(prev_rows, kept_rows, kept_flags, report)
             return k + 1, ranked_out["positions"], (ranked_out, flags), kept_rows, kept_flags
 
-        init = (jnp.int32(0), a["positions"], zeros, kept_rows, kept_flags)
+        init = (jnp.int32(0), a.positions, zeros, kept_rows, kept_flags)
         _, _, (ranked_out, flags), kept_rows, kept_flags = jax.lax.while_loop(lambda c: c[0] < trips, body, init)
         return ranked_out, flags, kept_rows, kept_flags
 
-    ranked, replicated = split_plan(fixed)
+    ranked, replicated = fixed.split()
     kept_rows, kept_flags = (None, None) if kept is None else ((kept[0], kept[3]), (kept[1], kept[2], kept[4]))
     rows, flags, kept_rows, kept_flags = run_ranks(
         rank_fn, static, model=model, ranked=(arrays, ranked, kept_rows, rows_of),
-        replicated=(*replicated, fixed["plan_cell"], prev_cell, pbc, x_in, origin, kept_flags, trips),
+        replicated=(*replicated, fixed.plan_cell, prev_cell, pbc, x_in, origin, kept_flags, trips),
         replicated_out=(False, True, False, True), report=DispatchReport(policy=static.spec.policy))[0]
     # Back to LAMMPS's order: one gather of the flattened rows (across devices when several).
     # One small array the host reads each call: far, ahead, overflow.

@@ -2,7 +2,7 @@
 time step, with the plan of the decomposition and the neighbour lists kept on the devices.
 
 The first call partitions the atoms and plans the halo on the host
-(:class:`~jaxdd.dynamics.placement.Placement`, as ``DomainParallel`` does). Later calls run
+(:class:`~jaxdd.engine.run_placement.Placement`, as ``DomainParallel`` does). Later calls run
 one device program (:func:`~jaxdd.lammps.device.callback_step`): LAMMPS's positions go into
 the plan's rows, forces come back in LAMMPS's order. The plan is rebuilt, on the devices
 (atoms migrating between ranks), when an atom has moved half the domain skin since it was
@@ -23,10 +23,11 @@ from jax.sharding import PartitionSpec as P
 
 from ..data import AtomicData, as_batch
 from ..decomposition.ranks import place_ranked
-from ..dynamics.io import host_array
-from ..dynamics.placement import Placement
 from ..engine import DistributedModel, DomainConfig, default_mesh
-from ..engine.rank_program import Needs
+from ..engine.host import host_array
+from ..engine.placed import Placed
+from ..engine.rank_program import STALE, Needs
+from ..engine.run_placement import Placement
 from .device import StepSettings, built_lists, callback_step
 
 __all__ = ["ForceEvaluator", "Result"]
@@ -76,8 +77,8 @@ class ForceEvaluator:
     Attributes:
       dist_model: the :class:`~jaxdd.DistributedModel` evaluated. settings: the
       :class:`~jaxdd.lammps.device.StepSettings` of its program. placement: where the atoms
-      are on the ranks. counts: a :class:`Counts` of what was done so far. state: the placed
-      :class:`~jaxdd.dynamics.MDState` (None before the first call).
+      are on the ranks. counts: a :class:`Counts` of what was done so far. placed: the atoms
+      on the ranks, a :class:`~jaxdd.engine.placed.Placed` (None before the first call).
     """
 
     def __init__(self, model, *, skin: float = 2.0, mesh=None, grid=None, virial: bool = True,
@@ -109,7 +110,7 @@ class ForceEvaluator:
                                      virial=bool(virial), atom_terms=bool(atom_terms))
         self.placement = Placement(dm, moves_cell=True, node_blocks=node_blocks)
         self.counts = Counts()
-        self.state = None
+        self.placed: Placed | None = None
         self._kept = None
         self._kept_for = None
         self._tags = None
@@ -146,25 +147,16 @@ class ForceEvaluator:
         cell = np.asarray(cell, np.float64).reshape(1, 3, 3)
         origin = np.asarray(origin, np.float64).reshape(3)
         pbc = np.asarray(pbc, bool).reshape(1, 3)
-        if self.state is None or not self._same_atoms(tags, numbers, pbc):
+        if self.placed is None or not self._same_atoms(tags, numbers, pbc):
             self._place(tags, x, numbers, cell, origin, pbc)
         elif not np.array_equal(tags, self._tags):  # LAMMPS sorted its atoms: same atoms, new order
             self._tags, self._numbers = tags.copy(), numbers.copy()
             self._maps = None
         if self._pending:
-            self._rebuild(self.state.fixed["cell"])
+            self._rebuild(self.placed.plan.cell)
         # Host arrays, handed to the program as they are (a transfer per call; the positions are
         # LAMMPS's own buffer).
-        inputs = (x, cell.astype(self._dtype), origin.astype(self._dtype), pbc)
-        while True:
-            out, flags = self._step(*inputs)
-            if not flags[0]:
-                break
-            # An atom outran the plan: this evaluation may miss neighbours. Plan from here and repeat.
-            self.counts.repeated += 1
-            self._advance(out, inputs[1])
-            self._rebuild(inputs[1])
-        self._advance(out, inputs[1])
+        out, flags = self._step(x, cell.astype(self._dtype), origin.astype(self._dtype), pbc)
         self._pending = bool(flags[1])
         n_sys = 0
         get = lambda k: np.asarray(out[k], np.float64) if k in out else None  # noqa: E731
@@ -194,8 +186,7 @@ class ForceEvaluator:
         batch = as_batch(data)
         self.dist_model.model.validate_input(batch)
         self.placement.cuts = self.placement.weights = None
-        self.state = self.placement.place(batch, positions, np.zeros_like(positions), None, step=0, extra={},
-                                          energy=None)
+        self.placed = self.placement.place(batch, positions, np.zeros_like(positions))
         self.counts.placements += 1
         self._tags, self._sorted_tags, self._numbers, self._pbc = tags.copy(), tags[order], numbers.copy(), pbc.copy()
         self._maps = self._kept = None
@@ -203,24 +194,22 @@ class ForceEvaluator:
 
     def _rebuild(self, cell) -> None:
         """Rebuild the plan on the devices from the rows' current positions, in ``cell``."""
-        state = self.state
-        self.state = self.placement.rebuild(dataclasses.replace(
-            state, fixed={**state.fixed, "cell": cell}, template=state.template.replace(cell=cell)))
+        self.placed = self.placement.rebuild(self.placed.with_cell(cell))
         self.counts.rebuilds += 1
         self._maps = self._kept = None
         self._pending = False
 
     def _advance(self, out, cell) -> None:
         """Keep the rows' new positions, the cell they are in and the kept lists."""
-        self.state.arrays = {**self.state.arrays, "positions": out["positions"]}
-        self.state.fixed = {**self.state.fixed, "cell": cell}
+        placed = self.placed
+        self.placed = placed.replace(rows=placed.rows.replace(positions=out["positions"])).with_cell(cell)
         self._kept = out["kept"]
 
     def _index_maps(self):
         """(rows_of [P, n_owned] on the ranks, slot_of [N] replicated): where each row's atom is
         in LAMMPS's arrays, and where each LAMMPS atom's row is in the flattened rows."""
         if self._maps is None:
-            ids = host_array(self.state.arrays["ids"])
+            ids = host_array(self.placed.rows.ids)
             lammps_of_id = np.argsort(self._tags, kind="stable")  # id k = the k-th smallest tag
             rows_of = np.where(ids >= 0, lammps_of_id[np.maximum(ids, 0)], -1).astype(np.int32)
             flat = ids.reshape(-1)
@@ -233,31 +222,42 @@ class ForceEvaluator:
 
     def _program(self):
         """The rank program of the current layout and capacities (made again only when they change)."""
-        key = (self.state.layout, self.dist_model.capacities)
+        key = (self.placed.layout, self.dist_model.capacities)
         if self._program_for != key:
             outputs = ("energy", "atomic_energies", "forces") if self.settings.atom_terms else ("energy", "forces")
-            self._static = self.dist_model.program(self.state.template.n_systems, outputs, self.state.layout)
+            self._static = self.dist_model.program(self.placed.template.n_systems, outputs, self.placed.layout)
             self._program_for = key
         return self._static
 
     def _step(self, x, cell, origin, pbc):
-        """One evaluation (:func:`~jaxdd.lammps.device.callback_step`), capacities grown until it
-        fits; (its outputs, its flags far, ahead, overflow as host bools)."""
-        rows_of, slot_of = self._index_maps()
-        state = self.state
+        """One evaluation (:func:`~jaxdd.lammps.device.callback_step`) at LAMMPS's positions ``x``
+        [N, 3] Å in the box ``cell`` [1, 3, 3] Å (``origin`` [3] Å, ``pbc`` [1, 3]), done again
+        until it fits: capacities grown after an overflow, the plan rebuilt from where the atoms
+        are when one outran it (that evaluation may have missed neighbours). The rows keep the
+        new positions. Returns (its outputs, its flags far, ahead, overflow as host bools)."""
 
         def attempt(_):
-            static = self._program()
+            placed, static = self.placed, self._program()
+            rows_of, slot_of = self._index_maps()
             if self.settings.keeps_list and (self._kept is None or self._kept_for != static.key):
-                self._kept, self._kept_for = built_lists(state.arrays, state.fixed, static), static.key
-            fixed = {**state.fixed, "cell": cell}
-            out = callback_step(self.dist_model.model, state.arrays, fixed, self._kept, x, rows_of, slot_of, origin,
-                                cell, state.fixed["cell"], pbc, static, self.settings)
+                self._kept, self._kept_for = built_lists(placed.rows, placed.plan, static), static.key
+            out = callback_step(self.dist_model.model, placed.rows, placed.plan.replace(cell=cell), self._kept, x,
+                                rows_of, slot_of, origin, cell, placed.plan.cell, pbc, static, self.settings)
             self._kept = None  # spent (donated); the caller keeps the returned lists
             flags = np.asarray(out["flags"])
-            return (out, flags), Needs.of_neighbors(flags[2], out["needed"])
+            if flags[0]:
+                self._advance(out, cell)  # plan again from the rows' new positions
+                return (out, flags), STALE
+            needs = Needs.of_neighbors(flags[2], out["needed"])
+            if needs is None:
+                self._advance(out, cell)
+            return (out, flags), needs
 
-        return self.dist_model.sizing.run_until_fits(attempt)
+        def replan():
+            self.counts.repeated += 1
+            self._rebuild(cell)
+
+        return self.dist_model.sizing.run_until_fits(attempt, replan=replan)
 
 
 def _check_atom_terms(dm: DistributedModel, node_blocks: bool) -> None:

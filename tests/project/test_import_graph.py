@@ -196,6 +196,19 @@ def test_the_top_level_holds_packages_and_entry_points_only():
     assert flat == ["_moved", "demo", "launch", "programs"]
 
 
+#: The packages that drive the engine; what they share lives in the engine, below all of them.
+DRIVERS = ("jaxdd.dynamics", "jaxdd.lammps", "jaxdd.interop")
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_no_driver_package_imports_another_driver_package(driver):
+    top, inner = import_graph()
+    others = [d for d in DRIVERS if d != driver]
+    wrong = sorted(f"{module} imports {target}" for module in top if package_of(module) == driver
+                   for target in top[module] | inner[module] if package_of(target) in others)
+    assert not wrong, "a driver package imports another (share through jaxdd.engine):\n" + "\n".join(wrong)
+
+
 @pytest.mark.parametrize("lower, upper", [(a, b) for i, a in enumerate(LAYERS) for b in LAYERS[i + 1:]])
 def test_a_layer_never_imports_one_above_it(lower, upper):
     top, inner = import_graph()

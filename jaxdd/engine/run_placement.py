@@ -1,6 +1,7 @@
-"""Where a run's atoms are: a state placed on the ranks from host positions, its plan rebuilt
+"""Where a run's atoms are: atoms placed on the ranks from host positions, their plan rebuilt
 on the devices (atoms migrating to the ranks whose blocks hold them) or on the host, and the
-blocks cut again to balance the ranks."""
+blocks cut again to balance the ranks. Every driver (``DomainParallel``, the LAMMPS bridge)
+places its atoms through a :class:`Placement`."""
 
 from __future__ import annotations
 
@@ -16,16 +17,27 @@ from ..data import Batch
 from ..decomposition.halo import HaloLayout
 from ..decomposition.ranks import place_ranked
 from ..decomposition.replan import ReplanConfig, frame_of
-from ..engine.rank_program import Needs
 from ..neighbors.capacity import Capacities
-from .device_programs import carried_fields, replanned
-from .io import host_array
-from .state import Counters, MDState
+from .atom_order import atom_order, rank_of_atom, unwrapped_positions
+from .host import host_array
+from .placed import AtomRows, Placed, RankPlan
+from .rank_program import Needs
+from .replan_program import carried_fields, replanned
 
-__all__ = ["Placement", "REPLICATED", "partition_frame", "atom_order", "unwrapped_positions", "rank_of_atom",
-           "with_capacities", "padded"]
+__all__ = ["Placement", "Counters", "partition_frame", "with_capacities", "padded"]
 
-REPLICATED = ("cell", "system_mask", "plan_cell")  # the plan's entries every rank holds whole
+
+@dataclasses.dataclass
+class Counters:
+    """Events of a :class:`Placement` since it was made (host counts): plan rebuilds, those
+    planned on the host, atoms that migrated to another rank, rebalancings, and steps
+    evaluated and discarded (counted by the driver)."""
+
+    rebuilds: int = 0
+    host_rebuilds: int = 0
+    migrations: int = 0
+    rebalances: int = 0
+    discarded: int = 0
 
 
 class Placement:
@@ -53,7 +65,7 @@ class Placement:
         self.frame = None
         self.counters = Counters()
 
-    def place(self, template: Batch, positions, velocities, forces, *, step, extra, energy) -> MDState:
+    def place(self, template: Batch, positions, velocities, forces=None) -> Placed:
         """Partition ``positions``, plan the halo and lay the atoms out on the ranks.
 
         Args:
@@ -61,12 +73,9 @@ class Placement:
           positions: [N, 3] Å, unwrapped, in the batch's order.
           velocities: [N, 3] Å per time unit, in the batch's order.
           forces: [N, 3] eV/Å in the batch's order; None: zeros.
-          step: the state's step count.
-          extra: the integrator's own state.
-          energy: [S] eV potential energy of ``positions``; None: zeros.
 
         Returns:
-          The placed :class:`MDState`.
+          The :class:`~jaxdd.engine.placed.Placed` atoms.
         """
         dm = self.dist_model
         batch = template.replace(positions=jnp.asarray(positions, template.positions.dtype))
@@ -95,7 +104,7 @@ class Placement:
             return np.asarray(np.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), x[safe], fill), dtype)
 
         masses = np.asarray(template.masses, np.float64)
-        arrays = dict(
+        rows = AtomRows(
             positions=inputs.own_pos,
             image=np.asarray(np.where(valid[..., None], part.wraps[safe], 0), np.int32),
             velocities=owned(velocities),
@@ -108,23 +117,18 @@ class Placement:
             masses=owned(masses, 1.0),
             **({"charges": owned(template.charges)} if template.charges is not None else {}),
         )
-        fixed = {k: getattr(inputs, k) for k in ("local", "owned_rows", "routing", "cell", "system_mask")}
-        fixed["plan_cell"] = fixed["cell"]
-        energy = jnp.zeros(template.n_systems, dtype) if energy is None else energy
-        # Placed as the loop returns them (per-rank rows on their device, the rest
+        # Placed as the device programs return them (per-rank rows on their device, the rest
         # replicated), so fresh, rebuilt and running states share one compiled program.
         mesh = dm.config.mesh
         replicated = NamedSharding(mesh, P())
-        arrays = place_ranked(arrays, mesh, plan.ranks)
-        fixed = {k: jax.device_put(v, replicated) if k in REPLICATED else place_ranked(v, mesh, plan.ranks)
-                 for k, v in fixed.items()}
-        energy = jax.device_put(energy, replicated)
-        extra = jax.device_put(extra, replicated)
+        cell = jax.device_put(inputs.cell, replicated)
+        ranked = place_ranked({k: getattr(inputs, k) for k in ("local", "owned_rows", "routing")}, mesh, plan.ranks)
+        fixed = RankPlan(**ranked, cell=cell, system_mask=jax.device_put(inputs.system_mask, replicated),
+                         plan_cell=cell)
         self.frame = jax.device_put(partition_frame(template, dm.ghost_width, self.cuts), replicated)
         dm.sizing.adopt_migrate(n_owned)  # sized once; it grows when a rebuild needs more (a new program)
-        return MDState(step=step, energy=energy, extra=extra, arrays=arrays, fixed=fixed, template=template,
-                       layout=plan.layout, ghost_width=dm.ghost_width,
-                       virial=jax.device_put(jnp.zeros((template.n_systems, 3, 3), dtype), replicated))
+        return Placed(rows=place_ranked(rows, mesh, plan.ranks), plan=fixed, template=template, layout=plan.layout,
+                      ghost_width=dm.ghost_width)
 
     def reset_frame(self, template: Batch) -> None:
         """The partition frame of ``template`` (its cell) with the kept cuts, on the devices."""
@@ -132,11 +136,12 @@ class Placement:
         self.frame = jax.device_put(partition_frame(template, dm.ghost_width, self.cuts),
                                     NamedSharding(dm.config.mesh, P()))
 
-    def rebuild(self, state: MDState) -> MDState:
-        """Migrate the atoms of ``state`` to the ranks whose blocks hold them now and rebuild
-        the halo plan, on the devices. Capacities that no longer fit grow (a new program); the
-        host plans only when the blocks have changed shape beyond what the plan's exchanges
-        cover. Node blocks are planned again on the host (their blocks never change)."""
+    def rebuild(self, state: Placed) -> Placed:
+        """Migrate the atoms of ``state`` (a :class:`~jaxdd.engine.placed.Placed`) to the ranks
+        whose blocks hold them now and rebuild the halo plan, on the devices. Capacities that no
+        longer fit grow (a new program); the host plans only when the blocks have changed shape
+        beyond what the plan's exchanges cover. Node blocks are planned again on the host (their
+        blocks never change). Returns the rebuilt :class:`~jaxdd.engine.placed.Placed`."""
         self.counters.rebuilds += 1
         if self.node_blocks:
             return self.rebuild_on_host(state)
@@ -151,11 +156,12 @@ class Placement:
             layout = with_capacities(state.layout, capacities) if tried else state.layout
             tried.append(layout)
             # Rows padded to the layout's, so a grown layout compiles one program, not two.
-            arrays = padded(state.arrays, layout.n_owned, mesh)
+            rows = padded(state.rows, layout.n_owned, mesh)
             cfg = ReplanConfig(layout=layout, n_migrate=capacities.migrate, n_systems=state.template.n_systems,
                                axes=tuple(mesh.axis_names))
-            arrays, plan, report = replanned(arrays, state.fixed["cell"], state.fixed["system_mask"], self.frame,
-                                             cfg, mesh, carried_fields(state.fixed["local"]), state.fixed["local"].pbc)
+            plan = state.plan
+            rows, new_plan, report = replanned(rows, plan.cell, plan.system_mask, self.frame, cfg, mesh,
+                                               carried_fields(plan.local), plan.local.pbc)
             report = jax.tree_util.tree_map(np.asarray, report)
             if bool(report["far"]) or bool(report["hops"]):
                 return None, None  # blocks changed shape: planned on the host
@@ -163,56 +169,54 @@ class Placement:
             fits = owned <= layout.n_owned and all(n <= e.capacity for n, e in zip(exchange, layout.exchanges))
             if fits and int(report["migrate"]) <= capacities.migrate:
                 self.counters.migrations += int(report["migrated"])
-                plan["plan_cell"] = state.fixed["cell"]
-                return dataclasses.replace(state, arrays=arrays, fixed={**state.fixed, **plan}, layout=layout,
-                                           ghost_width=dm.ghost_width), None  # the width self.frame plans
+                return state.replace(rows=rows, plan=plan.replace(**new_plan, plan_cell=plan.cell), layout=layout,
+                                     ghost_width=dm.ghost_width), None  # the width self.frame plans
             dm.sizing.adopt_layout(layout)  # the sizes tried grow to what the rebuild needs
             return None, Needs(owned=owned, exchange=exchange, migrate=int(report["migrate"]))
 
         rebuilt = dm.sizing.run_until_fits(attempt, what="the halo plan")
         return self.rebuild_on_host(state) if rebuilt is None else rebuilt
 
-    def rebalance(self, state: MDState, weights=None) -> MDState:
-        """Cut the blocks again where the atoms of ``state`` are now (each an equal share along
-        each axis, of atoms or of ``weights`` [V]) and plan on the host; the step and the
-        dynamics are unchanged."""
+    def rebalance(self, state: Placed, weights=None) -> Placed:
+        """Cut the blocks again where the atoms of ``state`` (a :class:`~jaxdd.engine.placed.Placed`)
+        are now (each an equal share along each axis, of atoms or of ``weights`` [V]) and plan
+        on the host. Returns the replanned :class:`~jaxdd.engine.placed.Placed`."""
         self.counters.rebalances += 1
         self.counters.rebuilds += 1
         self.cuts = None  # the next partition places them afresh
         self.weights = weights
         return self.rebuild_on_host(state)
 
-    def rebuild_on_host(self, state: MDState) -> MDState:
-        """``state`` with a plan computed on the host from its gathered atoms (a partition afresh)."""
+    def rebuild_on_host(self, state: Placed) -> Placed:
+        """The atoms of ``state`` (a :class:`~jaxdd.engine.placed.Placed`) placed again with a plan
+        computed on the host from their gathered rows (a partition afresh)."""
         self.counters.host_rebuilds += 1
         positions, velocities, forces = self.global_rows(state, "positions", "velocities", "forces")
         before = rank_of_atom(state)
-        new = self.place(state.template, positions, velocities, forces, step=state.step, extra=state.extra,
-                          energy=state.energy)
-        new.converged = state.converged
-        new.virial = state.virial
+        new = self.place(state.template, positions, velocities, forces)
         self.counters.migrations += int(np.sum(rank_of_atom(new) != before))
         return new
 
-    def global_rows(self, state: MDState, *keys, unwrap: bool = True):
-        """Per-rank arrays of ``state`` in the batch's atom order, float64 numpy (a collective
+    def global_rows(self, state: Placed, *keys, unwrap: bool = True):
+        """Per-rank rows of ``state`` in the batch's atom order, float64 numpy (a collective
         with several processes).
 
         Args:
-          state: the placed state.
-          keys: names of ``state.arrays`` (``"positions"``, ``"velocities"``, ``"forces"`` ...).
+          state: the :class:`~jaxdd.engine.placed.Placed` atoms.
+          keys: names of :class:`~jaxdd.engine.placed.AtomRows` fields (``"positions"``,
+            ``"velocities"``, ``"forces"`` ...).
           unwrap: unwrap the positions by each atom's lattice image; False: exactly the plan's frame.
 
         Returns:
           A list of ``[V, ...]`` arrays, one per key.
         """
         t = state.template
-        ids = host_array(state.arrays["ids"])
+        ids = host_array(state.rows.ids)
         out = []
         for key in keys:
-            value = atom_order(ids, host_array(state.arrays[key]), t.n_atoms)
+            value = atom_order(ids, host_array(state.rows[key]), t.n_atoms)
             if key == "positions":
-                image = atom_order(ids, host_array(state.arrays["image"]), t.n_atoms) if unwrap else None
+                image = atom_order(ids, host_array(state.rows.image), t.n_atoms) if unwrap else None
                 value = unwrapped_positions(t, value, image)
             out.append(value)
         return out
@@ -240,49 +244,23 @@ def partition_frame(template: Batch, ghost_width: float, cuts=None):
                     cuts)
 
 
-def padded(arrays: dict, n_owned: int, mesh) -> dict:
-    """Per-rank rows ``arrays`` (``[P, n, ...]`` each) padded to ``n_owned`` rows (free rows:
-    id -1), split over the ranks of ``mesh``."""
-    n = arrays["ids"].shape[1]
-    if n == n_owned:
-        return arrays
-    ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
-    pad = jax.jit(lambda a: {k: jnp.pad(v, [(0, 0), (0, n_owned - n)] + [(0, 0)] * (v.ndim - 2),
-                                        constant_values=-1 if k == "ids" else 0) for k, v in a.items()},
-                  out_shardings=ranked)
-    return pad(arrays)
-
-
-def atom_order(ids, rows, n_atoms: int) -> np.ndarray:
-    """Per-rank rows ``[P, n, ...]`` (atom ``ids`` [P, n], -1 on free rows) in the batch's atom
-    order, float64 ``[n_atoms, ...]`` (zeros for atoms no row holds)."""
-    ids = np.asarray(ids).reshape(-1)
-    rows = np.asarray(rows, np.float64).reshape((ids.size,) + np.shape(rows)[2:])
-    out = np.zeros((n_atoms,) + rows.shape[1:])
-    out[ids[ids >= 0]] = rows[ids >= 0]
-    return out
-
-
-def unwrapped_positions(template: Batch, frame, image=None) -> np.ndarray:
-    """Positions [V, 3] Å from the plan's frame, unwrapped by the lattice ``image`` of each
-    atom when given; padding rows keep the batch's own positions.
+def padded(rows: AtomRows, n_owned: int, mesh) -> AtomRows:
+    """``rows`` padded to ``n_owned`` rows per rank (free rows: id -1).
 
     Args:
-      template: the batch (its cell, batch_idx, atom_mask and positions).
-      frame: [V, 3] Å positions in the plan's wrapped frame, in the batch's order.
-      image: [V, 3] int lattice vectors wrapping removed; None: not unwrapped.
+      rows: the :class:`~jaxdd.engine.placed.AtomRows`, ``[P, n, ...]`` each.
+      n_owned: the rows each rank holds after (>= n).
+      mesh: the device mesh of P ranks, which the rows are split over.
+
+    Returns:
+      The :class:`~jaxdd.engine.placed.AtomRows`, ``[P, n_owned, ...]`` each.
     """
-    if image is not None:
-        cell = np.asarray(template.cell, np.float64)
-        system = np.clip(np.asarray(template.batch_idx), 0, cell.shape[0] - 1)
-        frame = frame + np.einsum("vi,vij->vj", image, cell[system])
-    return np.where(np.asarray(template.atom_mask)[:, None], frame, np.asarray(template.positions, np.float64))
-
-
-def rank_of_atom(state: MDState) -> np.ndarray:
-    """The rank owning each atom of the batch of ``state``, [V] (-1: padding)."""
-    ids = host_array(state.arrays["ids"])
-    out = np.full(state.template.n_atoms, -1)
-    rank, row = np.nonzero(ids >= 0)
-    out[ids[rank, row]] = rank
-    return out
+    n = rows.ids.shape[1]
+    if n == n_owned:
+        return rows
+    ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+    pad = jax.jit(lambda a: AtomRows(**{k: jnp.pad(v, [(0, 0), (0, n_owned - n)] + [(0, 0)] * (v.ndim - 2),
+                                                   constant_values=-1 if k == "ids" else 0)
+                                        for k, v in a.as_dict().items()}),
+                  out_shardings=ranked)
+    return pad(rows)
