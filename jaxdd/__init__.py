@@ -5,7 +5,8 @@ The public surface lives here. The packages, from the bottom layer up:
 * ``jaxdd.data`` — atoms and geometry: ``AtomicData``, ``Batch``, the wrap rule, units, example systems;
 * ``jaxdd.ops``, ``jaxdd.ffi`` — the kernels: named ops and their compiled providers;
 * ``jaxdd.neighbors`` — neighbour lists and the capacities they fill;
-* ``jaxdd.spec`` — what a model declares: the model protocol, its distribution spec, adapters, checkpoints;
+* ``jaxdd.spec`` — how a model distributes: its distribution spec, presets, adapters of helpers;
+* ``jaxdd.model`` — what a model declares: the model protocol, the species base, its context, checkpoints;
 * ``jaxdd.decomposition`` — partition, halo plans, migration, node blocks, the rank helpers;
 * ``jaxdd.dispatch`` — the interpreter that gives each operation its distributed meaning, and the intent verbs;
 * ``jaxdd.engine`` — the single-device driver, rank programs and ``DistributedModel``;
@@ -18,16 +19,17 @@ The public surface lives here. The packages, from the bottom layer up:
 from .engine.distributed import DistributedModel, DomainConfig
 from .engine.driver import compute, energy_and_derivatives
 from .spec.adapters import AdapterRegistry, JitAdapter, MethodAdapter, ModuleForwardAdapter, PythonAdapter
-from .spec.context import DDContext, current_dd_context
+from .model.context import DDContext, current_dd_context
 from .dispatch import DispatchError, DispatchReport, DispatchWarning, register_rule
 from .dispatch.intent import LOCAL, OWNED, Scope, autograd_target, refresh_neighbors, scatter_to_owners, system_sum, to_local
 from .data import AtomicData, Batch, as_batch
-from .spec.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig, NeighborListFormat
+from .model.base import BaseModel, ModelConfig, ModelOutputs, NeighborConfig, NeighborListFormat
+from .model.species import SpeciesModel
 from .ops import SpecError, register_op
 from .spec import CompilePolicy, DistributionSpec, MLIPSpec, OpAdapter, OutputKind
 from .neighbors import NeighborCapacity, NeighborList, build_neighbor_list, edge_vectors, neighbor_capacity, neighbor_list
 from .dynamics import FIRE, CRescale, DomainParallel, HeatFlux, Langevin, MTKBarostat, NoseHooverChain, VelocityVerlet, register_integrator
-from .spec.checkpoint import CheckpointError
+from .model.checkpoint import CheckpointError
 from . import interop  # noqa: E402  (jaxdd.interop.ase.Calculator; the module imports ase, a core dependency)
 from . import ffi  # noqa: E402  (custom FFI kernels as named ops; the compiled library loads on first use)
 from . import engine  # noqa: E402
@@ -88,6 +90,7 @@ __all__ = [
     "AtomicData",
     "Batch",
     "BaseModel",
+    "SpeciesModel",
     "ModelConfig",
     "ModelOutputs",
     "NeighborCapacity",

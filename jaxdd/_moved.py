@@ -27,7 +27,11 @@ MOVED = {
     "jaxdd.engine.guardrail": "jaxdd.decomposition.guardrail",
     # The flat top-level modules, grouped into the packages of their layer.
     **{f"jaxdd.{name}": f"jaxdd.data.{name}" for name in ("checks", "periodic", "constants", "systems", "segments")},
-    **{f"jaxdd.{name}": f"jaxdd.spec.{name}" for name in ("model", "protocol", "checkpoint", "context", "adapters")},
+    "jaxdd.adapters": "jaxdd.spec.adapters",
+    # The model protocol, once filed under jaxdd.spec (``jaxdd.model`` is its package now).
+    **{f"{prefix}.{name}": f"jaxdd.model.{name}"
+       for prefix in ("jaxdd", "jaxdd.spec") for name in ("protocol", "checkpoint", "context")},
+    "jaxdd.spec.model": "jaxdd.model.base",
     "jaxdd.intent": "jaxdd.dispatch.intent",
     "jaxdd.driver": "jaxdd.engine.driver",
     "jaxdd.virials": "jaxdd.engine.virials",

@@ -43,10 +43,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdd.data.checks import integral
-from jaxdd.spec.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
+from jaxdd.model.base import ModelConfig
+from jaxdd.model.species import SpeciesModel
 from jaxdd.neighbors import NeighborListFormat
 
-from .species import check_cutoff, check_species, neighbor_inputs, species_table, validate_species
+from .species import cast_params, check_cutoff, check_positive, check_species
 
 __all__ = ["BehlerParrinello"]
 
@@ -74,7 +75,7 @@ def _cosine_cutoff(r, rc):
     return jnp.where(r < rc, 0.5 * (jnp.cos(jnp.pi * r / rc) + 1.0), 0.0)
 
 
-class BehlerParrinello(eqx.Module, BaseModel):
+class BehlerParrinello(eqx.Module, SpeciesModel):
     """Behler-Parrinello potential: energy, atomic energies, forces and stress.
 
     species: atomic numbers the model knows (one network each). cutoff: r_c (Å).
@@ -140,17 +141,10 @@ class BehlerParrinello(eqx.Module, BaseModel):
         if any(not (math.isfinite(x) and x > 0) for x in self.radial_eta + self.angular_eta):
             raise ValueError(f"{owner} eta values must be positive and finite")
         self.hidden = tuple(integral(f"{owner} hidden", h, minimum=1) for h in hidden)
-        self.avg_num_neighbors = float(avg_num_neighbors)
-        if not (math.isfinite(self.avg_num_neighbors) and self.avg_num_neighbors > 0):
-            raise ValueError(f"{owner} avg_num_neighbors must be positive, got {avg_num_neighbors!r}")
+        self.avg_num_neighbors = check_positive(avg_num_neighbors, "avg_num_neighbors", owner)
         self.max_neighbors = integral(f"{owner} max_neighbors", max_neighbors, minimum=2)
-        self.model_config = ModelConfig(
-            outputs=frozenset({"energy", "atomic_energies", "forces", "stress"}),
-            autograd_outputs=frozenset({"forces", "stress"}),
-            autograd_inputs=frozenset({"positions", "cell"}),
-            neighbor_config=NeighborConfig(cutoff=cutoff, format=NeighborListFormat.MATRIX,
-                                           max_neighbors=self.max_neighbors),
-        )
+        self.model_config = self.energy_config(cutoff, format=NeighborListFormat.MATRIX,
+                                               max_neighbors=self.max_neighbors)
         net = _ElementNet(self.hidden, dtype)
         keys = jax.random.split(jax.random.PRNGKey(seed), len(self.species))
         dummy = jnp.zeros((1, self.n_descriptors), dtype)
@@ -164,18 +158,6 @@ class BehlerParrinello(eqx.Module, BaseModel):
         n_angular = len(self.angular_eta) * len(self.zeta) * 2
         return n * len(self.radial_shifts) + n * (n + 1) // 2 * n_angular
 
-    @property
-    def distribution_spec(self):
-        from jaxdd.spec import SPEC_MPNN_HALO
-
-        return SPEC_MPNN_HALO
-
-    def validate_input(self, data) -> None:
-        validate_species(data, self.species, "BehlerParrinello")
-
-    def adapt_input(self, data, **kwargs) -> dict:
-        return neighbor_inputs(data, "BehlerParrinello")
-
     def descriptors(self, positions, cell, batch_idx, atomic_numbers, neighbors):
         """Symmetry functions ``[V, n_descriptors]`` (scaled) and the ``[V]`` species index of
         every atom.
@@ -187,13 +169,21 @@ class BehlerParrinello(eqx.Module, BaseModel):
           atomic_numbers: [V] int.
           neighbors: a MATRIX-format neighbour list of width K.
         """
+        kind = self.species_index(atomic_numbers)  # [V]
+        return self.symmetry_functions(positions, cell, batch_idx, kind, neighbors), kind
+
+    def symmetry_functions(self, positions, cell, batch_idx, kind, neighbors):
+        """Symmetry functions ``[V, n_descriptors]`` (scaled).
+
+        Args:
+          positions: [V, 3] Å. cell: [S, 3, 3] Å. batch_idx: [V] system of each atom.
+          kind: [V] species index. neighbors: a MATRIX-format neighbour list of width K.
+        """
         dt = positions.dtype
         n = positions.shape[0]
         k = neighbors.matrix.shape[1]
         n_species = len(self.species)
-        rc = self.model_config.neighbor_config.cutoff
-        table = jnp.asarray(species_table(self.species))
-        kind = table[jnp.clip(atomic_numbers, 0, table.size - 1)]  # [V]
+        rc = self.cutoff
 
         # Padding slots point one past the last atom: "fill" reads zeros there.
         senders = neighbors.matrix  # [V, K]
@@ -242,19 +232,13 @@ class BehlerParrinello(eqx.Module, BaseModel):
         g4 = by_pair[:, upper[0], upper[1], :].reshape(n, -1)
 
         scale = n_species / self.avg_num_neighbors
-        return jnp.concatenate([g2 * scale, g4 * scale**2], axis=-1), kind
+        return jnp.concatenate([g2 * scale, g4 * scale**2], axis=-1)
 
-    def forward(self, positions, cell, batch_idx, atomic_numbers, atom_mask, neighbors, n_systems):
+    def atom_energies(self, positions, cell, batch_idx, kind, neighbors):
         dt = positions.dtype
-        g, kind = self.descriptors(positions, cell, batch_idx, atomic_numbers, neighbors)
-        params = jax.tree_util.tree_map(lambda p: p.astype(dt), self.params["networks"])
+        g = self.symmetry_functions(positions, cell, batch_idx, kind, neighbors)
+        params = cast_params(self.params["networks"], dt)
         net = _ElementNet(self.hidden, dt)
         per_species = jax.vmap(lambda p: net.apply(p, g))(params)  # [n_species, V]
         chosen = kind[None, :] == np.arange(len(self.species))[:, None]
-        atomic = jnp.sum(jnp.where(chosen, per_species, 0.0), axis=0)
-        atomic = jnp.where(atom_mask, atomic, 0.0)
-        energy = jax.ops.segment_sum(atomic, batch_idx, num_segments=n_systems)
-        return {"energy": energy, "atomic_energies": atomic}
-
-    def adapt_output(self, raw, data) -> ModelOutputs:
-        return ModelOutputs(raw)
+        return jnp.sum(jnp.where(chosen, per_species, 0.0), axis=0)

@@ -26,7 +26,7 @@ import dataclasses
 import equinox as eqx
 import jax.numpy as jnp
 
-from jaxdd.spec.model import BaseModel, ModelConfig, NeighborConfig
+from jaxdd.model.base import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.neighbors import NeighborListFormat, edge_vectors
 
 __all__ = ["SumModel", "merge_specs"]

@@ -44,9 +44,10 @@ import numpy as np
 
 from jaxdd.data.checks import integral
 from jaxdd.data.constants import COULOMB
-from jaxdd.spec.model import BaseModel, ModelConfig, NeighborConfig
+from jaxdd.model.base import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.neighbors import edge_vectors
 from jaxdd.data.segments import per_system_sum
+from jaxdd.dispatch.intent import system_sum
 
 __all__ = ["Ewald", "COULOMB", "ewald_parameters", "HostSizes"]
 
@@ -219,8 +220,6 @@ class Ewald(eqx.Module, BaseModel):
         return charged_inputs(data, "Ewald", self.sizes, "its reciprocal vectors", "kmax_index=(n1, n2, n3)")
 
     def forward(self, positions, charges, cell, batch_idx, atom_mask, neighbors, n_systems):
-        from jaxdd import system_sum
-
         dtype = positions.dtype
         rc = self.model_config.neighbor_config.cutoff
         q = jnp.where(atom_mask, charges.astype(dtype), 0.0)

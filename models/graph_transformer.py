@@ -26,18 +26,18 @@ layer reads them). The ``"jnp"`` backend needs no adapter: its scatters are visi
 from __future__ import annotations
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxdd.data.checks import integral
 from jaxdd.ffi import attention
-from jaxdd.spec.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
+from jaxdd.model.base import ModelConfig
+from jaxdd.model.species import SpeciesModel
 from jaxdd.neighbors import edge_vectors
 from jaxdd.ops import ScatterOutputs
 from jaxdd.spec import SPEC_MPNN_HALO, OpAdapter
 
-from .species import check_cutoff, check_species, neighbor_inputs, species_table, validate_species
+from .species import cast_params, check_cutoff, check_species
 
 __all__ = ["GraphTransformer", "SPEC_GRAPH_TRANSFORMER_HALO", "BACKENDS"]
 
@@ -49,7 +49,7 @@ SPEC_GRAPH_TRANSFORMER_HALO = SPEC_MPNN_HALO.with_custom_ops(
 )
 
 
-class GraphTransformer(eqx.Module, BaseModel):
+class GraphTransformer(eqx.Module, SpeciesModel):
     """Graph transformer: energy, atomic energies, and (autograd) forces and stress.
 
     species: atomic numbers the model knows. cutoff: r_c (Å). features: F. n_layers:
@@ -75,12 +75,7 @@ class GraphTransformer(eqx.Module, BaseModel):
         self.features = integral(f"{owner} features", features, minimum=1)
         self.n_layers = integral(f"{owner} n_layers", n_layers, minimum=1)
         self.backend = backend
-        self.model_config = ModelConfig(
-            outputs=frozenset({"energy", "atomic_energies", "forces", "stress"}),
-            autograd_outputs=frozenset({"forces", "stress"}),
-            autograd_inputs=frozenset({"positions", "cell"}),
-            neighbor_config=NeighborConfig(cutoff=cutoff),
-        )
+        self.model_config = self.energy_config(cutoff)
         rng = np.random.default_rng(seed)
         f, k = self.features, len(self.species)
 
@@ -99,23 +94,15 @@ class GraphTransformer(eqx.Module, BaseModel):
     def distribution_spec(self):
         return SPEC_GRAPH_TRANSFORMER_HALO if self.backend == "ffi" else SPEC_MPNN_HALO
 
-    def validate_input(self, data) -> None:
-        validate_species(data, self.species, "GraphTransformer")
-
-    def adapt_input(self, data, **kwargs) -> dict:
-        return neighbor_inputs(data, "GraphTransformer")
-
     def _message(self, q, k, v, w, senders, receivers):
         if self.backend == "ffi":
             return attention.attention_message(q, k, v, w, senders, receivers)
         return attention.attention_message_reference(q, k, v, w, senders, receivers)
 
-    def forward(self, positions, cell, batch_idx, atomic_numbers, atom_mask, neighbors, n_systems):
+    def atom_energies(self, positions, cell, batch_idx, kind, neighbors):
         dt = positions.dtype
-        rc = self.model_config.neighbor_config.cutoff
-        p = jax.tree_util.tree_map(lambda x: x.astype(dt), self.params)
-        table = jnp.asarray(species_table(self.species))
-        kind = table[jnp.clip(atomic_numbers, 0, table.size - 1)]
+        rc = self.cutoff
+        p = cast_params(self.params, dt)
 
         vec = edge_vectors(positions, cell, batch_idx, neighbors)
         r2 = jnp.sum(vec * vec, axis=-1)
@@ -128,9 +115,4 @@ class GraphTransformer(eqx.Module, BaseModel):
             q, k, v = jnp.tanh(h @ layer["wq"]), jnp.tanh(h @ layer["wk"]), h @ layer["wv"]
             m = self._message(q, k, v, w, neighbors.senders, neighbors.receivers)
             h = h + jnp.tanh(m @ layer["wo"])
-        atomic = jnp.where(atom_mask, h @ p["readout"] + p["bias"][kind], 0.0)
-        energy = jax.ops.segment_sum(atomic, batch_idx, num_segments=n_systems)
-        return {"energy": energy, "atomic_energies": atomic}
-
-    def adapt_output(self, raw, data) -> ModelOutputs:
-        return ModelOutputs(raw)
+        return h @ p["readout"] + p["bias"][kind]

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdd.data.checks import integral
-from jaxdd.spec.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
+from jaxdd.model.base import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
 from jaxdd.neighbors import NeighborListFormat, edge_vectors
 from jaxdd.data.segments import per_system_sum
 

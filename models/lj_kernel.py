@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdd.ffi import lennard_jones
-from jaxdd.spec.model import ModelConfig
+from jaxdd.model.base import ModelConfig
 from jaxdd.neighbors import NeighborListFormat
 from jaxdd.ops import ScatterOutputs
 from jaxdd.data.segments import per_system_sum

@@ -33,10 +33,10 @@ import jraph
 import numpy as np
 
 from jaxdd.data.checks import integral
-from jaxdd.spec.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
-from jaxdd.neighbors import edge_vectors
+from jaxdd.model.base import ModelConfig
+from jaxdd.model.species import SpeciesModel
 
-from .species import check_cutoff, check_species, neighbor_inputs, species_table, validate_species
+from .species import cast_params, check_cutoff, check_positive, check_species, edge_lengths
 
 __all__ = ["SchNet"]
 
@@ -98,7 +98,7 @@ def _gaussians(r, n, cutoff):
     return jnp.exp(-0.5 * ((r[:, None] - centers) / width) ** 2)
 
 
-class SchNet(eqx.Module, BaseModel):
+class SchNet(eqx.Module, SpeciesModel):
     """SchNet message passing: energy, atomic energies, forces and stress.
 
     species: atomic numbers the model knows (rows of the embedding). cutoff: r_c (Å).
@@ -137,15 +137,8 @@ class SchNet(eqx.Module, BaseModel):
         self.features = integral(f"{owner} features", features, minimum=2)
         self.n_rbf = integral(f"{owner} n_rbf", n_rbf, minimum=2)
         self.n_interactions = integral(f"{owner} n_interactions", n_interactions, minimum=1)
-        self.avg_num_neighbors = float(avg_num_neighbors)
-        if not (math.isfinite(self.avg_num_neighbors) and self.avg_num_neighbors > 0):
-            raise ValueError(f"{owner} avg_num_neighbors must be positive, got {avg_num_neighbors!r}")
-        self.model_config = ModelConfig(
-            outputs=frozenset({"energy", "atomic_energies", "forces", "stress"}),
-            autograd_outputs=frozenset({"forces", "stress"}),
-            autograd_inputs=frozenset({"positions", "cell"}),
-            neighbor_config=NeighborConfig(cutoff=cutoff),
-        )
+        self.avg_num_neighbors = check_positive(avg_num_neighbors, "avg_num_neighbors", owner)
+        self.model_config = self.energy_config(cutoff)
         # Parameter shapes do not depend on the graph: a one-edge graph initialises them.
         k_embed, k_net = jax.random.split(jax.random.PRNGKey(seed))
         index = jnp.zeros((1,), jnp.int32)
@@ -161,31 +154,14 @@ class SchNet(eqx.Module, BaseModel):
     def _net(self, dtype):
         return _SchNetNet(self.features, self.n_interactions, self.avg_num_neighbors, dtype)
 
-    @property
-    def distribution_spec(self):
-        from jaxdd.spec import SPEC_MPNN_HALO
-
-        return SPEC_MPNN_HALO
-
-    def validate_input(self, data) -> None:
-        validate_species(data, self.species, "SchNet")
-
-    def adapt_input(self, data, **kwargs) -> dict:
-        return neighbor_inputs(data, "SchNet")
-
-    def forward(self, positions, cell, batch_idx, atomic_numbers, atom_mask, neighbors, n_systems):
+    def atom_energies(self, positions, cell, batch_idx, kind, neighbors):
         dt = positions.dtype
         n = positions.shape[0]
-        rc = self.model_config.neighbor_config.cutoff
-        table = jnp.asarray(species_table(self.species))
-        kind = table[jnp.clip(atomic_numbers, 0, table.size - 1)]
+        rc = self.cutoff
 
-        vec = edge_vectors(positions, cell, batch_idx, neighbors)
-        r2 = jnp.sum(vec * vec, axis=-1)
-        inside = neighbors.mask & (r2 < rc * rc)
-        r = jnp.sqrt(jnp.where(inside, r2, 1.0))  # safe norm: padding edges never give NaN gradients
+        vec, r, inside = edge_lengths(positions, cell, batch_idx, neighbors, rc)
         envelope = jnp.where(inside, 0.5 * (jnp.cos(jnp.pi * r / rc) + 1.0), 0.0)
-        params = jax.tree_util.tree_map(lambda p: p.astype(dt), self.params)
+        params = cast_params(self.params, dt)
         graph = jraph.GraphsTuple(
             nodes=params["embedding"][kind],  # [V, features]
             edges={"rbf": _gaussians(r, self.n_rbf, rc), "envelope": envelope},
@@ -195,10 +171,4 @@ class SchNet(eqx.Module, BaseModel):
             n_node=np.asarray([n]),
             n_edge=np.asarray([neighbors.senders.shape[0]]),
         )
-        atomic = self._net(dt).apply(params["net"], graph)
-        atomic = jnp.where(atom_mask, atomic, 0.0)
-        energy = jax.ops.segment_sum(atomic, batch_idx, num_segments=n_systems)
-        return {"energy": energy, "atomic_energies": atomic}
-
-    def adapt_output(self, raw, data) -> ModelOutputs:
-        return ModelOutputs(raw)
+        return self._net(dt).apply(params["net"], graph)

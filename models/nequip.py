@@ -37,10 +37,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdd.data.checks import integral
-from jaxdd.spec.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
-from jaxdd.neighbors import edge_vectors
+from jaxdd.model.base import ModelConfig
+from jaxdd.model.species import SpeciesModel
 
-from .species import check_cutoff, check_species, neighbor_inputs, species_table, validate_species
+from .species import cast_params, check_cutoff, check_positive, check_species, edge_lengths
 
 __all__ = ["NequIP", "polynomial_envelope"]
 
@@ -88,7 +88,7 @@ def _linear_init(normal, linear):
     return [ins.weight_std * normal(ins.path_shape) for ins in linear.instructions]
 
 
-class NequIP(eqx.Module, BaseModel):
+class NequIP(eqx.Module, SpeciesModel):
     """NequIP-style equivariant potential: energy, atomic energies, forces and stress.
 
     species: atomic numbers the model knows (rows of the embedding). cutoff: r_c (Å).
@@ -139,15 +139,8 @@ class NequIP(eqx.Module, BaseModel):
         self.envelope_p = integral(f"{owner} envelope_p", envelope_p, minimum=2)
         radial_hidden = integral(f"{owner} radial_hidden", radial_hidden, minimum=1)
         readout_hidden = integral(f"{owner} readout_hidden", readout_hidden, minimum=1)
-        self.avg_num_neighbors = float(avg_num_neighbors)
-        if not (math.isfinite(self.avg_num_neighbors) and self.avg_num_neighbors > 0):
-            raise ValueError(f"{owner} avg_num_neighbors must be positive, got {avg_num_neighbors!r}")
-        self.model_config = ModelConfig(
-            outputs=frozenset({"energy", "atomic_energies", "forces", "stress"}),
-            autograd_outputs=frozenset({"forces", "stress"}),
-            autograd_inputs=frozenset({"positions", "cell"}),
-            neighbor_config=NeighborConfig(cutoff=cutoff),
-        )
+        self.avg_num_neighbors = check_positive(avg_num_neighbors, "avg_num_neighbors", owner)
+        self.model_config = self.energy_config(cutoff)
 
         n_scalars = hidden.count("0e")
         layers = [
@@ -187,31 +180,14 @@ class NequIP(eqx.Module, BaseModel):
             irreps_in = hidden
         return out
 
-    @property
-    def distribution_spec(self):
-        from jaxdd.spec import SPEC_MPNN_HALO
-
-        return SPEC_MPNN_HALO
-
-    def validate_input(self, data) -> None:
-        validate_species(data, self.species, "NequIP")
-
-    def adapt_input(self, data, **kwargs) -> dict:
-        return neighbor_inputs(data, "NequIP")
-
-    def forward(self, positions, cell, batch_idx, atomic_numbers, atom_mask, neighbors, n_systems):
+    def atom_energies(self, positions, cell, batch_idx, kind, neighbors):
         dt = positions.dtype
         n = positions.shape[0]
-        rc = self.model_config.neighbor_config.cutoff
-        params = jax.tree_util.tree_map(lambda p: p.astype(dt), self.params)
-        table = jnp.asarray(species_table(self.species))
-        kind = table[jnp.clip(atomic_numbers, 0, table.size - 1)]
+        rc = self.cutoff
+        params = cast_params(self.params, dt)
         senders, receivers = neighbors.senders, neighbors.receivers
 
-        vec = edge_vectors(positions, cell, batch_idx, neighbors)
-        r2 = jnp.sum(vec * vec, axis=-1)
-        inside = neighbors.mask & (r2 < rc * rc)
-        r = jnp.sqrt(jnp.where(inside, r2, 1.0))  # safe norm on padding edges
+        vec, r, inside = edge_lengths(positions, cell, batch_idx, neighbors, rc)
         # Padding edges get a unit vector: finite harmonics and gradients, zeroed by the envelope.
         unit = jnp.where(inside[:, None], vec, jnp.asarray([0.0, 0.0, 1.0], dt))
         sh = e3nn.spherical_harmonics(_SH_IRREPS, unit, normalize=True, normalization="component")
@@ -234,10 +210,4 @@ class NequIP(eqx.Module, BaseModel):
             h = h + update if update.irreps == h.irreps else update
 
         scalars = h.filter(keep="0e").array
-        atomic = _mlp(params["readout"], scalars)[:, 0]
-        atomic = jnp.where(atom_mask, atomic, 0.0)
-        energy = jax.ops.segment_sum(atomic, batch_idx, num_segments=n_systems)
-        return {"energy": energy, "atomic_energies": atomic}
-
-    def adapt_output(self, raw, data) -> ModelOutputs:
-        return ModelOutputs(raw)
+        return _mlp(params["readout"], scalars)[:, 0]

@@ -40,8 +40,9 @@ import numpy as np
 
 from jaxdd.models import pme_grid
 from jaxdd.data.checks import integral
-from jaxdd.spec.model import BaseModel, ModelConfig, NeighborConfig
+from jaxdd.model.base import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.data.segments import per_system_sum
+from jaxdd.dispatch.intent import system_sum
 
 from .ewald import (COULOMB, HostSizes, charged_inputs, check_periodic_charges, ewald_parameters, real_cells,
                     real_space, reciprocal, self_and_background)
@@ -128,8 +129,6 @@ class PME(eqx.Module, BaseModel):
         return charged_inputs(data, "PME", self.sizes, "its mesh", "mesh=(K1, K2, K3)")
 
     def forward(self, positions, charges, cell, batch_idx, atom_mask, neighbors, n_systems):
-        from jaxdd import system_sum
-
         shape = self.sizes.value
         dtype = positions.dtype
         rc = self.model_config.neighbor_config.cutoff

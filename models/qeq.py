@@ -28,15 +28,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdd.data.constants import COULOMB
-from jaxdd.spec.model import BaseModel, ModelConfig, NeighborConfig
+from jaxdd.model.base import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.neighbors import edge_vectors
+from jaxdd.dispatch.intent import system_sum
+from jaxdd.spec.adapters import PythonAdapter
 
 from . import qeq_helpers
+from .radial_messages import init_messages, normal, pass_messages, radial_filter
 from .species import check_cutoff, check_species, species_table, validate_species
 
-def _normal(key, shape, dtype):
-    """Parameters drawn in float32 and cast: one seed gives the same model in any precision."""
-    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
 
 
 __all__ = ["ChargeEquilibration", "distributed_mol_sum", "COULOMB"]
@@ -53,8 +53,6 @@ def distributed_mol_sum(values, mol_idx, n_molecules):
     Returns:
       [n_molecules, ...] sums.
     """
-    from jaxdd import system_sum
-
     return system_sum(values, mol_idx, n_molecules)
 
 
@@ -79,12 +77,8 @@ class ChargeEquilibration(eqx.Module, BaseModel):
         species = check_species(species, "ChargeEquilibration")
         cutoff = check_cutoff(cutoff, "ChargeEquilibration")
         k = jax.random.split(jax.random.PRNGKey(seed), 5)
-        n_rbf = 8
-        self.embed = _normal(k[0], (len(species), features), dtype)
-        self.radial = _normal(k[1], (n_rbf, features), dtype) / np.sqrt(n_rbf)
-        self.layers = tuple(_normal(kk, (features, features), dtype) / np.sqrt(features)
-                            for kk in jax.random.split(k[2], 2))
-        self.heads = _normal(k[3], (features, 3), dtype) / np.sqrt(features)  # ε, χ, J
+        self.embed, self.radial, self.layers = init_messages(k, len(species), features, 8, 2, dtype)
+        self.heads = normal(k[3], (features, 3), dtype) / np.sqrt(features)  # ε, χ, J
         self.species = species
         self.sigma = float(sigma)
         self.model_config = ModelConfig(
@@ -97,7 +91,6 @@ class ChargeEquilibration(eqx.Module, BaseModel):
 
     @property
     def distribution_spec(self):
-        from jaxdd import PythonAdapter
         from jaxdd.spec import SPEC_MPNN_HALO, OutputKind
 
         return SPEC_MPNN_HALO.with_helpers(
@@ -128,15 +121,8 @@ class ChargeEquilibration(eqx.Module, BaseModel):
         r2 = jnp.where(edge_mask, jnp.sum(vectors * vectors, axis=1), 1.0)
         r = jnp.where(edge_mask, jnp.sqrt(r2), 1.0)
         inside = edge_mask & (r < rc)
-        env = jnp.where(inside, 0.5 * (jnp.cos(jnp.pi * r / rc) + 1.0), 0.0)
-        centres = jnp.linspace(0.0, rc, self.radial.shape[0], dtype=dtype)
-        rbf = jnp.exp(-((r[:, None] - centres) ** 2) / (rc / self.radial.shape[0]) ** 2) * env[:, None]
-        filt = rbf @ self.radial.astype(dtype)
-
-        h = self.embed.astype(dtype)[kind]
-        for w in self.layers:
-            messages = jnp.tanh(h[senders] @ w.astype(dtype)) * filt
-            h = h + jax.ops.segment_sum(messages, receivers, num_segments=n) / 4.0
+        filt, env = radial_filter(r, inside, rc, self.radial)
+        h = pass_messages(self.embed.astype(dtype)[kind], self.layers, filt, lambda x: x[senders], receivers)
         out = jnp.tanh(h) @ self.heads.astype(dtype)
         eps, chi = out[:, 0], out[:, 1]
         hard = jax.nn.softplus(out[:, 2]) + 0.5

@@ -1,23 +1,22 @@
-"""Atomic numbers to species rows, the checks every element-resolved zoo model makes, and the
-inputs the neighbour-list models among them read."""
+"""The checks every element-resolved zoo model makes of its arguments. The species table, the
+check of a batch's elements and the neighbour-list inputs are those of the models' base,
+:mod:`jaxdd.model.species` (imported here by their earlier names)."""
 
 from __future__ import annotations
 
 import math
 import numbers
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxdd.data.checks import integral
+from jaxdd.model.species import neighbor_inputs, species_table, validate_species
+from jaxdd.neighbors import edge_vectors
 
-__all__ = ["species_table", "check_species", "check_cutoff", "validate_species", "neighbor_inputs", "weights_dtype"]
-
-
-def species_table(species):
-    """Static table atomic number -> species index (unlisted numbers map to 0)."""
-    table = np.zeros(max(species) + 1, np.int32)
-    table[list(species)] = np.arange(len(species))
-    return table
+__all__ = ["species_table", "check_species", "check_cutoff", "check_positive", "validate_species", "neighbor_inputs",
+           "weights_dtype", "edge_lengths", "cast_params"]
 
 
 def check_species(species, owner):
@@ -35,28 +34,38 @@ def check_cutoff(cutoff, owner):
     return float(cutoff)
 
 
-def validate_species(data, species, owner):
-    """Host check of a batch ``data``: every real atom's atomic number is one of ``species``
-    (ValueError naming the atoms and the model ``owner`` otherwise)."""
-    z = np.asarray(data.atomic_numbers)[np.asarray(data.atom_mask)]
-    bad = np.flatnonzero(~np.isin(z, species))
-    if bad.size:
-        rows = np.flatnonzero(np.asarray(data.atom_mask))[bad]
-        raise ValueError(
-            f"atoms {rows[:8].tolist()} have atomic numbers {sorted(set(z[bad].tolist()))} that are not in "
-            f"{owner} species {species}; build the model with those species"
-        )
+def check_positive(value, name, owner) -> float:
+    """``value`` as a positive finite float; ValueError naming ``owner``'s ``name`` otherwise."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        x = math.nan
+    if not (math.isfinite(x) and x > 0):
+        raise ValueError(f"{owner} {name} must be positive, got {value!r}")
+    return x
 
 
-def neighbor_inputs(data, owner) -> dict:
-    """The forward arguments of a model that reads the framework's neighbour list: positions,
-    cell, batch_idx, atomic_numbers, atom_mask, neighbors and n_systems of ``data`` (ValueError
-    naming the model ``owner`` when it has no neighbour list)."""
-    if data.neighbors is None:
-        raise ValueError(f"{owner} needs data.neighbors; call it through jaxdd.compute")
-    return dict(positions=data.positions, cell=data.cell, batch_idx=data.batch_idx,
-                atomic_numbers=data.atomic_numbers, atom_mask=data.atom_mask, neighbors=data.neighbors,
-                n_systems=data.n_systems)
+def edge_lengths(positions, cell, batch_idx, neighbors, cutoff):
+    """The edges of a COO neighbour list within ``cutoff``.
+
+    Args:
+      positions: [V, 3] Å. cell: [S, 3, 3] Å. batch_idx: [V] system of each atom.
+      neighbors: the COO neighbour list. cutoff: r_c (Å).
+
+    Returns:
+      ``(vec, r, inside)``: ``vec [E, 3]`` Å (sender minus receiver), ``r [E]`` Å (1 on edges
+      that are padding or beyond the cutoff: a safe norm, whose gradient is never NaN) and
+      ``inside [E]`` bool.
+    """
+    vec = edge_vectors(positions, cell, batch_idx, neighbors)
+    r2 = jnp.sum(vec * vec, axis=-1)
+    inside = neighbors.mask & (r2 < cutoff * cutoff)
+    return vec, jnp.sqrt(jnp.where(inside, r2, 1.0)), inside
+
+
+def cast_params(params, dtype):
+    """Every array leaf of ``params`` in ``dtype`` (the positions' dtype: the computation follows it)."""
+    return jax.tree_util.tree_map(lambda p: p.astype(dtype), params)
 
 
 def weights_dtype(dtype, owner):

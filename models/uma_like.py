@@ -32,14 +32,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdd.spec.model import BaseModel, ModelConfig, NeighborConfig
+from jaxdd.model.base import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.neighbors import NeighborListFormat
 
+from .radial_messages import init_messages, normal, pass_messages, radial_filter
 from .species import check_cutoff, check_species, species_table, validate_species
 
-def _normal(key, shape, dtype):
-    """Parameters drawn in float32 and cast: one seed gives the same model in any precision."""
-    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
 
 
 __all__ = ["InternalGraphBackbone"]
@@ -60,12 +58,8 @@ class InternalGraphBackbone(eqx.Module, BaseModel):
         species = check_species(species, "InternalGraphBackbone")
         cutoff = check_cutoff(cutoff, "InternalGraphBackbone")
         k = jax.random.split(jax.random.PRNGKey(seed), 4)
-        n_rbf = 6
-        self.embed = _normal(k[0], (len(species), features), dtype)
-        self.radial = _normal(k[1], (n_rbf, features), dtype) / np.sqrt(n_rbf)
-        self.weights = tuple(_normal(kk, (features, features), dtype) / np.sqrt(features)
-                             for kk in jax.random.split(k[2], layers))
-        self.readout = _normal(k[3], (features,), dtype) / np.sqrt(features)
+        self.embed, self.radial, self.weights = init_messages(k, len(species), features, 6, layers, dtype)
+        self.readout = normal(k[3], (features,), dtype) / np.sqrt(features)
         self.species = species
         self.model_config = ModelConfig(
             outputs=frozenset({"energy", "atomic_energies", "forces", "stress"}),
@@ -161,14 +155,8 @@ class InternalGraphBackbone(eqx.Module, BaseModel):
              + jnp.einsum("pk,pkl->pl", shifts.reshape(-1, 3).astype(dtype), cell[sys_i]))
         r2 = jnp.sum(d * d, axis=1)
         r = jnp.sqrt(jnp.where(pair, r2, 1.0))
-        env = jnp.where(pair, 0.5 * (jnp.cos(jnp.pi * r / rc) + 1.0), 0.0)
-        centres = jnp.linspace(0.0, rc, self.radial.shape[0], dtype=dtype)
-        rbf = jnp.exp(-((r[:, None] - centres) ** 2) / (rc / self.radial.shape[0]) ** 2) * env[:, None]
-        filt = rbf @ self.radial.astype(dtype)
-
-        h = self.embed.astype(dtype)[kind]
-        for w in self.weights:
-            messages = jnp.tanh(h.at[j].get(mode="fill", fill_value=0) @ w.astype(dtype)) * filt
-            h = h + jax.ops.segment_sum(messages, i, num_segments=n) / 4.0
+        filt, _ = radial_filter(r, pair, rc, self.radial)
+        h = pass_messages(self.embed.astype(dtype)[kind], self.weights, filt,
+                          lambda x: x.at[j].get(mode="fill", fill_value=0), i)
         atomic = jnp.where(real, jnp.tanh(h) @ self.readout.astype(dtype), 0.0)
         return {"energy": jax.ops.segment_sum(atomic, batch_idx, num_segments=n_systems), "atomic_energies": atomic}

@@ -40,7 +40,7 @@ from ase.stress import full_3x3_to_voigt_6_stress  # noqa: E402
 import jaxdd  # noqa: E402
 from jaxdd import programs
 from jaxdd.engine import driver
-from jaxdd.spec import protocol
+from jaxdd.model import protocol
 from jaxdd.engine import call, distributed  # noqa: E402
 from jaxdd.models.lj import LennardJones  # noqa: E402
 

@@ -25,7 +25,7 @@ jax.config.update("jax_enable_x64", True)
 import numpy as np  # noqa: E402
 
 import jaxdd  # noqa: E402
-from jaxdd.spec import checkpoint  # noqa: E402
+from jaxdd.model import checkpoint  # noqa: E402
 from jaxdd.engine import DistributedModel, DomainConfig, default_mesh  # noqa: E402
 from jaxdd.models.bp import BehlerParrinello  # noqa: E402
 from jaxdd.data.systems import fcc_lattice  # noqa: E402

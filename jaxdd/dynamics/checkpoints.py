@@ -15,7 +15,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..spec.checkpoint import array_tree, damaged, read_json, restore_arrays
+from ..model.checkpoint import array_tree, damaged, read_json, restore_arrays
 from ..data import Batch
 from ..decomposition.halo import Exchange, HaloLayout, HaloRouting
 from ..engine.atom_order import atom_order, unwrapped_positions

@@ -25,7 +25,15 @@ __all__ = ["DistributedModel", "DomainConfig", "PartitionHealth", "default_mesh"
 
 
 def __getattr__(name: str):
-    """Earlier submodule paths (``jaxdd.decomposition.halo``, ...): see :mod:`jaxdd._moved`."""
-    from .._moved import moved_attribute
+    """Earlier submodule paths (``jaxdd.engine.halo``, ...), imported through the finder :mod:`jaxdd`
+    installs (:mod:`jaxdd._moved`: it warns and gives the module at its present path)."""
+    import importlib
 
-    return moved_attribute(__name__, name)
+    full = f"{__name__}.{name}"
+    if not name.startswith("__"):
+        try:
+            return importlib.import_module(full)
+        except ModuleNotFoundError as exc:
+            if exc.name != full:
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

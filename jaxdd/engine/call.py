@@ -10,7 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 from .. import programs
 from ..dispatch import DispatchError, DispatchReport, Kind, unfollowed_error
-from ..spec.model import ModelOutputs
+from ..model.base import ModelOutputs
 from ..spec import OutputKind
 from .rank_neighbors import neighbor_needs
 from .rank_program import RankInputs, RankProgram, RankRows, rank_evaluate, run_ranks

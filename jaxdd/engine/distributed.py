@@ -30,8 +30,8 @@ from ..decomposition.guardrail import check_halo, device_memory, halo_size
 from ..decomposition.halo import HaloLayout, HaloPlan
 from ..decomposition.partition import Partition
 from ..dispatch import warn_fallbacks
-from ..spec.protocol import check_stress_cells, model_config, requested_outputs, unpad_atoms
-from ..spec.model import ModelOutputs
+from ..model.protocol import check_stress_cells, model_config, requested_outputs, unpad_atoms
+from ..model.base import ModelOutputs
 from ..neighbors import NeighborCapacity, NeighborListFormat
 from ..neighbors.capacity import Capacities, factors
 from ..ops import GraphParallelPolicy, HaloRefreshPolicy, HaloStoragePolicy

@@ -1,7 +1,7 @@
 """Single-device driver: neighbour list, model call, and the framework's autodiff.
 
 ``compute(model, data)`` is the reference every distributed run is compared with. It
-builds the neighbour list the model's :class:`~jaxdd.spec.model.NeighborConfig` asks for, calls
+builds the neighbour list the model's :class:`~jaxdd.model.base.NeighborConfig` asks for, calls
 the wrapper, and derives the outputs listed in ``autograd_outputs`` itself:
 
 * forces = -dE/dR (eV/Å), taken with respect to the positions as given;
@@ -28,10 +28,10 @@ import jax.numpy as jnp
 from .. import programs
 from . import virials
 from ..data import AtomicData, Batch, as_batch
-from ..spec.model import BaseModel, ModelOutputs
+from ..model.base import BaseModel, ModelOutputs
 from ..neighbors import NeighborCapacity, NeighborListFormat, build_neighbor_list, edge_vectors, neighbor_capacity
 from ..neighbors.capacity import run_until_fits
-from ..spec.protocol import (bucketed_atoms, check_stress_cells, model_config, pad_atoms, requested_outputs,
+from ..model.protocol import (bucketed_atoms, check_stress_cells, model_config, pad_atoms, requested_outputs,
                        unpad_atoms)
 from ..data.segments import per_system_sum
 from ..spec import MLIPSpec

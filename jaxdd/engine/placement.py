@@ -21,7 +21,7 @@ from ..decomposition.halo import HaloPlan
 from ..decomposition.halo_plan import build_halo_plan, build_rank_plans
 from ..decomposition.partition import Partition, partition
 from ..decomposition.ranks import agree_max, own_ranks
-from ..spec.protocol import bucketed_atoms, model_config
+from ..model.protocol import bucketed_atoms, model_config
 from ..neighbors import NeighborCapacity, neighbor_capacity
 from ..neighbors.capacity import headroom as with_headroom
 from .health import covers_every_atom, owned_and_ghosts

@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from ..spec.adapters import AdapterRegistry
 from ..neighbors.capacity import Capacities, run_until_fits
-from ..spec.context import DDContext, dd_scope
+from ..model.context import DDContext, dd_scope
 from ..data import Batch
 from ..dispatch import DispatchError, DispatchReport, Kind, Runtime, call_model, unfollowed_error
 from ..decomposition.halo import HaloLayout, halo_forward

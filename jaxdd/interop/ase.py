@@ -24,8 +24,8 @@ from ase.stress import full_3x3_to_voigt_6_stress
 from ..data import AtomicData, as_batch
 from ..engine.distributed import DistributedModel
 from ..engine.driver import compute, program_capacity
-from ..spec.protocol import bucketed_atoms, pad_atoms
-from ..spec.model import BaseModel, ModelConfig
+from ..model.protocol import bucketed_atoms, pad_atoms
+from ..model.base import BaseModel, ModelConfig
 from ..neighbors import neighbor_capacity
 from ..spec import OutputKind
 

@@ -48,7 +48,7 @@ except ImportError as exc:  # an optional library: say how to get it
     raise ImportError("jaxdd.interop.jax_md wraps jax-md potentials and needs jax-md: pip install 'jax-md>=0.2.29' "
                       "(it is among jaxdd's test dependencies: pip install -e '.[test]')") from exc
 
-from ..spec.model import BaseModel, ModelConfig, NeighborConfig
+from ..model.base import BaseModel, ModelConfig, NeighborConfig
 from ..neighbors import NeighborListFormat
 
 __all__ = ["JaxMDModel", "FORMATS", "RANGES", "displacement", "read_interaction_range"]

@@ -14,13 +14,15 @@ loaded here. Every error is a :class:`~jaxdd.ops.SpecError` with a message to ac
 
 Modules: :mod:`.outputs` (:class:`OutputKind`), :mod:`.compile_policy`,
 :mod:`.distribution` (:class:`DistributionSpec`, :class:`OpAdapter`), :mod:`.mlip_spec`,
-:mod:`.json_format` (reading spec files), :mod:`.presets` and :mod:`.frozen_map`. Beside them the
-rest of what a model declares: :mod:`.model` (the :class:`~jaxdd.BaseModel` protocol),
-:mod:`.protocol` (what every path that calls a model agrees on), :mod:`.adapters` (helper
-adapters), :mod:`.context` (:class:`~jaxdd.DDContext`) and :mod:`.checkpoint` (model checkpoints).
+:mod:`.json_format` (reading spec files), :mod:`.presets`, :mod:`.frozen_map` and :mod:`.adapters`
+(adapters of third-party helpers). What a model declares — the :class:`~jaxdd.BaseModel` protocol,
+the species base, the :class:`~jaxdd.DDContext` and checkpoints — is :mod:`jaxdd.model`; its earlier
+paths here (``jaxdd.spec.model`` ...) still import, with a DeprecationWarning.
 """
 
 from __future__ import annotations
+
+import importlib
 
 from ..ops import SpecError
 from .compile_policy import FORCE_STRATEGIES, CompilePolicy
@@ -61,3 +63,11 @@ __all__ = [
     "SPEC_DFTD3_HALO",
     "SPEC_MPNN_GP",
 ]
+
+
+def __getattr__(name: str):
+    """The earlier paths of the model protocol's modules (``jaxdd.spec.model`` ...): the modules
+    of :mod:`jaxdd.model`, through the finder :mod:`jaxdd` installs (with a DeprecationWarning)."""
+    if name in ("model", "protocol", "checkpoint", "context"):
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

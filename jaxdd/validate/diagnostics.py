@@ -16,7 +16,7 @@ import numpy as np
 
 from ..data import Batch
 from ..dispatch import DispatchError
-from ..spec.protocol import model_config
+from ..model.protocol import model_config
 from ..decomposition.graph_partition import block_neighbor_list
 from ..neighbors import NeighborCapacity, build_neighbor_list, neighbor_list
 from ..ops import SpecError

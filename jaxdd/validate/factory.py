@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..spec.adapters import reference_of, resolve_reference
 from ..ops import SpecError
-from ..spec.protocol import model_config
+from ..model.protocol import model_config
 
 __all__ = ["ModelFactoryError", "resolve_factory", "build_model"]
 

@@ -19,7 +19,7 @@ from ..data.checks import integral
 from ..data import Batch, as_batch
 from ..dispatch import DispatchReport, Runtime, call_model
 from ..engine.driver import compute
-from ..spec.protocol import bucketed_atoms, default_order, model_config, systems_without_volume
+from ..model.protocol import bucketed_atoms, default_order, model_config, systems_without_volume
 from ..neighbors import neighbor_list
 from ..ops import HaloStoragePolicy
 from ..spec import SPEC_MPNN_HALO, MLIPSpec

@@ -12,7 +12,7 @@ from jax.sharding import AxisType, Mesh
 
 from ..data import Batch
 from ..dispatch import DispatchWarning
-from ..spec.protocol import model_config
+from ..model.protocol import model_config
 from ..spec import MLIPSpec
 from .diagnostics import diagnose, halo_completeness
 from .report import HaloCompleteness

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..data import Batch
-from ..spec.model import ModelConfig
+from ..model.base import ModelConfig
 from ..spec import MLIPSpec
 from .compare import compare_outputs
 from .diagnostics import diagnose, helper_diagnostics

@@ -16,7 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxdd import current_dd_context, scatter_to_owners, to_local
+from jaxdd.dispatch.intent import scatter_to_owners, to_local
+from jaxdd.model.context import current_dd_context
 from jaxdd.ops import HaloStoragePolicy
 
 __all__ = ["EDGE_BLOCKS", "ACCELERATOR_EDGE_BLOCK", "default_edge_block", "edge_sum"]

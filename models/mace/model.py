@@ -25,7 +25,6 @@ trained with mace-torch apply unchanged (:func:`MACE.from_torch`).
 
 from __future__ import annotations
 
-import math
 import os
 
 import ase.data
@@ -37,7 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdd.data.checks import integral
-from jaxdd.spec.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
+from jaxdd.model.base import ModelConfig
+from jaxdd.model.species import SpeciesModel
 from jaxdd.neighbors import edge_vectors
 
 from .. import species as species_lib
@@ -52,7 +52,7 @@ from .torch_import import is_export, load_export, read, save_export
 __all__ = ["MACE", "INTERACTIONS", "export_torch"]
 
 
-class MACE(eqx.Module, BaseModel):
+class MACE(eqx.Module, SpeciesModel):
     """MACE potential: energy, atomic energies, forces and stress.
 
     species: atomic numbers, in the order of the one-hot element encoding. r_max: cutoff (Å).
@@ -140,20 +140,13 @@ class MACE(eqx.Module, BaseModel):
         self.interactions = (first,) + (interaction,) * (self.num_interactions - 1)
         self.radial_mlp = tuple(integral(f"{owner} radial_mlp", h, minimum=1) for h in radial_mlp)
         self.edge_block = None if edge_block is None else integral(f"{owner} edge_block", edge_block, minimum=1)
-        self.avg_num_neighbors = float(avg_num_neighbors)
-        if not (math.isfinite(self.avg_num_neighbors) and self.avg_num_neighbors > 0):
-            raise ValueError(f"{owner} avg_num_neighbors must be positive, got {avg_num_neighbors!r}")
+        self.avg_num_neighbors = species_lib.check_positive(avg_num_neighbors, "avg_num_neighbors", owner)
         self.act_constant = float(normalized_silu_constant() if _act_constant is None else _act_constant)
         self.gate_constants = tuple(map(float, _gate_constants or (normalized_silu_constant(),
                                                                    normalized_silu_constant(jax.nn.sigmoid))))
         _check_options(self, owner, radial_type, distance_transform, apply_cutoff, pair_repulsion, edge_irreps,
                        use_edge_irreps_first, readout)
-        self.model_config = ModelConfig(
-            outputs=frozenset({"energy", "atomic_energies", "forces", "stress"}),
-            autograd_outputs=frozenset({"forces", "stress"}),
-            autograd_inputs=frozenset({"positions", "cell"}),
-            neighbor_config=NeighborConfig(cutoff=r_max, skin=skin),
-        )
+        self.model_config = self.energy_config(r_max, skin=skin)
         n_el = len(self.species)
         e0 = np.zeros(n_el) if atomic_energies is None else np.asarray(atomic_energies, np.float64).reshape(-1)
         if e0.shape != (n_el,) or not np.all(np.isfinite(e0)):
@@ -255,25 +248,11 @@ class MACE(eqx.Module, BaseModel):
 
     # ------------------------------------------------------------------ jaxdd model interface
 
-    @property
-    def distribution_spec(self):
-        from jaxdd.spec import SPEC_MPNN_HALO
-
-        return SPEC_MPNN_HALO
-
-    def validate_input(self, data) -> None:
-        species_lib.validate_species(data, self.species, "MACE")
-
-    def adapt_input(self, data, **kwargs) -> dict:
-        return species_lib.neighbor_inputs(data, "MACE")
-
-    def forward(self, positions, cell, batch_idx, atomic_numbers, atom_mask, neighbors, n_systems):
+    def atom_energies(self, positions, cell, batch_idx, kind, neighbors):
         dt = positions.dtype
         n = positions.shape[0]
-        params = jax.tree_util.tree_map(lambda p: p.astype(dt), self.params)
-        bases = jax.tree_util.tree_map(lambda p: p.astype(dt), self.bases)
-        table = jnp.asarray(species_lib.species_table(self.species))
-        kind = table[jnp.clip(atomic_numbers, 0, table.size - 1)]
+        params = species_lib.cast_params(self.params, dt)
+        bases = species_lib.cast_params(self.bases, dt)
         attrs = jax.nn.one_hot(kind, len(self.species), dtype=dt)
         edges = _edge_features(self, params, positions, cell, batch_idx, neighbors, kind)
 
@@ -286,13 +265,7 @@ class MACE(eqx.Module, BaseModel):
             feats, energy = layer(p_layer, layer_bases, feats, attrs, kind, len(self.species), edges, self)
             node_inter = node_inter + energy
 
-        atomic = params["atomic_energies"][kind] + params["scale"] * node_inter + params["shift"]
-        atomic = jnp.where(atom_mask, atomic, 0.0)
-        energy = jax.ops.segment_sum(atomic, batch_idx, num_segments=n_systems)
-        return {"energy": energy, "atomic_energies": atomic}
-
-    def adapt_output(self, raw, data) -> ModelOutputs:
-        return ModelOutputs(raw)
+        return params["atomic_energies"][kind] + params["scale"] * node_inter + params["shift"]
 
 
 def _check_options(model, owner, radial_type, distance_transform, apply_cutoff, pair_repulsion, edge_irreps,

@@ -38,12 +38,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdd.spec.model import BaseModel, ModelConfig, ModelOutputs, NeighborConfig
-from jaxdd.neighbors import edge_vectors
+from jaxdd.model.base import ModelConfig
+from jaxdd.model.species import SpeciesModel
 
 from ..mace.edges import edge_sum
 from ..mace.radial import polynomial_cutoff
-from ..species import neighbor_inputs, species_table, weights_dtype
+from ..species import cast_params, edge_lengths, weights_dtype
 from ..mace.layers import Linear, TensorProduct, conv_tp_irreps, radial_mlp, split, uvu_messages
 from ..mace.nonlinear import gate, gate_irreps
 from . import checkpoint as ckpt
@@ -81,7 +81,7 @@ def _with_modal(x, onehot, use):
     return jnp.concatenate([x, jnp.broadcast_to(onehot.astype(x.dtype), (x.shape[0], onehot.shape[0]))], axis=-1)
 
 
-class SevenNet(eqx.Module, BaseModel):
+class SevenNet(eqx.Module, SpeciesModel):
     """SevenNet with a checkpoint's weights: energy, atomic energies, forces and stress.
 
     Build it with :meth:`from_checkpoint`. Outputs: ``energy [S]`` (eV), ``atomic_energies
@@ -114,12 +114,7 @@ class SevenNet(eqx.Module, BaseModel):
         self.modal = settings["modal"]
         self.source = settings["source"]
         self.edge_block = edge_block
-        self.model_config = ModelConfig(
-            outputs=frozenset({"energy", "atomic_energies", "forces", "stress"}),
-            autograd_outputs=frozenset({"forces", "stress"}),
-            autograd_inputs=frozenset({"positions", "cell"}),
-            neighbor_config=NeighborConfig(cutoff=float(settings["cutoff"]), skin=skin),
-        )
+        self.model_config = self.energy_config(float(settings["cutoff"]), skin=skin)
         self._check_sizes(weights)
         self.params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), weights)
 
@@ -196,12 +191,6 @@ class SevenNet(eqx.Module, BaseModel):
 
     # ------------------------------------------------------------------ jaxdd model interface
 
-    @property
-    def distribution_spec(self):
-        from jaxdd.spec import SPEC_MPNN_HALO
-
-        return SPEC_MPNN_HALO
-
     def validate_input(self, data) -> None:
         z = np.asarray(data.atomic_numbers)[np.asarray(data.atom_mask)]
         bad = np.flatnonzero(~np.isin(z, self.species))
@@ -212,15 +201,10 @@ class SevenNet(eqx.Module, BaseModel):
                              f"{self.source!r} was not trained on (it knows {len(self.species)} elements); use a "
                              "checkpoint that covers them")
 
-    def adapt_input(self, data, **kwargs) -> dict:
-        return neighbor_inputs(data, "SevenNet")
-
-    def forward(self, positions, cell, batch_idx, atomic_numbers, atom_mask, neighbors, n_systems):
+    def atom_energies(self, positions, cell, batch_idx, kind, neighbors):
         dt = positions.dtype
         n = positions.shape[0]
-        p = jax.tree_util.tree_map(lambda a: a.astype(dt), self.params)
-        table = jnp.asarray(species_table(self.species))
-        kind = table[jnp.clip(atomic_numbers, 0, table.size - 1)]
+        p = cast_params(self.params, dt)
         onehot = jax.nn.one_hot(kind, len(self.species), dtype=dt)
         embedding, readout = self._linears()
         x = embedding(p["embedding"], _with_modal(onehot, p["modal"], self.modalities_in_embedding))
@@ -245,21 +229,14 @@ class SevenNet(eqx.Module, BaseModel):
 
         e = readout[0](p["readout"][0], _with_modal(x, p["modal"], "output_block" in self.modal_inputs))
         e = readout[1](p["readout"][1], e)[:, 0]
-        atomic = jnp.where(atom_mask, e * p["scale"][kind] + p["shift"][kind], 0.0)
-        return {"energy": jax.ops.segment_sum(atomic, batch_idx, num_segments=n_systems), "atomic_energies": atomic}
-
-    def adapt_output(self, raw, data) -> ModelOutputs:
-        return ModelOutputs(raw)
+        return e * p["scale"][kind] + p["shift"][kind]
 
     def _edges(self, p, positions, cell, batch_idx, neighbors):
         """Per edge: harmonics ``sh [E, (lmax+1)²]`` and the enveloped radial basis ``basis [E, 8]``
         (zero on padding edges and pairs beyond the cutoff)."""
         dt = positions.dtype
-        rc = self.model_config.neighbor_config.cutoff
-        vec = edge_vectors(positions, cell, batch_idx, neighbors)  # r_j - r_i: sender minus receiver
-        r2 = jnp.sum(vec * vec, axis=-1)
-        inside = neighbors.mask & (r2 < rc * rc)
-        r = jnp.sqrt(jnp.where(inside, r2, 1.0))  # a safe norm on padding edges
+        rc = self.cutoff
+        vec, r, inside = edge_lengths(positions, cell, batch_idx, neighbors, rc)  # vec: sender minus receiver
         unit = jnp.where(inside[:, None], vec, jnp.asarray([0.0, 0.0, 1.0], dt))
         sh = e3nn.spherical_harmonics(e3nn.Irreps.spherical_harmonics(self.lmax_sh), unit, normalize=True,
                                       normalization="component").array

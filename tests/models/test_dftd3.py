@@ -37,7 +37,7 @@ from jax.sharding import AxisType, Mesh
 
 import jaxdd
 from jaxdd import AtomicData, Batch
-from jaxdd.spec.context import DDContext
+from jaxdd.model.context import DDContext
 from jaxdd.engine import DistributedModel, DomainConfig
 from jaxdd.models.dftd3 import BOHR, DFTD3, FUNCTIONALS, HARTREE
 from jaxdd.ops import HaloStoragePolicy

@@ -11,7 +11,7 @@ import pytest
 from ase.build import molecule
 
 import jaxdd
-from jaxdd.spec import checkpoint
+from jaxdd.model import checkpoint
 from jaxdd.dispatch import DispatchError, DispatchWarning
 from jaxdd.engine import DistributedModel, DomainConfig, default_mesh
 from jaxdd.models.qeq import ChargeEquilibration

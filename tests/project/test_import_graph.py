@@ -180,10 +180,10 @@ def test_no_import_cycle_between_packages():
 
 
 # Each layer imports only the layers below it: the registry every extension point uses, atoms and
-# geometry, the kernels, neighbour lists (and their capacities), what a model declares, how a system
-# is cut into ranks, the dispatch, the engine that runs rank programs, and what drives the engine
-# (dynamics, ASE, the validator, LAMMPS).
-LAYERS = ("jaxdd.registry", "jaxdd.data", "jaxdd.ops", "jaxdd.ffi", "jaxdd.neighbors", "jaxdd.spec",
+# geometry, the kernels, neighbour lists (and their capacities), how a model distributes (its spec),
+# what a model declares (the model protocol), how a system is cut into ranks, the dispatch, the engine
+# that runs rank programs, and what drives the engine (dynamics, ASE, the validator, LAMMPS).
+LAYERS = ("jaxdd.registry", "jaxdd.data", "jaxdd.ops", "jaxdd.ffi", "jaxdd.neighbors", "jaxdd.spec", "jaxdd.model",
           "jaxdd.decomposition", "jaxdd.dispatch", "jaxdd.engine", "jaxdd.dynamics", "jaxdd.interop", "jaxdd.validate",
           "jaxdd.lammps")
 
@@ -214,3 +214,24 @@ def test_a_layer_never_imports_one_above_it(lower, upper):
     top, inner = import_graph()
     graph = package_graph({m: top[m] | inner[m] for m in top})
     assert upper not in graph.get(lower, set()), f"{lower} imports {upper}, a layer above it"
+
+
+def test_only_the_package_face_imports_the_finder_of_earlier_paths():
+    # jaxdd/__init__.py installs the finder; every other module imports the present paths.
+    top, inner = import_graph()
+    wrong = sorted(m for m in top if "jaxdd._moved" in top[m] | inner[m] and m != "jaxdd")
+    assert not wrong, f"modules import jaxdd._moved (import the present path instead): {wrong}"
+
+
+def test_no_zoo_module_imports_the_face_jaxdd():
+    # A zoo model imports each name from the module that defines it, never from the top-level
+    # package (which imports everything, the zoo's own layer included).
+    wrong = []
+    for module, path in module_files().items():
+        if not module.startswith("jaxdd.models"):
+            continue
+        for node, _ in _imports(ast.parse(path.read_text(), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            if "jaxdd" in names and not getattr(node, "level", 0):
+                wrong.append(f"{module}:{node.lineno}")
+    assert not wrong, f"zoo modules import the face jaxdd: {wrong}"

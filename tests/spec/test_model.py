@@ -1,4 +1,4 @@
-"""Specification of jaxdd.spec.model: ModelConfig, NeighborConfig, ModelOutputs and BaseModel,
+"""Specification of jaxdd.model.base: ModelConfig, NeighborConfig, ModelOutputs and BaseModel,
 and the promise that a wrapper's parameters are traced leaves (equinox and flax.nnx)."""
 
 import math

@@ -10,9 +10,9 @@ import jax
 import numpy as np
 
 from ..data import Batch, is_concrete
-from .model import ModelConfig, ModelOutputs
+from .base import ModelConfig, ModelOutputs
 from ..neighbors import capacity_bucket
-from . import MLIPSpec, OutputKind
+from ..spec import MLIPSpec, OutputKind
 
 __all__ = ["model_config", "requested_outputs", "default_order", "bucketed_atoms", "pad_atoms", "unpad_atoms",
            "systems_without_volume", "check_stress_cells"]

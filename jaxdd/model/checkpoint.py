@@ -23,7 +23,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from . import MLIPSpec
+from ..spec import MLIPSpec
 
 __all__ = ["save", "load", "CheckpointError"]
 
