@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["integral", "integral_array"]
+__all__ = ["integral", "integral_triple", "integral_array"]
 
 # How many offending entries an error message lists before summarising.
 _SHOW = 5
@@ -66,6 +66,27 @@ def integral(name: str, value: Any, *, minimum: int | None = None, error: type[E
         bound = "" if minimum is None else f" >= {minimum}"
         raise error(f"{name} must be an integer{bound}, got {_show(value)}")
     return whole
+
+
+def integral_triple(name: str, value: Any, *, minimum: int | None = None) -> tuple[int, int, int]:
+    """``value`` (one integer per axis) as three ``int``; ValueError naming ``name`` otherwise.
+
+    Args:
+      name: what ``value`` is, for the error message.
+      value: the three numbers to check (any iterable).
+      minimum: the smallest value accepted (None: no bound).
+
+    Returns:
+      A tuple of three Python ints.
+    """
+    try:
+        items = tuple(value)
+    except TypeError:
+        items = ()
+    if len(items) != 3:
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise ValueError(f"{name} must be 3 integers{bound}, got {value!r}")
+    return tuple(integral(f"{name}[{a}] (of {value!r})", v, minimum=minimum) for a, v in enumerate(items))
 
 
 def _few(values) -> str:

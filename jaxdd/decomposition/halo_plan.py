@@ -183,15 +183,8 @@ def build_halo_plan(
             local_shifts[dst, start : start + m] = v["shift"][:m]
     routing = HaloRouting(send_idx=send_idx, send_valid=send_valid, send_system=send_system, wrap=wrap,
                           row_ids=np.asarray(local_ids, np.int32), row_shifts=np.asarray(local_shifts, np.int32))
-    return HaloPlan(
-        layout=layout,
-        routing=routing,
-        local_ids=local_ids,
-        local_shifts=local_shifts,
-        needed_owned=needed_owned,
-        needed_exchange=needed_exchange,
-        overflow=bool(overflow),
-    )
+    return HaloPlan(layout=layout, routing=routing, local_ids=local_ids, local_shifts=local_shifts,
+                    needed_owned=needed_owned, needed_exchange=needed_exchange, overflow=bool(overflow))
 
 
 def near_block(part: Partition, ghost_width: float, rank: int) -> np.ndarray:

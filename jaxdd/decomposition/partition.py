@@ -181,18 +181,8 @@ def partition(positions, cell, pbc, batch_idx, atom_mask, n_ranks: int, grid=Non
         cuts = _checked_cuts(cuts, n_sys, grid)
     block = block_of(frac, lo, hi, system, grid, cuts)
     owner = np.where(atom_mask, rank_of(block, grid), -1)
-    return Partition(
-        grid=grid,
-        owner=owner,
-        frac=frac,
-        wraps=wraps.astype(np.int64),
-        lo=lo,
-        hi=hi,
-        spacing=spacing,
-        pbc=pbc,
-        system=system,
-        cuts=cuts,
-    )
+    return Partition(grid=grid, owner=owner, frac=frac, wraps=wraps.astype(np.int64), lo=lo, hi=hi, spacing=spacing,
+                     pbc=pbc, system=system, cuts=cuts)
 
 
 def imbalance(owned) -> float:

@@ -28,12 +28,7 @@ __all__ = ["build_neighbor_list", "local_neighbor_list", "neighbor_list"]
 
 
 def build_neighbor_list(
-    positions,
-    cell,
-    pbc,
-    batch_idx=None,
-    atom_mask=None,
-    *,
+    positions, cell, pbc, batch_idx=None, atom_mask=None, *,
     cutoff: float,
     capacity: NeighborCapacity,
     half: bool = False,
@@ -138,20 +133,11 @@ def _assemble(senders, receivers, shifts, valid, per_atom, n_edges, n, capacity,
         | (n_edges > capacity.max_edges)
         | ((format is NeighborListFormat.MATRIX) & (jnp.max(per_atom, initial=0) > capacity.max_neighbors))
     )
-    return NeighborList(
-        senders=senders,
-        receivers=receivers,
-        shifts=shifts,
-        mask=valid,
-        matrix=matrix,
-        matrix_shifts=matrix_shifts,
-        num_neighbors=per_atom,
-        n_edges=n_edges,
-        needed_candidates=jnp.asarray(needed_candidates).astype(jnp.int32),
-        needed_range=jnp.asarray(needed_range).astype(jnp.int32),
-        needed_bins=jnp.asarray(needed_bins).astype(jnp.int32),
-        overflow=overflow,
-    )
+    return NeighborList(senders=senders, receivers=receivers, shifts=shifts, mask=valid, matrix=matrix,
+                        matrix_shifts=matrix_shifts, num_neighbors=per_atom, n_edges=n_edges,
+                        needed_candidates=jnp.asarray(needed_candidates).astype(jnp.int32),
+                        needed_range=jnp.asarray(needed_range).astype(jnp.int32),
+                        needed_bins=jnp.asarray(needed_bins).astype(jnp.int32), overflow=overflow)
 
 
 
@@ -207,12 +193,7 @@ def local_neighbor_list(positions, batch_idx, atom_mask, *, n_systems: int, cuto
 
 
 def neighbor_list(
-    positions,
-    cell,
-    pbc,
-    batch_idx=None,
-    atom_mask=None,
-    *,
+    positions, cell, pbc, batch_idx=None, atom_mask=None, *,
     cutoff: float,
     half: bool = False,
     format: NeighborListFormat = NeighborListFormat.COO,

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..data.checks import integral
+from ..data.checks import integral, integral_triple
 from .capacity import DEFAULT_GROWTH_FACTOR, grow
 
 __all__ = ["NeighborListFormat", "NeighborCapacity", "NeighborStats", "NeighborList", "capacity_bucket", "BUCKET_MIN",
@@ -60,15 +60,8 @@ class NeighborCapacity:
         for name in ("max_edges", "max_neighbors", "max_candidates", "bin_divisions", "max_bins"):
             if name != "max_bins" or self.max_bins is not None:
                 object.__setattr__(self, name, integral(f"NeighborCapacity.{name}", getattr(self, name), minimum=1))
-        try:
-            rng = tuple(self.search_range)
-        except TypeError:
-            rng = ()
-        if len(rng) != 3:
-            raise ValueError(f"NeighborCapacity.search_range must be 3 integers >= 1, got {self.search_range}")
-        rng = tuple(integral(f"NeighborCapacity.search_range[{a}] (of {self.search_range!r})", r, minimum=1)
-                    for a, r in enumerate(rng))
-        object.__setattr__(self, "search_range", rng)
+        object.__setattr__(self, "search_range",
+                           integral_triple("NeighborCapacity.search_range", self.search_range, minimum=1))
 
     def grown(self, needed: "NeighborStats", factor: float = DEFAULT_GROWTH_FACTOR) -> "NeighborCapacity":
         """A capacity that fits ``needed``: each slot count that is too small grown by

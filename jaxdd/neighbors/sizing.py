@@ -99,12 +99,7 @@ def _padded_rows(positions, cell, pbc, batch_idx, atom_mask, rows: int):
 
 
 def neighbor_capacity(
-    positions,
-    cell,
-    pbc,
-    batch_idx=None,
-    atom_mask=None,
-    *,
+    positions, cell, pbc, batch_idx=None, atom_mask=None, *,
     cutoff: float,
     half: bool = False,
     headroom: float = 1.2,
@@ -121,17 +116,11 @@ def neighbor_capacity(
     pair count runs in blocks of rows.
 
     Args:
-      positions: [n_atoms, 3] Å.
-      cell: [S, 3, 3] Å, rows are lattice vectors.
-      pbc: [S, 3] bool.
-      batch_idx: [n_atoms] system of each atom (default all 0).
-      atom_mask: [n_atoms] bool, False for padding rows (default all True).
-      cutoff: Å.
+      positions, cell, pbc, batch_idx, atom_mask, cutoff, n_receivers, order: the system and
+        the build, as in :func:`~jaxdd.neighbors.build_neighbor_list`.
       half: size a half list.
       headroom: factor (>= 1) on the edge, neighbour and candidate slots needed.
       bin_divisions: bins per cutoff length.
-      n_receivers, order: as in :func:`~jaxdd.neighbors.build_neighbor_list` (the receiver
-        rows, and the half-list keys of a rank's rows).
 
     Returns:
       The :class:`~jaxdd.neighbors.NeighborCapacity` to build this configuration with.
