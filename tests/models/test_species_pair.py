@@ -31,8 +31,9 @@ def make_model():
 
 def test_an_element_the_model_does_not_know_is_refused_naming_the_model():
     batch = jaxdd.as_batch(sample())
-    carbon = batch.replace(atomic_numbers=np.asarray(batch.atomic_numbers).copy())
-    carbon.atomic_numbers[3] = 6
+    numbers = np.asarray(batch.atomic_numbers).copy()
+    numbers[3] = 6
+    carbon = batch.replace(atomic_numbers=numbers)
     with pytest.raises(ValueError, match=r"atoms \[3\].*SpeciesPair species"):
         make_model().validate_input(carbon)
 
