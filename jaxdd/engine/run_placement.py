@@ -47,6 +47,7 @@ class Placement:
       dist_model: the :class:`~jaxdd.DistributedModel` whose plans and capacities are used.
       moves_cell: the integrator moves the cell (blocks then follow it at every rebuild).
       node_blocks: the graph-parallel strategy (no atom leaves its rank; rebuilds plan on the host).
+      counters: the :class:`Counters` to count in (a driver's own, which may count more); None: new ones.
 
     Attributes:
       grid: the rank grid, fixed after the first partition. cuts: a balanced partition's block
@@ -55,7 +56,7 @@ class Placement:
       counters: the rebuilds, migrations and rebalancings so far.
     """
 
-    def __init__(self, dist_model, *, moves_cell: bool, node_blocks: bool):
+    def __init__(self, dist_model, *, moves_cell: bool, node_blocks: bool, counters: Counters | None = None):
         self.dist_model = dist_model
         self.moves_cell = moves_cell
         self.node_blocks = node_blocks
@@ -63,7 +64,7 @@ class Placement:
         self.cuts = None
         self.weights = None
         self.frame = None
-        self.counters = Counters()
+        self.counters = Counters() if counters is None else counters
 
     def place(self, template: Batch, positions, velocities, forces=None) -> Placed:
         """Partition ``positions``, plan the halo and lay the atoms out on the ranks.

@@ -27,7 +27,7 @@ from ..engine import DistributedModel, DomainConfig, default_mesh
 from ..engine.host import host_array
 from ..engine.placed import Placed
 from ..engine.rank_program import STALE, Needs
-from ..engine.run_placement import Placement
+from ..engine.run_placement import Counters, Placement
 from .device import StepSettings, built_lists, callback_step
 
 __all__ = ["ForceEvaluator", "Result"]
@@ -50,14 +50,19 @@ class Result:
 
 
 @dataclasses.dataclass
-class Counts:
-    """What the evaluator did so far: calls, host placements, plan rebuilds on the devices,
-    evaluations repeated on a new plan (an atom outran the old one), capacity growths."""
+class Counts(Counters):
+    """What the evaluator did so far: calls, host placements, and its
+    :class:`~jaxdd.engine.run_placement.Placement`'s events (plan rebuilds, those planned on
+    the host, migrations; ``discarded``: evaluations repeated on a new plan because an atom
+    outran the old one)."""
 
     calls: int = 0
     placements: int = 0
-    rebuilds: int = 0
-    repeated: int = 0
+
+    @property
+    def repeated(self) -> int:
+        """Evaluations repeated on a new plan (``discarded``)."""
+        return self.discarded
 
 
 class ForceEvaluator:
@@ -108,8 +113,8 @@ class ForceEvaluator:
         self.settings = StepSettings(threshold=float(threshold), ghost_width=float(dm.ghost_width),
                                      nl_skin=float(nc.skin), search_cutoff=float(nc.search_cutoff),
                                      virial=bool(virial), atom_terms=bool(atom_terms))
-        self.placement = Placement(dm, moves_cell=True, node_blocks=node_blocks)
         self.counts = Counts()
+        self.placement = Placement(dm, moves_cell=True, node_blocks=node_blocks, counters=self.counts)
         self.placed: Placed | None = None
         self._kept = None
         self._kept_for = None
@@ -194,8 +199,7 @@ class ForceEvaluator:
 
     def _rebuild(self, cell) -> None:
         """Rebuild the plan on the devices from the rows' current positions, in ``cell``."""
-        self.placed = self.placement.rebuild(self.placed.with_cell(cell))
-        self.counts.rebuilds += 1
+        self.placed = self.placement.rebuild(self.placed.with_cell(cell))  # counted in self.counts
         self._maps = self._kept = None
         self._pending = False
 
@@ -254,7 +258,7 @@ class ForceEvaluator:
             return (out, flags), needs
 
         def replan():
-            self.counts.repeated += 1
+            self.counts.discarded += 1
             self._rebuild(cell)
 
         return self.dist_model.sizing.run_until_fits(attempt, replan=replan)

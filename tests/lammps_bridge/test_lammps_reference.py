@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from bridge_systems import ARGON, REFERENCE, evaluator, wrapped
+from jaxdd.engine.placed import Placed
 
 # 108 atoms on four ranks: every rank holds every atom as a ghost, which jaxdd warns about.
 pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
@@ -88,6 +89,21 @@ def test_atoms_handed_over_in_another_order_get_their_forces_in_that_order_on_th
         again = ev(TAGS[order], x[order], NUMBERS[order], cell, origin)
         np.testing.assert_allclose(again.forces, first.forces[order], rtol=0, atol=1e-12)
     assert ev.counts.placements == 1
+
+
+def test_an_evaluation_an_atom_outran_is_repeated_on_a_new_plan_the_evaluator_holds():
+    # Two ranks, so the plan can go stale: one atom jumps 0.8 Å, beyond half the 1 Å skin.
+    ev = evaluator((2, 1, 1))
+    x, cell, origin = R["npt__frames_x"][0], R["npt__frames_cell"][0], R["npt__frames_origin"][0]
+    ev(TAGS, x, NUMBERS, cell, origin)
+    moved = x.copy()
+    moved[0] += [0.8, 0.0, 0.0]
+    got = ev(TAGS, moved, NUMBERS, cell, origin)
+    assert ev.counts.placements == 1 and ev.counts.repeated == 1 and ev.counts.rebuilds >= 1
+    assert isinstance(ev.placed, Placed)  # the engine's placed atoms: the bridge keeps no dynamics state
+    want = evaluator((2, 1, 1))(TAGS, moved, NUMBERS, cell, origin)
+    np.testing.assert_allclose(got.forces, want.forces, rtol=0, atol=1e-12 * np.abs(want.forces).max())
+    assert abs(got.energy - want.energy) <= 1e-12 * abs(want.energy)
 
 
 def test_nve_through_the_evaluator_follows_lammps_lj_cut_on_one_device():
