@@ -43,11 +43,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdd.data.checks import integral
-from jaxdd.model.base import ModelConfig
-from jaxdd.model.species import SpeciesModel
 from jaxdd.neighbors import NeighborListFormat
 
-from .species import cast_params, check_cutoff, check_positive, check_species
+from .species import SpeciesNetwork, cast_params, check_positive
 
 __all__ = ["BehlerParrinello"]
 
@@ -75,7 +73,7 @@ def _cosine_cutoff(r, rc):
     return jnp.where(r < rc, 0.5 * (jnp.cos(jnp.pi * r / rc) + 1.0), 0.0)
 
 
-class BehlerParrinello(eqx.Module, SpeciesModel):
+class BehlerParrinello(SpeciesNetwork):
     """Behler-Parrinello potential: energy, atomic energies, forces and stress.
 
     species: atomic numbers the model knows (one network each). cutoff: r_c (Å).
@@ -95,8 +93,6 @@ class BehlerParrinello(eqx.Module, SpeciesModel):
     from the framework's autodiff, ``forces [V, 3]`` (eV/Å) and ``stress [S, 3, 3]`` (eV/Å³).
     """
 
-    params: dict
-    species: tuple[int, ...] = eqx.field(static=True)
     radial_shifts: tuple[float, ...] = eqx.field(static=True)
     radial_eta: tuple[float, ...] = eqx.field(static=True)
     angular_eta: tuple[float, ...] = eqx.field(static=True)
@@ -104,7 +100,6 @@ class BehlerParrinello(eqx.Module, SpeciesModel):
     hidden: tuple[int, ...] = eqx.field(static=True)
     avg_num_neighbors: float = eqx.field(static=True)
     max_neighbors: int = eqx.field(static=True)
-    model_config: ModelConfig = eqx.field(static=True)
 
     def __init__(
         self,
@@ -122,8 +117,9 @@ class BehlerParrinello(eqx.Module, SpeciesModel):
         dtype=jnp.float64,
     ):
         owner = "BehlerParrinello"
-        self.species = check_species(species, owner)
-        cutoff = check_cutoff(cutoff, owner)
+        self.max_neighbors = integral(f"{owner} max_neighbors", max_neighbors, minimum=2)
+        super().__init__(species, cutoff, format=NeighborListFormat.MATRIX, max_neighbors=self.max_neighbors)
+        cutoff = self.cutoff
         if radial_shifts is None:
             radial_shifts = np.linspace(0.8, max(cutoff - 0.5, 0.8), 8)
         shifts = tuple(float(x) for x in np.atleast_1d(radial_shifts))
@@ -142,9 +138,6 @@ class BehlerParrinello(eqx.Module, SpeciesModel):
             raise ValueError(f"{owner} eta values must be positive and finite")
         self.hidden = tuple(integral(f"{owner} hidden", h, minimum=1) for h in hidden)
         self.avg_num_neighbors = check_positive(avg_num_neighbors, "avg_num_neighbors", owner)
-        self.max_neighbors = integral(f"{owner} max_neighbors", max_neighbors, minimum=2)
-        self.model_config = self.energy_config(cutoff, format=NeighborListFormat.MATRIX,
-                                               max_neighbors=self.max_neighbors)
         net = _ElementNet(self.hidden, dtype)
         keys = jax.random.split(jax.random.PRNGKey(seed), len(self.species))
         dummy = jnp.zeros((1, self.n_descriptors), dtype)

@@ -36,6 +36,7 @@ chosen on the host from each batch's cells (:meth:`Ewald.validate_input`, called
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -49,7 +50,7 @@ from jaxdd.neighbors import edge_vectors
 from jaxdd.data.segments import per_system_sum
 from jaxdd.dispatch.intent import system_sum
 
-__all__ = ["Ewald", "COULOMB", "ewald_parameters", "HostSizes"]
+__all__ = ["Ewald", "EwaldBase", "COULOMB", "ewald_parameters", "long_range_config", "HostSizes"]
 
 
 def ewald_parameters(cutoff: float, accuracy: float) -> tuple[float, float]:
@@ -165,7 +166,74 @@ def _half_space(nmax) -> np.ndarray:
     return n[first > 0]
 
 
-class Ewald(eqx.Module, BaseModel):
+def long_range_config(cutoff: float, outputs) -> ModelConfig:
+    """The config of Ewald and PME: energy and forces active, forces and stress by autodiff.
+
+    Args:
+      cutoff: real-space cutoff r_c (Å) of the neighbour list.
+      outputs: the output names the model offers.
+
+    Returns:
+      the :class:`~jaxdd.model.base.ModelConfig`.
+    """
+    return ModelConfig(
+        outputs=frozenset(outputs),
+        active_outputs=frozenset({"energy", "forces"}),
+        autograd_outputs=frozenset({"forces", "stress"}),
+        autograd_inputs=frozenset({"positions", "cell"}),
+        neighbor_config=NeighborConfig(cutoff=cutoff),
+    )
+
+
+class EwaldBase(eqx.Module, BaseModel):
+    """What Ewald and PME share: α and k_max from the accuracy, sizes chosen on the host from
+    each batch's cells, and the charged, periodic inputs.
+
+    A subclass sets ``sized`` (what the host sizes, for messages) and ``fix`` (the argument
+    that fixes it), and writes :meth:`sizes_for` and ``forward``.
+    """
+
+    alpha: float = eqx.field(static=True)
+    kmax: float = eqx.field(static=True)
+    accuracy: float = eqx.field(static=True)
+    sizes: HostSizes
+    model_config: ModelConfig = eqx.field(static=True)
+    sized: ClassVar[str] = "its sizes"
+    fix: ClassVar[str] = "fixed sizes"
+
+    def sizes_for(self, cells) -> tuple[int, int, int]:
+        """The sizes covering |k| < k_max in every one of ``cells``.
+
+        Args:
+          cells: [S, 3, 3] (Å), rows lattice vectors.
+
+        Returns:
+          three ints.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement sizes_for(cells)")
+
+    def validate_input(self, data) -> None:
+        """Host checks of ``data`` (charges, systems periodic in 3-D), then sizes chosen from its cells.
+
+        Args:
+          data: a concrete Batch.
+        """
+        check_periodic_charges(data, type(self).__name__)
+        self.sizes.set(self.sizes_for(real_cells(data)))
+
+    def adapt_input(self, data, **kwargs) -> dict:
+        """The inputs of ``forward`` (:func:`charged_inputs`).
+
+        Args:
+          data: the Batch, its neighbour list attached. kwargs: of the wrapper's call (unused).
+
+        Returns:
+          dict of positions, charges, cell, batch_idx, atom_mask, neighbors and n_systems.
+        """
+        return charged_inputs(data, type(self).__name__, self.sizes, self.sized, self.fix)
+
+
+class Ewald(EwaldBase):
     """Ewald electrostatics (see the module docstring for the terms and units).
 
     cutoff: real-space cutoff r_c (Å). accuracy: ε, sets α and k_max. kmax_index: the
@@ -177,11 +245,8 @@ class Ewald(eqx.Module, BaseModel):
     framework's autodiff ``forces`` [V, 3] eV/Å and ``stress`` [S, 3, 3] eV/Å³.
     """
 
-    alpha: float = eqx.field(static=True)
-    kmax: float = eqx.field(static=True)
-    accuracy: float = eqx.field(static=True)
-    sizes: HostSizes
-    model_config: ModelConfig = eqx.field(static=True)
+    sized: ClassVar[str] = "its reciprocal vectors"
+    fix: ClassVar[str] = "kmax_index=(n1, n2, n3)"
 
     def __init__(self, cutoff: float, accuracy: float = 1e-8, kmax_index=None):
         self.alpha, self.kmax = ewald_parameters(cutoff, accuracy)
@@ -191,13 +256,7 @@ class Ewald(eqx.Module, BaseModel):
             if len(kmax_index) != 3:
                 raise ValueError(f"Ewald kmax_index must be three integers >= 0, got {kmax_index!r}")
         self.sizes = HostSizes(kmax_index, fixed=kmax_index is not None)
-        self.model_config = ModelConfig(
-            outputs=frozenset({"energy", "atomic_energies", "forces", "stress"}),
-            active_outputs=frozenset({"energy", "forces"}),
-            autograd_outputs=frozenset({"forces", "stress"}),
-            autograd_inputs=frozenset({"positions", "cell"}),
-            neighbor_config=NeighborConfig(cutoff=cutoff),
-        )
+        self.model_config = long_range_config(cutoff, {"energy", "atomic_energies", "forces", "stress"})
 
     @property
     def distribution_spec(self):
@@ -212,12 +271,9 @@ class Ewald(eqx.Module, BaseModel):
         need = np.floor(self.kmax * lengths.max(axis=0, initial=0.0) / (2 * math.pi)).astype(int)
         return tuple(max(1, int(m)) for m in need)
 
-    def validate_input(self, data) -> None:
-        check_periodic_charges(data, "Ewald")
-        self.sizes.set(self.kmax_index_for(real_cells(data)))
-
-    def adapt_input(self, data, **kwargs) -> dict:
-        return charged_inputs(data, "Ewald", self.sizes, "its reciprocal vectors", "kmax_index=(n1, n2, n3)")
+    def sizes_for(self, cells) -> tuple[int, int, int]:
+        """The host's choice of sizes for ``cells`` [S, 3, 3] (Å): :meth:`kmax_index_for`."""
+        return self.kmax_index_for(cells)
 
     def forward(self, positions, charges, cell, batch_idx, atom_mask, neighbors, n_systems):
         dtype = positions.dtype

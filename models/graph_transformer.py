@@ -31,13 +31,11 @@ import numpy as np
 
 from jaxdd.data.checks import integral
 from jaxdd.ffi import attention
-from jaxdd.model.base import ModelConfig
-from jaxdd.model.species import SpeciesModel
 from jaxdd.neighbors import edge_vectors
 from jaxdd.ops import ScatterOutputs
 from jaxdd.spec import SPEC_MPNN_HALO, OpAdapter
 
-from .species import cast_params, check_cutoff, check_species
+from .species import SpeciesNetwork, cast_params
 
 __all__ = ["GraphTransformer", "SPEC_GRAPH_TRANSFORMER_HALO", "BACKENDS"]
 
@@ -49,7 +47,7 @@ SPEC_GRAPH_TRANSFORMER_HALO = SPEC_MPNN_HALO.with_custom_ops(
 )
 
 
-class GraphTransformer(eqx.Module, SpeciesModel):
+class GraphTransformer(SpeciesNetwork):
     """Graph transformer: energy, atomic energies, and (autograd) forces and stress.
 
     species: atomic numbers the model knows. cutoff: r_c (Å). features: F. n_layers:
@@ -58,24 +56,19 @@ class GraphTransformer(eqx.Module, SpeciesModel):
     ``numpy.random.default_rng(seed)`` (the same model in any precision).
     """
 
-    params: dict
-    species: tuple[int, ...] = eqx.field(static=True)
     features: int = eqx.field(static=True)
     n_layers: int = eqx.field(static=True)
     backend: str = eqx.field(static=True)
-    model_config: ModelConfig = eqx.field(static=True)
 
     def __init__(self, species=(1, 6, 8), cutoff: float = 4.0, *, features: int = 8, n_layers: int = 2,
                  backend: str = "ffi", seed: int = 0):
+        super().__init__(species, cutoff)
         owner = "GraphTransformer"
-        self.species = check_species(species, owner)
-        cutoff = check_cutoff(cutoff, owner)
         if backend not in BACKENDS:
             raise ValueError(f"{owner} backend must be one of {list(BACKENDS)}, got {backend!r}")
         self.features = integral(f"{owner} features", features, minimum=1)
         self.n_layers = integral(f"{owner} n_layers", n_layers, minimum=1)
         self.backend = backend
-        self.model_config = self.energy_config(cutoff)
         rng = np.random.default_rng(seed)
         f, k = self.features, len(self.species)
 

@@ -33,10 +33,8 @@ import jraph
 import numpy as np
 
 from jaxdd.data.checks import integral
-from jaxdd.model.base import ModelConfig
-from jaxdd.model.species import SpeciesModel
 
-from .species import cast_params, check_cutoff, check_positive, check_species, edge_lengths
+from .species import SpeciesNetwork, cast_params, check_positive, edge_lengths
 
 __all__ = ["SchNet"]
 
@@ -98,7 +96,7 @@ def _gaussians(r, n, cutoff):
     return jnp.exp(-0.5 * ((r[:, None] - centers) / width) ** 2)
 
 
-class SchNet(eqx.Module, SpeciesModel):
+class SchNet(SpeciesNetwork):
     """SchNet message passing: energy, atomic energies, forces and stress.
 
     species: atomic numbers the model knows (rows of the embedding). cutoff: r_c (Å).
@@ -111,13 +109,10 @@ class SchNet(eqx.Module, SpeciesModel):
     from the framework's autodiff, ``forces [V, 3]`` (eV/Å) and ``stress [S, 3, 3]`` (eV/Å³).
     """
 
-    params: dict
-    species: tuple[int, ...] = eqx.field(static=True)
     features: int = eqx.field(static=True)
     n_rbf: int = eqx.field(static=True)
     n_interactions: int = eqx.field(static=True)
     avg_num_neighbors: float = eqx.field(static=True)
-    model_config: ModelConfig = eqx.field(static=True)
 
     def __init__(
         self,
@@ -131,14 +126,12 @@ class SchNet(eqx.Module, SpeciesModel):
         seed: int = 0,
         dtype=jnp.float64,
     ):
+        super().__init__(species, cutoff)
         owner = "SchNet"
-        self.species = check_species(species, owner)
-        cutoff = check_cutoff(cutoff, owner)
         self.features = integral(f"{owner} features", features, minimum=2)
         self.n_rbf = integral(f"{owner} n_rbf", n_rbf, minimum=2)
         self.n_interactions = integral(f"{owner} n_interactions", n_interactions, minimum=1)
         self.avg_num_neighbors = check_positive(avg_num_neighbors, "avg_num_neighbors", owner)
-        self.model_config = self.energy_config(cutoff)
         # Parameter shapes do not depend on the graph: a one-edge graph initialises them.
         k_embed, k_net = jax.random.split(jax.random.PRNGKey(seed))
         index = jnp.zeros((1,), jnp.int32)

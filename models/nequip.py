@@ -37,10 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdd.data.checks import integral
-from jaxdd.model.base import ModelConfig
-from jaxdd.model.species import SpeciesModel
 
-from .species import cast_params, check_cutoff, check_positive, check_species, edge_lengths
+from .species import SpeciesNetwork, cast_params, check_positive, edge_lengths
 
 __all__ = ["NequIP", "polynomial_envelope"]
 
@@ -88,7 +86,7 @@ def _linear_init(normal, linear):
     return [ins.weight_std * normal(ins.path_shape) for ins in linear.instructions]
 
 
-class NequIP(eqx.Module, SpeciesModel):
+class NequIP(SpeciesNetwork):
     """NequIP-style equivariant potential: energy, atomic energies, forces and stress.
 
     species: atomic numbers the model knows (rows of the embedding). cutoff: r_c (Å).
@@ -103,14 +101,11 @@ class NequIP(eqx.Module, SpeciesModel):
     from the framework's autodiff, ``forces [V, 3]`` (eV/Å) and ``stress [S, 3, 3]`` (eV/Å³).
     """
 
-    params: dict
-    species: tuple[int, ...] = eqx.field(static=True)
     hidden_irreps: str = eqx.field(static=True)
     n_layers: int = eqx.field(static=True)
     n_basis: int = eqx.field(static=True)
     envelope_p: int = eqx.field(static=True)
     avg_num_neighbors: float = eqx.field(static=True)
-    model_config: ModelConfig = eqx.field(static=True)
 
     def __init__(
         self,
@@ -127,9 +122,8 @@ class NequIP(eqx.Module, SpeciesModel):
         seed: int = 0,
         dtype=jnp.float64,
     ):
+        super().__init__(species, cutoff)
         owner = "NequIP"
-        self.species = check_species(species, owner)
-        cutoff = check_cutoff(cutoff, owner)
         hidden = e3nn.Irreps(hidden_irreps).simplify()
         if hidden.count("0e") < 1:
             raise ValueError(f"{owner} hidden_irreps must contain scalars 0e, got {hidden}")
@@ -140,7 +134,6 @@ class NequIP(eqx.Module, SpeciesModel):
         radial_hidden = integral(f"{owner} radial_hidden", radial_hidden, minimum=1)
         readout_hidden = integral(f"{owner} readout_hidden", readout_hidden, minimum=1)
         self.avg_num_neighbors = check_positive(avg_num_neighbors, "avg_num_neighbors", owner)
-        self.model_config = self.energy_config(cutoff)
 
         n_scalars = hidden.count("0e")
         layers = [

@@ -33,6 +33,7 @@ background, as in Ewald.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -40,12 +41,11 @@ import numpy as np
 
 from jaxdd.models import pme_grid
 from jaxdd.data.checks import integral
-from jaxdd.model.base import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.data.segments import per_system_sum
 from jaxdd.dispatch.intent import system_sum
 
-from .ewald import (COULOMB, HostSizes, charged_inputs, check_periodic_charges, ewald_parameters, real_cells,
-                    real_space, reciprocal, self_and_background)
+from .ewald import (COULOMB, EwaldBase, HostSizes, ewald_parameters, long_range_config, real_space, reciprocal,
+                    self_and_background)
 
 __all__ = ["PME", "MESH_MARGIN", "MESH_MULTIPLE"]
 
@@ -55,7 +55,7 @@ MESH_MARGIN = 2.0
 MESH_MULTIPLE = 24
 
 
-class PME(eqx.Module, BaseModel):
+class PME(EwaldBase):
     """Smooth particle-mesh Ewald (see the module docstring for terms and units).
 
     cutoff: real-space cutoff r_c (Å). accuracy: ε, sets α (as in :class:`Ewald`) and the
@@ -68,13 +68,10 @@ class PME(eqx.Module, BaseModel):
     ``stress`` [S, 3, 3] eV/Å³.
     """
 
-    alpha: float = eqx.field(static=True)
-    kmax: float = eqx.field(static=True)
-    accuracy: float = eqx.field(static=True)
     order: int = eqx.field(static=True)
     distributed_fft: bool = eqx.field(static=True)
-    sizes: HostSizes
-    model_config: ModelConfig = eqx.field(static=True)
+    sized: ClassVar[str] = "its mesh"
+    fix: ClassVar[str] = "mesh=(K1, K2, K3)"
 
     def __init__(self, cutoff: float, accuracy: float = 1e-6, mesh=None, distributed_fft: bool = True,
                  order: int = 6):
@@ -90,13 +87,7 @@ class PME(eqx.Module, BaseModel):
             if len(mesh) != 3 or min(mesh) < self.order:
                 raise ValueError(f"PME mesh must be three integers >= the B-spline order {self.order}, got {mesh!r}")
         self.sizes = HostSizes(mesh, fixed=mesh is not None)
-        self.model_config = ModelConfig(
-            outputs=frozenset({"energy", "forces", "stress"}),
-            active_outputs=frozenset({"energy", "forces"}),
-            autograd_outputs=frozenset({"forces", "stress"}),
-            autograd_inputs=frozenset({"positions", "cell"}),
-            neighbor_config=NeighborConfig(cutoff=cutoff),
-        )
+        self.model_config = long_range_config(cutoff, {"energy", "forces", "stress"})
 
     @property
     def mesh(self) -> tuple[int, int, int] | None:
@@ -121,12 +112,9 @@ class PME(eqx.Module, BaseModel):
         need = np.maximum(np.ceil(MESH_MARGIN * nyquist), 2 * self.order)
         return tuple(int(-(-k // MESH_MULTIPLE) * MESH_MULTIPLE) for k in need)
 
-    def validate_input(self, data) -> None:
-        check_periodic_charges(data, "PME")
-        self.sizes.set(self.mesh_for(real_cells(data)))
-
-    def adapt_input(self, data, **kwargs) -> dict:
-        return charged_inputs(data, "PME", self.sizes, "its mesh", "mesh=(K1, K2, K3)")
+    def sizes_for(self, cells) -> tuple[int, int, int]:
+        """The host's choice of sizes for ``cells`` [S, 3, 3] (Å): :meth:`mesh_for`."""
+        return self.mesh_for(cells)
 
     def forward(self, positions, charges, cell, batch_idx, atom_mask, neighbors, n_systems):
         shape = self.sizes.value

@@ -1,22 +1,52 @@
-"""The checks every element-resolved zoo model makes of its arguments. The species table, the
-check of a batch's elements and the neighbour-list inputs are those of the models' base,
-:mod:`jaxdd.model.species` (imported here by their earlier names)."""
+"""The checks every element-resolved zoo model makes of its arguments, and :class:`SpeciesNetwork`,
+the fields the zoo's networks share. The species table, the check of a batch's elements and the
+neighbour-list inputs are those of the models' base, :mod:`jaxdd.model.species` (imported here by
+their earlier names)."""
 
 from __future__ import annotations
 
 import math
 import numbers
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxdd.data.checks import integral
-from jaxdd.model.species import neighbor_inputs, species_table, validate_species
+from jaxdd.model.base import ModelConfig
+from jaxdd.model.species import SpeciesModel, neighbor_inputs, species_table, validate_species
 from jaxdd.neighbors import edge_vectors
 
-__all__ = ["species_table", "check_species", "check_cutoff", "check_positive", "validate_species", "neighbor_inputs",
-           "weights_dtype", "edge_lengths", "cast_params"]
+__all__ = ["SpeciesNetwork", "species_table", "check_species", "check_cutoff", "check_positive", "validate_species",
+           "neighbor_inputs", "weights_dtype", "edge_lengths", "cast_params"]
+
+
+class SpeciesNetwork(eqx.Module, SpeciesModel):
+    """A :class:`~jaxdd.model.species.SpeciesModel` as an equinox module, its weights one pytree.
+
+    Declares the fields the zoo's networks share: ``params`` (the weights), ``species`` (the
+    atomic numbers known, static) and ``model_config`` (static), and checks and sets the last
+    two. A subclass adds its hyperparameters as static fields and writes ``__init__`` and
+    ``atom_energies``.
+    """
+
+    params: dict
+    species: tuple[int, ...] = eqx.field(static=True)
+    model_config: ModelConfig = eqx.field(static=True)
+
+    def __init__(self, species, cutoff: float, **neighbor_options):
+        """Check and set ``species`` and ``model_config``; a subclass's ``__init__`` calls it,
+        then sets ``params`` and its own fields.
+
+        Args:
+          species: the atomic numbers the model knows (distinct, >= 1).
+          cutoff: r_c (Å), positive and finite.
+          neighbor_options: further :class:`~jaxdd.model.base.NeighborConfig` fields.
+        """
+        owner = type(self).__name__
+        self.species = check_species(species, owner)
+        self.model_config = self.energy_config(check_cutoff(cutoff, owner), **neighbor_options)
 
 
 def check_species(species, owner):
