@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..data import Batch
-from ..engine.placed import AtomRows, Placed, RankPlan
+from ..engine.placed import Placed
 
 __all__ = ["MDState", "RunStats"]
+
+
+def _from_placed(name: str, doc: str) -> property:
+    """A read-only property of :class:`MDState` that reads a field of its ``placed``.
+
+    Args:
+      name: the :class:`~jaxdd.engine.placed.Placed` field.
+      doc: the property's docstring.
+
+    Returns:
+      the property.
+    """
+    return property(operator.attrgetter(f"placed.{name}"), doc=doc)
 
 
 @jax.tree_util.register_dataclass
@@ -68,40 +81,14 @@ class MDState:
             changes["placed"] = changes.get("placed", self.placed).replace(**moved)
         return dataclasses.replace(self, **changes)
 
-    @property
-    def rows(self) -> AtomRows:
-        """The per-rank rows ``[P, n_owned, ...]`` (:class:`~jaxdd.engine.placed.AtomRows`)."""
-        return self.placed.rows
-
-    @property
-    def plan(self) -> RankPlan:
-        """The halo plan (:class:`~jaxdd.engine.placed.RankPlan`)."""
-        return self.placed.plan
-
-    @property
-    def template(self) -> Batch:
-        """The batch the run started from, with the current cell."""
-        return self.placed.template
-
-    @property
-    def layout(self):
-        """The plan's static :class:`~jaxdd.decomposition.halo.HaloLayout`."""
-        return self.placed.layout
-
-    @property
-    def ghost_width(self) -> float | None:
-        """The ghost shell (Å) the plan was built for."""
-        return self.placed.ghost_width
-
-    @property
-    def arrays(self) -> AtomRows:
-        """:attr:`rows`, under its earlier name (``state.arrays["ids"]`` reads a row field)."""
-        return self.placed.rows
-
-    @property
-    def fixed(self) -> RankPlan:
-        """:attr:`plan`, under its earlier name (``state.fixed["cell"]`` reads a plan field)."""
-        return self.placed.plan
+    rows = _from_placed("rows", "The per-rank rows ``[P, n_owned, ...]`` (:class:`~jaxdd.engine.placed.AtomRows`).")
+    plan = _from_placed("plan", "The halo plan (:class:`~jaxdd.engine.placed.RankPlan`).")
+    template = _from_placed("template", "The batch the run started from (a :class:`~jaxdd.data.Batch`), with the "
+                            "current cell.")
+    layout = _from_placed("layout", "The plan's static :class:`~jaxdd.decomposition.halo.HaloLayout`.")
+    ghost_width = _from_placed("ghost_width", "The ghost shell (Å) the plan was built for (float or None).")
+    arrays = _from_placed("rows", ':attr:`rows`, under its earlier name (``state.arrays["ids"]`` reads a row field).')
+    fixed = _from_placed("plan", ':attr:`plan`, under its earlier name (``state.fixed["cell"]`` reads a plan field).')
 
 
 @dataclasses.dataclass(frozen=True)
