@@ -1,6 +1,7 @@
 """Checkpoints of a dynamics run: ``DomainParallel.save`` writes them and ``restore`` reads them
 back, here together (orbax arrays + ``md.json`` + ``spec.json``), and a damaged one is refused
-with a :class:`~jaxdd.CheckpointError` naming the file at fault.
+with a :class:`~jaxdd.CheckpointError` naming the file at fault: checksums of every array and of
+the metadata, and the id binding them, are :mod:`~jaxdd.dynamics.checkpoint_integrity`'s.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..engine.atom_order import atom_order, unwrapped_positions
 from ..engine.placed import AtomRows, Placed, RankPlan
 from ..neighbors import NeighborCapacity
 from ..neighbors.capacity import Capacities
+from . import checkpoint_integrity as integrity
 from .integrators import INTEGRATORS
 from .state import MDState
 
@@ -34,7 +36,9 @@ def save(md, path, state: MDState) -> Path:
     Stored as the ranks hold it, each process writing its own devices' rows (nothing is
     gathered): the per-rank atom arrays, the halo plan and its layout, the energy, the
     integrator and its state (random streams are keyed by seed and step), capacities,
-    the batch the run started from and the spec. Never overwrites.
+    the batch the run started from and the spec, with a sha256 of every array block, of
+    md.json and of spec.json and an id shared by md.json and the arrays. Never overwrites;
+    ValueError before anything is written when ``state`` is not of ``md``'s kind of run.
 
     Args:
       md: the run. path: a new or empty folder. state: the state to write.
@@ -47,6 +51,7 @@ def save(md, path, state: MDState) -> Path:
     path = Path(path).absolute()
     if path.exists() and any(path.iterdir()):
         raise FileExistsError(f"checkpoint folder {path} is not empty; choose a new path")
+    check_saveable(md, state)
     barrier("jaxdd.save.checked")  # every process has looked before any writes
     path.mkdir(parents=True, exist_ok=True)
     t = state.template
@@ -58,6 +63,9 @@ def save(md, path, state: MDState) -> Path:
         template={k: np.asarray(v) for k, v in batch_fields(t).items()},
     )
     tree, empty = without_empty(tree)
+    checkpoint_id = integrity.new_id()
+    digests = integrity.array_digests(tree, str(np.dtype(t.positions.dtype)))
+    tree[integrity.ID_KEY] = checkpoint_id
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(path / "arrays", tree)
     checkpointer.wait_until_finished()
@@ -71,8 +79,9 @@ def save(md, path, state: MDState) -> Path:
         ghost_width=state.ghost_width, model=fingerprint(dm.model), empty=empty,
     )
     if jax.process_index() == 0:  # orbax coordinates the arrays; the small files need one writer
+        spec = dm.spec.save(path / "spec.json") if dm.spec is not None else None
+        meta = integrity.seal(meta, checkpoint_id, digests, spec)
         (path / "md.json").write_text(json.dumps(meta, indent=1))
-        dm.spec.save(path / "spec.json")
     barrier("jaxdd.save.done")
     return path
 
@@ -90,6 +99,7 @@ def restore(md, path) -> MDState:
     """
     path = Path(path).absolute()
     meta, saved = read_md_json(path, INTEGRATORS)  # CheckpointError naming a damaged file
+    fmt = integrity.check_md_json(path / "md.json", meta)  # md.json and spec.json as written
     if saved != md.integrator:
         raise ValueError(f"the checkpoint was written with {saved!r}, this DomainParallel runs {md.integrator!r}; "
                          "restore it with the same integrator")
@@ -102,7 +112,10 @@ def restore(md, path) -> MDState:
     ranked = NamedSharding(mesh, P(tuple(mesh.axis_names)))
     replicated = NamedSharding(mesh, P())
     sharding_of = (lambda group: ranked if group == "ranked" and same else replicated)  # noqa: E731
-    a = with_empty(read_md_arrays(path / "arrays", sharding_of), meta.get("empty", {}), sharding_of)
+    a = read_md_arrays(path / "arrays", sharding_of)
+    integrity.check_arrays(path / "arrays", path / "md.json", meta, fmt, a)  # bound to md.json, as written
+    check_dtypes(path / "arrays", a, meta["dtype"])
+    a = with_empty(a, meta.get("empty", {}), sharding_of)
     dtype = np.dtype(meta["dtype"])
     fields = {k: np.asarray(v) for k, v in a["template"].items()}
     template = Batch.unchecked(**{k: jnp.asarray(fields[k], dtype) if k in _FLOAT_FIELDS else jnp.asarray(fields[k])
@@ -251,6 +264,51 @@ def layout_of(data: dict) -> HaloLayout:
         for e in data["exchanges"]))
 
 
+def check_saveable(md, state: MDState) -> None:
+    """ValueError unless ``state`` is of the run ``md`` saves (node blocks or a halo grid, its
+    rank grid), naming the mismatch and what to do.
+
+    Args:
+      md: the :class:`~jaxdd.dynamics.DomainParallel` saving. state: the state to save.
+    """
+    layout, grid = state.layout, md.placement.grid
+    halo_state = bool(layout.exchanges) or layout.grid == (1, 1, 1)
+    if md.node_blocks and bool(layout.exchanges):
+        raise ValueError(f"the state was placed on a halo grid {layout.grid} (its plan exchanges ghost rows) but this "
+                         "DomainParallel runs node blocks (DomainConfig strategy='graph_partition'); save it with "
+                         "the DomainParallel that ran it, one with the halo strategy")
+    if not md.node_blocks and not halo_state:
+        raise ValueError(f"the state was placed as node blocks on {layout.grid[0]} ranks (strategy='graph_partition') "
+                         "but this DomainParallel runs a halo grid; save it with the DomainParallel that ran it")
+    if grid is None or md.dist_model.capacities is None:
+        raise ValueError("this DomainParallel has placed no state yet (no rank grid, no capacities); save the state "
+                         "with the DomainParallel that ran it, or md.restore / md.init first")
+    if tuple(layout.grid) != tuple(grid):
+        raise ValueError(f"the state was placed on the rank grid {tuple(layout.grid)} but this DomainParallel runs "
+                         f"{tuple(grid)}; save it with the DomainParallel that ran it")
+
+
+#: Arrays stored in the run's float dtype (md.json's ``dtype``).
+_RUN_FLOAT_ARRAYS = ("ranked/positions", "ranked/velocities", "ranked/forces", "template/positions")
+
+
+def check_dtypes(folder: Path, arrays: dict, dtype: str) -> None:
+    """CheckpointError naming ``folder`` and the array when an array of atoms is not of the
+    run's ``dtype`` (md.json's ``dtype``) or a float array is of a dtype no run has.
+
+    Args:
+      folder: the ``arrays/`` folder. arrays: the arrays read (two-level dict). dtype: md.json's dtype.
+    """
+    for group, value in arrays.items():
+        for name, x in (value.items() if isinstance(value, dict) else [(None, value)]):
+            key, got = group if name is None else f"{group}/{name}", np.dtype(x.dtype)
+            if key in _RUN_FLOAT_ARRAYS and str(got) != dtype:
+                raise damaged(folder, f"holds the array {key} as {got}, but md.json's field 'dtype' is {dtype}")
+            if got.kind == "f" and str(got) not in integrity.RUN_DTYPES:
+                raise damaged(folder, f"holds the array {key} as {got}, a dtype no run has "
+                                      f"({' or '.join(integrity.RUN_DTYPES)})")
+
+
 def barrier(name: str) -> None:
     """Wait for every process at the barrier ``name`` (nothing with one process)."""
     if jax.process_count() > 1:
@@ -270,13 +328,6 @@ def _ints(low, n=None):
     return lambda v: isinstance(v, list) and (n is None or len(v) == n) and all(map(_int(low), v))
 
 
-def _float_dtype(v) -> bool:
-    try:
-        return isinstance(v, str) and np.issubdtype(np.dtype(v), np.floating)
-    except TypeError:
-        return False
-
-
 _EXCHANGE_KEYS = ("axis", "direction", "hop", "pairs", "offset", "capacity")
 
 
@@ -290,7 +341,7 @@ def _layout(v) -> bool:
 _MD_FIELDS = {
     "step": ("a step count (an integer >= 0)", _int(0)),
     "converged": ("true or false", lambda v: isinstance(v, bool)),
-    "dtype": ("a floating dtype name", _float_dtype),
+    "dtype": (f"the dtype of a run ({' or '.join(integrity.RUN_DTYPES)})", lambda v: v in integrity.RUN_DTYPES),
     "integrator": ("an object naming the integrator's kind", lambda v: isinstance(v, dict) and isinstance(v.get("kind"), str)),
     "n_ranks": ("a rank count (an integer >= 1)", _int(1)),
     "grid": ("3 integers >= 1", _ints(1, 3)),

@@ -116,8 +116,10 @@ def check_period(owner, name, period: float, dt: float, *, barostat: bool = Fals
     """Refuse a damping time ``period`` (time units, as ``dt``) shorter than ``least`` time
     steps (ValueError naming ``owner.name``): the chain or the rescaling then overshoots every
     step and the run diverges (a thermostat's period below dt zeroes the velocities within
-    steps). barostat: the period damps the cell (the suggestion is 1,000 dt, not 100)."""
-    if period < least * dt:
+    steps). barostat: the period damps the cell (the suggestion is 1,000 dt, not 100).
+    Compared within a relative 1e-9, so ``least`` steps written in decimal (``period=0.21``
+    with ``dt=0.021``, 9.9999999999 steps in floating point) pass."""
+    if period < least * dt * (1.0 - 1e-9):
         suggest = (1000 if barostat else 100) * dt
         raise ValueError(
             f"{owner}.{name} = {period:g} is {period / dt:.3g} time steps (dt = {dt:g}); a damping time under "
