@@ -25,15 +25,18 @@ changing box (NPT, strain) — so stress follows from the cell jaxdd differentia
 The list holds the pairs closer than ``cutoff``; a potential reaching further would lose the
 rest of its pairs. A ``cutoff`` shorter than the potential's own range is refused where the
 range can be read: from the arguments of one of jax-md's factories (:data:`RANGES`), given as
-the factory itself or a ``functools.partial`` of it, or declared as ``interaction_range=``. A
-lambda or a factory of the user's own hides its arguments until it runs: its range is not
-read, nor guessed, and ``cutoff`` is taken as given.
+the factory itself, a ``functools.partial`` of it, or a wrapper of it made with
+``functools.wraps`` (partials of such wrappers too: their arguments are taken to be handed on),
+or declared as ``interaction_range=``. A lambda or a factory of the user's own that is not
+such a wrapper hides its arguments until it runs: its range is not guessed, ``cutoff`` is taken
+as given, and a :class:`RangeUnreadWarning` says so and asks for ``interaction_range=``.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -51,7 +54,7 @@ except ImportError as exc:  # an optional library: say how to get it
 from ..model.base import BaseModel, ModelConfig, NeighborConfig
 from ..neighbors import NeighborListFormat
 
-__all__ = ["JaxMDModel", "FORMATS", "RANGES", "displacement", "read_interaction_range"]
+__all__ = ["JaxMDModel", "FORMATS", "RANGES", "RangeUnreadWarning", "displacement", "read_interaction_range"]
 
 #: jax-md's neighbour formats and the jaxdd list each is made from: (format, half_list).
 FORMATS = {
@@ -82,6 +85,10 @@ RANGES: dict[Callable, tuple[str, Callable[[Mapping[str, Any]], tuple[float, ...
     energy.bks_neighbor_list: ("cutoff", lambda a: (_number(a["cutoff"]),)),
     energy.bks_silica_neighbor_list: ("cutoff", lambda a: (_number(a["cutoff"]),)),
     energy.nequip_neighbor_list: ("cfg.r_max", lambda a: (_nequip_r_max(a["cfg"]),)),
+    energy.stillinger_weber_neighbor_list: ("cutoff", lambda a: (_number(a["cutoff"]),)),
+    energy.edip_neighbor_list: ("cutoff", lambda a: (_number(a["cutoff"]),)),
+    energy.eam_neighbor_list: ("cutoff", lambda a: (_number(a["cutoff"]),)),
+    energy.graph_network_neighbor_list: ("r_cutoff", lambda a: (_number(a["r_cutoff"]),)),
 }
 
 #: A cutoff short of the range by less than this fraction is rounding (jax-md may compute
@@ -101,9 +108,7 @@ def read_interaction_range(factory: Callable) -> tuple[float, str] | None:
         cannot be read (a lambda, a factory of the user's own, a factory not in :data:`RANGES`):
         it is never guessed.
     """
-    func, args, kwargs = factory, (), {}
-    if isinstance(factory, functools.partial):  # partials of partials are flattened by functools
-        func, args, kwargs = factory.func, factory.args, factory.keywords
+    func, args, kwargs = _unwrapped(factory)
     try:
         rule = RANGES.get(func)
     except TypeError:  # an unhashable callable
@@ -124,6 +129,35 @@ def read_interaction_range(factory: Callable) -> tuple[float, str] | None:
     return value, f"energy.{func.__name__}: {how} = {shown}"
 
 
+def _unwrapped(factory: Callable) -> tuple[Callable, tuple, dict]:
+    """(function, positional arguments after ``(displacement_fn, box)``, keywords) of
+    ``factory``, through ``functools.partial`` (outermost arguments last) and wrappers made with
+    ``functools.wraps`` (``__wrapped__``), which are taken to hand their arguments on."""
+    func, args, kwargs = factory, (), {}
+    for _ in range(32):
+        if isinstance(func, functools.partial):
+            args, kwargs = (*func.args, *args), {**func.keywords, **kwargs}
+            func = func.func
+        elif callable(getattr(func, "__wrapped__", None)):
+            func = func.__wrapped__
+        else:
+            break
+    return func, args, kwargs
+
+
+def _named(factory: Callable) -> str:
+    """How ``factory`` is named in a message."""
+    func = _unwrapped(factory)[0]
+    name = getattr(func, "__qualname__", None) or type(func).__name__
+    module = getattr(func, "__module__", None)
+    return f"{module}.{name}" if module else name
+
+
+class RangeUnreadWarning(UserWarning):
+    """A JaxMDModel whose potential's interaction range could not be read nor was declared:
+    its ``cutoff`` is taken as given, unchecked."""
+
+
 def _check_cutoff(factory: Callable, cutoff: float, declared: float | None) -> float | None:
     """The potential's range, read or declared, after refusing a ``cutoff`` shorter than it."""
     if declared is not None:
@@ -141,6 +175,13 @@ def _check_cutoff(factory: Callable, cutoff: float, declared: float | None) -> f
     elif declared is not None:
         reach, how = declared, f"declared as interaction_range={declared:.10g}"
     else:
+        warnings.warn(
+            f"JaxMDModel cannot read the interaction range of the factory {_named(factory)} (a lambda, or a "
+            f"function of your own, hides the arguments of the jax-md potential it builds): cutoff={cutoff:.10g} is "
+            "taken as given, and pairs of the potential beyond it would be dropped without a word. Pass "
+            "interaction_range= (the distance beyond which its energy is zero: r_cutoff × max(sigma) for "
+            "lennard_jones, r_cutoff for morse, cutoff for stillinger_weber), or give jax-md's factory as a "
+            "functools.partial, whose arguments are read", RangeUnreadWarning, stacklevel=4)
         return None
     if cutoff < reach * (1.0 - _ROUNDING):
         raise ValueError(
@@ -229,15 +270,15 @@ class JaxMDModel(eqx.Module, BaseModel):
             takes ``params`` first (``energy.nequip_neighbor_list``). Called once, here.
             Given as one of jax-md's factories in :data:`RANGES` or a ``functools.partial`` of
             one (``partial(energy.lennard_jones_neighbor_list, sigma=..., r_cutoff=...)``), its
-            interaction range is read from its arguments; a lambda or a factory of your own
-            hides them, and its range is neither read nor guessed (declare it with
-            ``interaction_range=`` to have ``cutoff`` checked).
+            interaction range is read from its arguments, through ``functools.wraps`` wrappers
+            too; a lambda or a factory of your own hides them, and its range is neither read
+            nor guessed: a :class:`RangeUnreadWarning` asks for ``interaction_range=``.
         cutoff: the neighbour list holds every pair closer than this (plus ``skin``); it must
             be at least the potential's interaction range: ``r_cutoff × max(sigma)`` for
             ``lennard_jones_neighbor_list`` (its ``r_cutoff`` counts σ), ``r_cutoff`` for
             ``morse_neighbor_list`` (a distance), ``max(sigma)`` for ``soft_sphere_neighbor_list``.
             A shorter one is refused (ValueError) where the range is read or declared; where it
-            is not, it is taken as given, and a short one silently drops pairs.
+            is not, it is taken as given with a :class:`RangeUnreadWarning`.
         format: the jax-md neighbour format handed to ``energy_fn``: ``partition.Sparse``
             (default), ``partition.OrderedSparse`` or ``partition.Dense`` (or their names).
         periodic: ``True`` for ``space.periodic`` / ``space.periodic_general`` (every axis

@@ -5,8 +5,9 @@ further would silently lose the rest (Lennard-Jones with ``r_cutoff=2.5`` σ wra
 ``cutoff=1.5`` loses every pair between 1.5 and 2.5). The range is read from the arguments of jax-md's own
 factories (given as the factory or a ``functools.partial`` of it), as jax_md/energy.py defines
 it: ``r_cutoff × max(sigma)`` for Lennard-Jones, ``r_cutoff`` for Morse, ``max(sigma)`` for
-soft spheres. A lambda hides its arguments: its range is neither read nor guessed, unless
-declared with ``interaction_range=``.
+soft spheres, ``cutoff`` for Stillinger-Weber; through ``functools.wraps`` wrappers and partials of
+them too. A lambda hides its arguments: its range is not guessed, and a ``RangeUnreadWarning``
+asks for ``interaction_range=``.
 """
 
 import functools
@@ -20,7 +21,7 @@ jax_md = pytest.importorskip("jax_md", reason="jax-md is a test dependency (pip 
 from jax_md import energy, partition, space  # noqa: E402
 
 import jaxdd  # noqa: E402
-from jaxdd.interop.jax_md import JaxMDModel  # noqa: E402
+from jaxdd.interop.jax_md import JaxMDModel, RangeUnreadWarning  # noqa: E402
 
 # jax-md's own neighbour search casts int64 into int32 arrays (its references, not jaxdd).
 pytestmark = pytest.mark.filterwarnings("ignore:scatter inputs have incompatible types:FutureWarning")
@@ -109,10 +110,42 @@ def _lj_lambda(d, box):
     return energy.lennard_jones_neighbor_list(d, box, sigma=1.0, r_cutoff=2.5, format=partition.Sparse)
 
 
-def test_a_lambdas_range_is_not_read_nor_guessed():
-    """A lambda hides jax-md's arguments until it runs: cutoff is taken as given (documented)."""
-    model = JaxMDModel(lambda d, b: _lj_lambda(d, b), cutoff=1.5, format=partition.Sparse, periodic=False)
+def test_a_lambdas_range_is_not_guessed_and_a_warning_asks_for_it():
+    """A lambda hides jax-md's arguments until it runs: cutoff is taken as given, not in silence."""
+    with pytest.warns(RangeUnreadWarning, match=r"cannot read the interaction range of the factory .*<lambda>.*"
+                                                 r"cutoff=1\.5 is taken as given.*Pass interaction_range="):
+        model = JaxMDModel(lambda d, b: _lj_lambda(d, b), cutoff=1.5, format=partition.Sparse, periodic=False)
     assert model.interaction_range is None
+
+
+def _users_lj(displacement, box, **kwargs):
+    """A wrapper of the user's own, handing its arguments on to jax-md's factory."""
+    return energy.lennard_jones_neighbor_list(displacement, box, **kwargs)
+
+
+def test_a_partial_of_a_wraps_wrapper_is_read_through_the_wrapper():
+    # functools.partial(_users_lj, ...) used to pass cutoff=1.5 against a range of 2.5 without a word.
+    @functools.wraps(energy.lennard_jones_neighbor_list)
+    def wrapper(displacement, box, **kwargs):
+        return _users_lj(displacement, box, **kwargs)
+
+    factory = functools.partial(wrapper, sigma=1.0, r_cutoff=2.5, format=partition.Sparse)
+    with pytest.raises(ValueError, match=r"cutoff=1\.5 is shorter .* 2\.5 \(energy\.lennard_jones_neighbor_list"):
+        JaxMDModel(factory, cutoff=1.5, format=partition.Sparse, periodic=False)
+
+
+def test_a_partial_of_a_plain_wrapper_warns_that_its_range_is_unread():
+    factory = functools.partial(_users_lj, sigma=1.0, r_cutoff=2.5, format=partition.Sparse)
+    with pytest.warns(RangeUnreadWarning, match=r"_users_lj"):
+        JaxMDModel(factory, cutoff=1.5, format=partition.Sparse, periodic=False)
+
+
+def test_a_partial_of_stillinger_weber_is_range_checked():
+    # Its cutoff is a distance (3.77118 Å = 1.8 σ by default), the radius of its own list.
+    factory = functools.partial(energy.stillinger_weber_neighbor_list, cutoff=3.77118)
+    with pytest.raises(ValueError, match=r"cutoff=3 is shorter .* 3\.77118 \(energy\.stillinger_weber_neighbor_list"):
+        JaxMDModel(factory, cutoff=3.0, format=partition.Dense, periodic=False)
+    assert JaxMDModel(factory, cutoff=3.8, format=partition.Dense, periodic=False).interaction_range == 3.77118
 
 
 def test_a_declared_interaction_range_is_checked():
