@@ -30,8 +30,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="the element of each LAMMPS atom type, e.g. 1=Si,2=O (symbols or atomic numbers)")
     p.add_argument("--grid", metavar="NX,NY,NZ", help="rank grid of the decomposition (default: over every device)")
     p.add_argument("--fix", metavar="ID", help="the fix external to attach to (default: the script's first one)")
-    p.add_argument("--skin", type=float, default=2.0,
-                   help="ghost shell beyond the model's cutoff, Å (default 2.0): atoms move half of it between plans")
+    p.add_argument("--skin", type=float, default=None,
+                   help="ghost shell beyond the model's cutoff, Å (default 2.0): atoms move half of it between plans "
+                        "(a DistributedModel brings its own: DomainConfig.skin)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float64")
     p.add_argument("--atom-terms", action="store_true",
                    help="hand LAMMPS per-atom energies and virials at every step (default: when the script has a "
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
         grid = _grid(args.grid)
     except ValueError as exc:
         parser.error(str(exc))
-    if not (math.isfinite(args.skin) and args.skin > 0):
+    if args.skin is not None and not (math.isfinite(args.skin) and args.skin > 0):
         parser.error(f"--skin must be a number > 0 (Å), got {args.skin}")
     if any(len(v) < 2 for v in args.var):
         parser.error("-var takes a name and at least one value")
@@ -103,14 +104,24 @@ def main(argv=None) -> int:
             pass
     jax.config.update("jax_enable_x64", args.dtype == "float64")
 
+    from ..engine import DistributedModel
     from ..ops import SpecError
     from ..validate.factory import ModelFactoryError, build_model, resolve_factory
     from .bridge import BridgeError
     from .runner import LammpsMissing, run_script
 
+    made = {}
+
+    def unwrapped():  # a DistributedModel is checked as the model it wraps, then kept whole
+        model = factory()
+        if isinstance(model, DistributedModel):
+            made["distributed"] = model
+            return model.model
+        return model
+
     try:
         factory, _ = resolve_factory(args.model)
-        model = build_model(factory, args.model)
+        model = build_model(unwrapped, args.model)
     except (SpecError, ModelFactoryError, ValueError) as exc:
         return _fail(exc)
     mesh = None
@@ -122,18 +133,34 @@ def main(argv=None) -> int:
             return _fail(f"--grid {args.grid} needs {math.prod(grid)} devices; this process has {len(devices)} "
                          f"({devices[0].platform}): use a smaller grid")
         mesh = default_mesh(devices[:math.prod(grid)])
+    skin = 2.0 if args.skin is None else args.skin
+    if "distributed" in made:  # its DomainConfig holds; options may fill in what it leaves open
+        from .evaluator import distributed_on
+
+        try:
+            model = distributed_on(made["distributed"], mesh, grid)
+        except ValueError as exc:
+            return _fail(f"the DistributedModel {args.model} returned: {exc}")
+        cfg = model.config
+        if args.skin is not None and args.skin != cfg.skin:
+            return _fail(f"--skin {args.skin} differs from the DomainConfig.skin {cfg.skin} of the DistributedModel "
+                         f"{args.model} returned: drop --skin, or set the skin in its DomainConfig")
+        if not cfg.skin > 0:
+            return _fail(f"the DistributedModel {args.model} returned has DomainConfig.skin {cfg.skin}; the bridge "
+                         "needs a ghost shell beyond the cutoff for the atoms to move through between plans: build "
+                         "it with DomainConfig(..., skin=2.0) (Å), or return the bare model (then --skin sets it)")
     lammps_args = [item for v in args.var for item in ("-var", *v)]
     if args.log is not None:
         lammps_args += ["-log", args.log]
     try:
-        bridge = run_script(script, model, types, args=lammps_args, skin=args.skin, mesh=mesh, grid=grid,
+        bridge = run_script(script, model, types, args=lammps_args, skin=skin, mesh=mesh, grid=grid,
                             atom_terms=True if args.atom_terms else None)
     except (LammpsMissing, BridgeError, UnitError, TypeMapError) as exc:
         return _fail(exc)
     except Exception as exc:  # LAMMPS's own error, or the model failing during the run
         return _fail(f"the run stopped: {type(exc).__name__}: {exc}", status=1)
     c = bridge.evaluator.counts
-    print(f"jaxdd.lammps: {c.calls} force evaluations of {type(model).__name__} on "
+    print(f"jaxdd.lammps: {c.calls} force evaluations of {type(bridge.evaluator.dist_model.model).__name__} on "
           f"{bridge.evaluator.mesh.size} device(s), {c.placements} placement(s) on the host, {c.rebuilds} plan "
           f"rebuild(s) on the devices, {c.repeated} evaluation(s) repeated on a new plan")
     return 0

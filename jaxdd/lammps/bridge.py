@@ -15,6 +15,9 @@ LAMMPS runs on one MPI rank; the model runs on every device of the process.
 from __future__ import annotations
 
 import ctypes
+import os
+import tempfile
+import warnings
 
 import numpy as np
 
@@ -22,7 +25,7 @@ from .evaluator import ForceEvaluator, Result
 from .species import species_map, species_table
 from .units import check_units
 
-__all__ = ["LammpsBridge", "BridgeError", "SeveralRanksError", "lammps_cell"]
+__all__ = ["LammpsBridge", "BridgeError", "LostAtomsError", "SeveralRanksError", "lammps_cell"]
 
 
 class BridgeError(ValueError):
@@ -31,6 +34,10 @@ class BridgeError(ValueError):
 
 class SeveralRanksError(BridgeError):
     """LAMMPS runs on several MPI ranks; the bridge runs it on one."""
+
+
+class LostAtomsError(RuntimeError):
+    """LAMMPS lost every atom during the run (``thermo_modify lost ignore`` kept it going)."""
 
 
 SEVERAL_RANKS = (
@@ -94,11 +101,11 @@ class LammpsBridge:
         self.error: BaseException | None = None
         #: The last evaluation (a :class:`~jaxdd.lammps.evaluator.Result`), None before the first.
         self.last: Result | None = None
-        try:
-            lmp.set_fix_external_callback(self.fix_id, self.callback)
-        except Exception as exc:  # LAMMPS's own message: the fix is not of style external
-            raise BridgeError(f"fix {fix_id!r} cannot take the jaxdd callback ({' '.join(str(exc).split())}); it must "
-                              f"be 'fix {fix_id} all external pf/callback 1 1'") from None
+        if _fix_mode(lmp, self.fix_id) == "pf/array":
+            raise BridgeError(f"fix {fix_id} is 'external pf/array', which takes forces from an array and never calls "
+                              "back: the model would not run and pe would stay 0. Define it as 'fix "
+                              f"{fix_id} all external pf/callback 1 1' before attaching")
+        lmp.set_fix_external_callback(self.fix_id, self.callback)
         lmp.command(f"fix_modify {self.fix_id} energy yes virial {'yes' if virial else 'no'}")
 
     def callback(self, caller, step, nlocal, tag, x, f) -> None:
@@ -128,6 +135,9 @@ class LammpsBridge:
           tag: [N] atom ids. x: [N, 3] Å positions, in LAMMPS's local order.
         """
         n = len(tag)
+        natoms = int(self.lmp.get_natoms())
+        if n < natoms:  # LAMMPS counts its atoms again only at thermo output (lost atoms)
+            self._lost(natoms - n, natoms, n)
         types = np.asarray(self.lmp.numpy.extract_atom("type"))[:n]
         if types.size and int(types.max()) >= len(self.table):
             self.table = species_table(self.types, int(self.lmp.extract_global("ntypes")))
@@ -137,6 +147,20 @@ class LammpsBridge:
         cell, origin, pbc = lammps_cell(self.lmp)
         self.last = self.evaluator(tag, x, numbers, cell, origin, pbc)
         return self.last
+
+    def _lost(self, lost: int, natoms: int, n: int) -> None:
+        """Atoms LAMMPS dropped since it last counted them: all of them is a
+        :class:`LostAtomsError`, some a warning (LAMMPS's ``thermo_modify lost`` decides)."""
+        step = int(self.lmp.extract_global("ntimestep"))
+        dt = float(self.lmp.extract_global("dt"))
+        cause = (f"atoms that flew out of the box in one step, most often a time step too large (timestep {dt:g} ps; "
+                 "metal units take about 0.001 ps) or forces too large (atoms overlapping at the start)")
+        if n == 0:
+            raise LostAtomsError(f"Lost atoms: all {natoms} atoms were lost by step {step}, none is left for the "
+                                 f"model ({cause}). Use a smaller timestep, minimize first, and leave "
+                                 "'thermo_modify lost error' (LAMMPS's default) on to stop at the first atom lost")
+        warnings.warn(f"Lost atoms: {lost} of {natoms} atoms were lost by step {step} ({cause}); the model "
+                      "continues with the rest as 'thermo_modify lost' allows", RuntimeWarning, stacklevel=2)
 
     def hand_over(self, result: Result) -> None:
         """Give LAMMPS the energy, the virial and the per-atom terms of ``result`` (forces aside)."""
@@ -166,3 +190,35 @@ def _set_peratom(lmp, fix_id: str, energies: np.ndarray, virials: np.ndarray) ->
     key = fix_id.encode()
     lmp.lib.lammps_fix_external_set_energy_peratom(lmp.lmp, key, e.ctypes.data_as(c_double_p))
     lmp.lib.lammps_fix_external_set_virial_peratom(lmp.lmp, key, rows.ctypes.data_as(ctypes.POINTER(c_double_p)))
+
+
+def _fix_mode(lmp, fix_id: str) -> str | None:
+    """``"pf/callback"`` or ``"pf/array"``: the mode of ``fix ID group external MODE``, or None
+    where it cannot be told (LAMMPS before 2Apr2025, or another setting stops LAMMPS's init).
+
+    LAMMPS does not report a fix's arguments; its init tells the modes apart: a ``pf/callback``
+    fix without a callback refuses to start, a ``pf/array`` one does not. The callback is unset
+    and ``write_coeff`` (which inits LAMMPS, moving no atom) is run with LAMMPS's error printing off.
+    A fix of another style is a :class:`BridgeError`.
+    """
+    from lammps.core import ExceptionCheck
+
+    key = fix_id.encode()
+    try:  # a NULL callback: LAMMPS checks the fix's style
+        with ExceptionCheck(lmp):
+            lmp.lib.lammps_set_fix_external_callback(lmp.lmp, key, lmp.FIX_EXTERNAL_CALLBACK_FUNC(), None)
+    except Exception as exc:  # LAMMPS's own message: the fix is not of style external
+        raise BridgeError(f"fix {fix_id!r} cannot take the jaxdd callback ({' '.join(str(exc).split())}); it must "
+                          f"be 'fix {fix_id} all external pf/callback 1 1'") from None
+    if not hasattr(lmp.lib, "lammps_set_show_error"):
+        return None
+    with tempfile.TemporaryDirectory(prefix="jaxdd_lammps_") as tmp:
+        before = lmp.lib.lammps_set_show_error(lmp.lmp, 0)
+        try:
+            lmp.command(f"write_coeff {os.path.join(tmp, 'coeff')}")
+        except Exception as exc:
+            return "pf/callback" if "callback function not set" in str(exc) else None
+        finally:
+            lmp.lib.lammps_set_show_error(lmp.lmp, before)
+    return "pf/array"
+

@@ -73,8 +73,10 @@ class ForceEvaluator:
         ``DomainConfig.skin`` must be > 0).
       skin: the ghost shell beyond the model's neighbour range (Å) when ``model`` is a bare
         model: atoms may move half of it before the plan is rebuilt.
-      mesh: the device mesh (default: every device of the process); a bare model only.
-      grid: the rank grid ``(nx, ny, nz)`` (default: the least-surface one); a bare model only.
+      mesh: the device mesh (default: every device of the process, or a DistributedModel's own).
+      grid: the rank grid ``(nx, ny, nz)`` (default: the least-surface one, or a
+        DistributedModel's own). Given with a DistributedModel, they fill in what its
+        ``DomainConfig`` leaves open; one that differs from what it sets is a ValueError.
       virial: compute the global virial at every call (barostats and pressures need it).
       atom_terms: compute per-atom energies and virials too (the model must output
         ``atomic_energies`` and use a full neighbour list).
@@ -89,7 +91,7 @@ class ForceEvaluator:
     def __init__(self, model, *, skin: float = 2.0, mesh=None, grid=None, virial: bool = True,
                  atom_terms: bool = False):
         if isinstance(model, DistributedModel):
-            dm = model
+            dm = distributed_on(model, mesh, grid)
         else:
             nc = model.model_config.neighbor_config
             if nc is None:
@@ -100,7 +102,8 @@ class ForceEvaluator:
             dm = DistributedModel(model, DomainConfig(nc.cutoff, skin=max(float(skin), nc.skin), mesh=mesh, grid=grid))
         cfg = dm.config
         if not cfg.skin > 0:
-            raise ValueError(f"DomainConfig.skin must be > 0 for the plan to outlast a step, got {cfg.skin}")
+            raise ValueError(f"DomainConfig.skin must be > 0 for the plan to outlast a step, got {cfg.skin}: build the "
+                             "DistributedModel with DomainConfig(..., skin=2.0) (Å), or hand over the bare model")
         node_blocks = dm.strategy == "graph_partition"
         if atom_terms:
             _check_atom_terms(dm, node_blocks)
@@ -262,6 +265,29 @@ class ForceEvaluator:
             self._rebuild(cell)
 
         return self.dist_model.sizing.run_until_fits(attempt, replan=replan)
+
+
+def distributed_on(dm: DistributedModel, mesh, grid) -> DistributedModel:
+    """``dm`` on ``mesh`` and ``grid`` where given: those its ``DomainConfig`` leaves None are
+    filled in (a new DistributedModel); one it sets otherwise is a ValueError naming both."""
+    cfg, changes = dm.config, {}
+    if grid is not None:
+        grid = tuple(int(g) for g in grid)
+        if cfg.grid is not None and tuple(cfg.grid) != grid:
+            raise ValueError(f"grid {grid} differs from the DistributedModel's DomainConfig.grid {tuple(cfg.grid)}: "
+                             "give one of them (drop --grid, or build the DomainConfig with the grid wanted)")
+        if cfg.grid is None:
+            changes["grid"] = grid
+    if mesh is not None:
+        ids = [d.id for d in mesh.devices.flat]
+        if cfg.mesh is not None and [d.id for d in cfg.mesh.devices.flat] != ids:
+            raise ValueError(f"the mesh of devices {ids} differs from the DistributedModel's DomainConfig.mesh "
+                             f"(devices {[d.id for d in cfg.mesh.devices.flat]}): give one of them")
+        if cfg.mesh is None:
+            changes["mesh"] = mesh
+    if not changes:
+        return dm
+    return DistributedModel(dm.model, dataclasses.replace(cfg, **changes), dm.spec)
 
 
 def _check_atom_terms(dm: DistributedModel, node_blocks: bool) -> None:

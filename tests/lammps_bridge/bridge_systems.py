@@ -42,3 +42,10 @@ def wrapped(x, cell, origin=np.zeros(3)):
     """Positions wrapped into the box as LAMMPS wraps them when it re-neighbours."""
     frac = (x - origin) @ np.linalg.inv(cell)
     return (frac - np.floor(frac)) @ cell + origin
+
+
+def argon_distributed():
+    """:func:`argon_lj` as a DistributedModel with its own DomainConfig (one device, skin 1 Å)."""
+    from jaxdd import DistributedModel, DomainConfig
+
+    return DistributedModel(argon_lj(), DomainConfig(6.5, skin=SKIN, mesh=mesh_of((1, 1, 1)), grid=(1, 1, 1)))

@@ -124,3 +124,14 @@ def test_a_script_without_a_units_command_is_refused_as_lammps_default_lj(tmp_pa
     status, err = run(capsys, "-in", str(path), "--model", "bridge_systems:argon_lj", "--types", "1=Ar")
     assert status == 2
     assert "units lj" in err and "default unit style is lj" in err
+
+
+def test_a_distributed_model_is_taken_with_its_own_config_and_a_conflicting_option_is_named(tmp_path, capsys):
+    # docs/lammps.md allows a factory returning a DistributedModel; it used to be refused as "not a model wrapper".
+    status, err = run(capsys, "-in", script(tmp_path), "--model", "bridge_systems:argon_distributed", "--types",
+                      "1=Ar", "--skin", "3")
+    assert status == 2 and "not a model wrapper" not in err
+    assert "--skin 3.0 differs from the DomainConfig.skin 1.0 of the DistributedModel" in err
+    status, err = run(capsys, "-in", script(tmp_path), "--model", "bridge_systems:argon_distributed", "--types",
+                      "1=Ar", "--grid", "1,1,2")
+    assert status == 2 and "grid (1, 1, 2) differs from the DistributedModel's DomainConfig.grid (1, 1, 1)" in err

@@ -25,7 +25,7 @@ pytest.importorskip("lammps.core", reason="the lammps Python module is not insta
 from bridge_systems import REFERENCE, SKIN, argon_lj, mesh_of  # noqa: E402
 from jaxdd.lammps import LammpsBridge  # noqa: E402
 from jaxdd.lammps.__main__ import main  # noqa: E402
-from jaxdd.lammps.bridge import lammps_cell  # noqa: E402
+from jaxdd.lammps.bridge import BridgeError, LostAtomsError, lammps_cell  # noqa: E402
 from jaxdd.lammps.runner import start_lammps  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
@@ -175,3 +175,53 @@ def test_live_a_run_continued_from_a_restart_file_follows_lj_cut_s_uninterrupted
     # The restart holds atoms, box, velocities and the time step; the fixes are defined again.
     x = leg(f"read_restart {restart}\n", "fix 1 all nve\nrun 100")
     np.testing.assert_allclose(x, REFERENCE["nve__final_x"], rtol=0, atol=1e-9)
+
+
+# ----------------------------------------------------------------------------- what must not pass silently
+
+SMALL = ("units metal\natom_style atomic\nlattice fcc 5.26\nregion box block 0 1 0 1 0 1\ncreate_box 1 box\n"
+         "create_atoms 1 box\nmass * 39.948\n")
+
+
+@pytest.fixture(scope="module")
+def small_lammps():
+    """One LAMMPS of 4 argon atoms, shared: each test defines its fix and removes it."""
+    lmp = start_lammps(["-log", "none", "-screen", "none"])
+    lmp.commands_string(SMALL)
+    yield lmp
+    lmp.close()
+
+
+def test_live_a_fix_external_in_array_mode_is_refused_from_python(small_lammps):
+    # LAMMPS never calls back a pf/array fix: the bridge attached and pe stayed 0.
+    small_lammps.command("fix arr all external pf/array 1")
+    try:
+        with pytest.raises(BridgeError, match=r"fix arr is 'external pf/array'.*pe would stay 0.*"
+                                              r"'fix arr all external pf/callback 1 1'"):
+            LammpsBridge(small_lammps, "arr", argon_lj(), {1: "Ar"}, skin=SKIN, mesh=mesh_of((1, 1, 1)))
+    finally:
+        small_lammps.command("unfix arr")
+
+
+def test_live_every_atom_lost_is_reported_as_lammps_reports_it(small_lammps):
+    # With thermo_modify lost ignore, atoms flying out of the box used to end in "AtomicData has no atoms".
+    small_lammps.command("fix ml all external pf/callback 1 1")
+    try:
+        bridge = LammpsBridge(small_lammps, "ml", argon_lj(), {1: "Ar"}, skin=SKIN, mesh=mesh_of((1, 1, 1)))
+        with pytest.raises(LostAtomsError, match=r"Lost atoms: all 4 atoms were lost by step 0.*time step too large"
+                                                 r".*smaller timestep"):
+            bridge.evaluate(np.empty(0, np.int32), np.empty((0, 3)))  # LAMMPS's callback once they are gone
+        with pytest.warns(RuntimeWarning, match=r"Lost atoms: 3 of 4 atoms were lost by step 0"):
+            bridge._lost(3, 4, 1)
+    finally:
+        small_lammps.command("unfix ml")
+
+
+@pytest.mark.slow
+def test_live_the_command_runs_a_factory_returning_a_distributed_model(tmp_path, capsys):
+    script = write_script(tmp_path / "in.argon", FIX, "fix 1 all nve\nrun 5\n")
+    status = main(["-in", str(script), "--model", "bridge_systems:argon_distributed", "--types", "1=Ar",
+                   "--log", "none"])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert "6 force evaluations of LennardJones on 1 device(s)" in captured.out
