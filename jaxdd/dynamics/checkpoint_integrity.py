@@ -154,6 +154,12 @@ def check_md_json(file: Path, meta: dict) -> int:
 
     CheckpointError naming md.json when a format-2 md.json lacks its checksums or id or was
     edited, naming spec.json when it does not match; format 1 has nothing to check.
+
+    Args:
+      file: the checkpoint's md.json. meta: its content, as read.
+
+    Returns:
+      the format: 1 (no checksums) or :data:`FORMAT`.
     """
     file = Path(file)
     fmt = meta.get("format", 1)

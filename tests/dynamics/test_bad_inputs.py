@@ -263,7 +263,8 @@ def node_block_checkpoints(tmp_path_factory):
 
 
 def _flip_velocities(ck, state):
-    """Flip 16 bytes inside the stored velocities (found by their bytes in the array files)."""
+    """Flip 16 bytes inside the stored velocities (found by their bytes in the array files: the
+    rows' or the plan's copy of them, whichever file comes first)."""
     velocities = np.asarray(state.rows.velocities)[0]
     for file in sorted((ck / "arrays").rglob("*")):
         data = bytearray(file.read_bytes()) if file.is_file() else b""
@@ -285,7 +286,7 @@ def _edit_md_json(ck, **changes):
 # (damage done to a copy of checkpoint a (b: the other save of the same state), file named, what it must say)
 ALTERED = {
     "bytes flipped in the velocities": (lambda ck, b, state: _flip_velocities(ck, state), "arrays",
-                                        "holds data of the array ranked/velocities that does not match its checksum"),
+                                        r"holds data of the array ranked/(local__)?velocities that does not match its checksum"),
     "md.json of another checkpoint": (lambda ck, b, state: shutil.copy(b / "md.json", ck / "md.json"), "md.json",
                                       "belongs to another checkpoint"),
     "dtype edited to float16": (lambda ck, b, state: _edit_md_json(ck, dtype="float16"), "md.json",
