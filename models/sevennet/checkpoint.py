@@ -12,6 +12,8 @@ Options of the architecture that none of the published checkpoints uses are refu
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib.metadata
 import importlib.util
 import math
@@ -211,8 +213,32 @@ def _conv_columns(irreps_x, sh, target, state, prefix, version, source):
     return np.concatenate([blocks[t] for t in by_output], axis=1)
 
 
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """The static structure a SevenNet checkpoint describes (hashable: the model's static field).
+
+    species: atomic numbers, in the order of the type one-hot. cutoff: r_c (Å). irreps: each
+    layer's node irreps, ``((mul, l, parity), ...)``, the last the readout's input. lmax_sh:
+    the edges' highest harmonic. targets: per layer, the ``(l, parity)`` its convolution makes.
+    cutoff_function: sevenn's cutoff function as sorted ``(key, value)`` pairs. n_modalities:
+    fidelities of a multi-fidelity checkpoint (0 for one). modal_inputs: the linears the
+    modality's one-hot is appended to. modal: the fidelity run (None for one). source: the file.
+    """
+
+    species: tuple
+    cutoff: float
+    irreps: tuple
+    lmax_sh: int
+    targets: tuple
+    cutoff_function: tuple
+    n_modalities: int
+    modal_inputs: tuple
+    modal: str | None
+    source: str
+
+
 def read(name_or_path, modal=None):
-    """Settings and weights of a SevenNet checkpoint, for the :class:`SevenNet` constructor.
+    """Architecture and weights of a SevenNet checkpoint, for the :class:`SevenNet` constructor.
 
     Args:
       name_or_path: a published model's name or a ``.pth`` path (:func:`resolve`).
@@ -220,7 +246,7 @@ def read(name_or_path, modal=None):
         refused elsewhere.
 
     Returns:
-      ``(settings, weights)``: the constructor's static settings and the weights as numpy arrays.
+      ``(arch, weights)``: the :class:`Architecture` and the weights as numpy arrays.
     """
     source = resolve(name_or_path)
     checkpoint = pth.load(source)
@@ -282,18 +308,11 @@ def read(name_or_path, modal=None):
             "linear_2": f64(f"{p}self_interaction_2.linear.weight"),
             "target": tuple(sorted(target)),
         })
-    settings = {
-        "species": species,
-        "cutoff": float(config["cutoff"]),
-        "irreps": tuple(irreps),
-        "lmax_sh": lmax_sh,
-        "cutoff_function": dict(config["cutoff_function"]),
-        "targets": tuple(layer.pop("target") for layer in layers),
-        "n_modalities": n_modal,
-        "modal_inputs": tuple(sorted(k for k, v in modal_inputs.items() if v)),
-        "source": source,
-        "modal": modal,
-    }
+    arch = Architecture(species=species, cutoff=float(config["cutoff"]), irreps=tuple(irreps), lmax_sh=lmax_sh,
+                        targets=tuple(layer.pop("target") for layer in layers),
+                        cutoff_function=tuple(sorted(dict(config["cutoff_function"]).items())),
+                        n_modalities=n_modal, modal_inputs=tuple(sorted(k for k, v in modal_inputs.items() if v)),
+                        modal=modal, source=source)
     weights = {
         "bessel": f64("edge_embedding.basis_function.coeffs"),
         "embedding": f64("onehot_to_feature_x.linear.weight"),
@@ -305,4 +324,4 @@ def read(name_or_path, modal=None):
     }
     if not all(math.isfinite(d) and d > 0 for d in (layer["denominator"] for layer in layers)):
         raise ValueError(f"SevenNet checkpoint {source!r} has a non-positive convolution denominator")
-    return settings, weights
+    return arch, weights

@@ -57,19 +57,19 @@ E3NN_TORCH_SILU_CONSTANT = 1.6791767923989418
 
 
 class _Layer:
-    """Static structure of layer ``t`` (irreps, paths, linears), built from the settings."""
+    """Static structure of layer ``t`` (irreps, paths, linears), built from the architecture."""
 
     def __init__(self, model, t):
-        x_in, x_out = model.irreps[t], model.irreps[t + 1]
-        sh = tuple((1, l, 1) for l in range(model.lmax_sh + 1))
-        modal = ((model.n_modalities, 0, 1),)
+        x_in, x_out = model.arch.irreps[t], model.arch.irreps[t + 1]
+        sh = tuple((1, l, 1) for l in range(model.arch.lmax_sh + 1))
+        modal = ((model.arch.n_modalities, 0, 1),)
         self.gate_in = gate_irreps(x_out)[0]
         self.x_out = x_out
-        self.modal_1 = "self_inter_intro" in model.modal_inputs
-        self.modal_2 = "self_inter_outro" in model.modal_inputs
+        self.modal_1 = "self_inter_intro" in model.arch.modal_inputs
+        self.modal_2 = "self_inter_outro" in model.arch.modal_inputs
         self.self_connection = Linear(x_in, self.gate_in)
         self.linear_1 = Linear(x_in + (modal if self.modal_1 else ()), x_in)
-        mid, ins = conv_tp_irreps(x_in, sh, tuple((1, l, p) for l, p in model.targets[t]))
+        mid, ins = conv_tp_irreps(x_in, sh, tuple((1, l, p) for l, p in model.arch.targets[t]))
         self.conv = TensorProduct(x_in, sh, mid, ins)
         self.linear_2 = Linear(mid + (modal if self.modal_2 else ()), self.gate_in)
 
@@ -86,35 +86,24 @@ class SevenNet(eqx.Module, SpeciesModel):
 
     Build it with :meth:`from_checkpoint`. Outputs: ``energy [S]`` (eV), ``atomic_energies
     [V]`` (eV, zero on padding atoms), and, by autodiff, ``forces [V, 3]`` (eV/Å) and ``stress
-    [S, 3, 3]`` (eV/Å³).
+    [S, 3, 3]`` (eV/Å³). ``arch`` is the checkpoint's static
+    :class:`~jaxdd.models.sevennet.checkpoint.Architecture` (layers, harmonics, cutoff function,
+    fidelity, source file).
     """
 
     params: dict
     species: tuple = eqx.field(static=True)
-    irreps: tuple = eqx.field(static=True)
-    lmax_sh: int = eqx.field(static=True)
-    targets: tuple = eqx.field(static=True)
-    cutoff_function: tuple = eqx.field(static=True)
-    n_modalities: int = eqx.field(static=True)
-    modal_inputs: tuple = eqx.field(static=True)
-    modal: str | None = eqx.field(static=True)
-    source: str = eqx.field(static=True)
+    arch: ckpt.Architecture = eqx.field(static=True)
     edge_block: int | None = eqx.field(static=True)
     model_config: ModelConfig = eqx.field(static=True)
 
-    def __init__(self, settings: dict, weights: dict, *, skin: float = 0.0, edge_block=None, dtype=jnp.float64):
+    def __init__(self, arch: ckpt.Architecture, weights: dict, *, skin: float = 0.0, edge_block=None,
+                 dtype=jnp.float64):
         """Use :meth:`from_checkpoint`; this takes what :func:`~.checkpoint.read` returns."""
-        self.species = tuple(settings["species"])
-        self.irreps = tuple(settings["irreps"])
-        self.lmax_sh = int(settings["lmax_sh"])
-        self.targets = tuple(settings["targets"])
-        self.cutoff_function = tuple(sorted(settings["cutoff_function"].items()))
-        self.n_modalities = int(settings["n_modalities"])
-        self.modal_inputs = tuple(settings["modal_inputs"])
-        self.modal = settings["modal"]
-        self.source = settings["source"]
+        self.species = arch.species
+        self.arch = arch
         self.edge_block = edge_block
-        self.model_config = self.energy_config(float(settings["cutoff"]), skin=skin)
+        self.model_config = self.energy_config(arch.cutoff, skin=skin)
         self._check_sizes(weights)
         self.params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), weights)
 
@@ -145,8 +134,8 @@ class SevenNet(eqx.Module, SpeciesModel):
           ValueError: ``modal`` missing or unknown (the message lists the modalities).
         """
         dt = weights_dtype(dtype, "SevenNet.from_checkpoint")
-        settings, weights = ckpt.read(name_or_path, modal)
-        return cls(settings, weights, skin=skin, edge_block=edge_block, dtype=dt)
+        arch, weights = ckpt.read(name_or_path, modal)
+        return cls(arch, weights, skin=skin, edge_block=edge_block, dtype=dt)
 
     # ------------------------------------------------------------------ structure
 
@@ -156,20 +145,20 @@ class SevenNet(eqx.Module, SpeciesModel):
         Returns:
           list of one structure per layer.
         """
-        return [_Layer(self, t) for t in range(len(self.irreps) - 1)]
+        return [_Layer(self, t) for t in range(len(self.arch.irreps) - 1)]
 
     @property
     def modalities_in_embedding(self) -> bool:
         """True when the modality's one-hot is appended to the type one-hot (no published model)."""
-        return "node_embedding" in self.modal_inputs
+        return "node_embedding" in self.arch.modal_inputs
 
     def _linears(self):
         n_types = len(self.species)
-        modal = ((self.n_modalities, 0, 1),)
-        x = self.irreps[-1]
+        modal = ((self.arch.n_modalities, 0, 1),)
+        x = self.arch.irreps[-1]
         hidden = ((_dim(x) // 2, 0, 1),)
-        embedding = Linear(((n_types, 0, 1),) + (modal if self.modalities_in_embedding else ()), self.irreps[0])
-        readout = (Linear(x + (modal if "output_block" in self.modal_inputs else ()), hidden),
+        embedding = Linear(((n_types, 0, 1),) + (modal if self.modalities_in_embedding else ()), self.arch.irreps[0])
+        readout = (Linear(x + (modal if "output_block" in self.arch.modal_inputs else ()), hidden),
                    Linear(hidden, ((1, 0, 1),)))
         return embedding, readout
 
@@ -186,7 +175,7 @@ class SevenNet(eqx.Module, SpeciesModel):
                      ("readout 2", readout[1].numel, weights["readout"][1].size)]
         for name, want, got in expected:
             if want != got:
-                raise ckpt.UnsupportedCheckpoint(f"SevenNet checkpoint {self.source!r}: {name} has {got} weights, "
+                raise ckpt.UnsupportedCheckpoint(f"SevenNet checkpoint {self.arch.source!r}: {name} has {got} weights, "
                                                  f"the architecture read from its configuration needs {want}")
 
     # ------------------------------------------------------------------ jaxdd model interface
@@ -198,7 +187,7 @@ class SevenNet(eqx.Module, SpeciesModel):
             rows = np.flatnonzero(np.asarray(data.atom_mask))[bad]
             symbols = sorted({_symbol(v) for v in z[bad].tolist()})
             raise ValueError(f"atoms {rows[:8].tolist()} are {symbols}, elements SevenNet checkpoint "
-                             f"{self.source!r} was not trained on (it knows {len(self.species)} elements); use a "
+                             f"{self.arch.source!r} was not trained on (it knows {len(self.species)} elements); use a "
                              "checkpoint that covers them")
 
     def atom_energies(self, positions, cell, batch_idx, kind, neighbors):
@@ -227,7 +216,7 @@ class SevenNet(eqx.Module, SpeciesModel):
             y = layer.linear_2(w["linear_2"], _with_modal(m, p["modal"], layer.modal_2)) + sc
             x = gate(layer.x_out, y, E3NN_TORCH_SILU_CONSTANT, E3NN_TORCH_SILU_CONSTANT, jax.nn.silu)
 
-        e = readout[0](p["readout"][0], _with_modal(x, p["modal"], "output_block" in self.modal_inputs))
+        e = readout[0](p["readout"][0], _with_modal(x, p["modal"], "output_block" in self.arch.modal_inputs))
         e = readout[1](p["readout"][1], e)[:, 0]
         return e * p["scale"][kind] + p["shift"][kind]
 
@@ -238,10 +227,10 @@ class SevenNet(eqx.Module, SpeciesModel):
         rc = self.cutoff
         vec, r, inside = edge_lengths(positions, cell, batch_idx, neighbors, rc)  # vec: sender minus receiver
         unit = jnp.where(inside[:, None], vec, jnp.asarray([0.0, 0.0, 1.0], dt))
-        sh = e3nn.spherical_harmonics(e3nn.Irreps.spherical_harmonics(self.lmax_sh), unit, normalize=True,
+        sh = e3nn.spherical_harmonics(e3nn.Irreps.spherical_harmonics(self.arch.lmax_sh), unit, normalize=True,
                                       normalization="component").array
         bessel = (2.0 / rc) * jnp.sin(p["bessel"] * r[:, None]) / r[:, None]
-        envelope = _envelope(dict(self.cutoff_function), r, rc)
+        envelope = _envelope(dict(self.arch.cutoff_function), r, rc)
         return {"sh": sh, "basis": jnp.where(inside[:, None], bessel * envelope[:, None], 0.0)}
 
 

@@ -149,7 +149,7 @@ def test_the_silu_constant_is_the_one_torch_computed():
 def test_each_published_checkpoint_has_its_published_parameter_count(name, count):
     m = model(name, "PBE" if name == "7net-mf-0" else None)
     other_fidelity = 89 if name == "7net-mf-0" else 0  # the shifts of the fidelity not chosen are not loaded
-    weights = sum(x.size for x in jax.tree_util.tree_leaves(m.params)) - m.n_modalities  # less the modality's one-hot
+    weights = sum(x.size for x in jax.tree_util.tree_leaves(m.params)) - m.arch.n_modalities  # less the modality's one-hot
     assert weights == count - other_fidelity
 
 
@@ -172,7 +172,7 @@ def test_live_sevenn_reproduces_the_stored_references():
 
 
 def test_checkpoints_before_sevenn_0_11_have_their_weight_columns_put_in_sorted_path_order():
-    settings, old = ckpt.read("7net-0")
+    _, old = ckpt.read("7net-0")
     stored = ckpt.pth.load(ckpt.resolve("7net-0"))["model_state_dict"]
     raw = np.asarray(stored["1_convolution.weight_nn.layer2.weight"], np.float64)
     got = old["layers"][1]["radial"][-1]
