@@ -215,8 +215,9 @@ def jax_md_nequip():
     R = jnp.asarray(data.positions)
     atoms = jax.nn.one_hot(np.searchsorted(JAX_MD_SPECIES, data.atomic_numbers), len(JAX_MD_SPECIES))
     nbrs = neighbor_fn.allocate(R)
-    params = jax.jit(lambda key: init_fn(key, R, nbrs, atoms=atoms))(jax.random.PRNGKey(0))  # one program
-    params = jax.tree.map(lambda x: x.astype(jnp.float64), params)
+    # The weights' shapes only: the corpus is traced, never run (see corpus_primitives).
+    params = jax.eval_shape(lambda key: jax.tree.map(lambda x: x.astype(jnp.float64),
+                                                     init_fn(key, R, nbrs, atoms=atoms)), jax.random.PRNGKey(0))
     return _jax_md(lambda d, b: energy.nequip_neighbor_list(d, b, cfg), partition.Sparse, species_as="atoms",
                    params=params)
 
@@ -242,22 +243,32 @@ CORPUS: dict[str, tuple[Callable, Callable]] = {
 
 def traced(model, data):
     """The ClosedJaxpr of ``model(batch)`` on one device, as the dispatch traces it: the batch
-    with the neighbour list the model's ``NeighborConfig`` asks for."""
+    with the neighbour list the model's ``NeighborConfig`` asks for.
+
+    Only the primitives matter, so nothing runs: the list is built abstractly (its capacity
+    sized for the system) and the model's arrays may be shapes (``jax.ShapeDtypeStruct``)."""
     batch = as_batch(data)
     nc = model.model_config.neighbor_config
     sizes = dict(cutoff=nc.search_cutoff, half=nc.half_list)
     capacity = neighbor_capacity(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask, **sizes)
-    nl = build_neighbor_list(batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
-                             capacity=capacity, format=nc.format, **sizes)
-    return jax.make_jaxpr(lambda b: model(b))(batch.replace(neighbors=nl))
+    nl = jax.eval_shape(lambda b: build_neighbor_list(b.positions, b.cell, b.pbc, b.batch_idx, b.atom_mask,
+                                                      capacity=capacity, format=nc.format, **sizes), batch)
+    return eqx.filter_make_jaxpr(lambda m, b, n: m(b.replace(neighbors=n)))(model, batch, nl)[0]
+
+
+SHAPES_ONLY = {"e3x", "stacked_index_flax", "jraph_graph_network", "jraph_graph_convolution", "flax_mlp",
+               "equinox_mlp"}
 
 
 @functools.lru_cache(maxsize=None)
 def corpus_primitives() -> dict[str, frozenset[str]]:
-    """Model name -> names of the primitives in its traced program."""
+    """Model name -> names of the primitives in its traced program. The flax, equinox, jraph
+    and e3x models are built with the shapes of their weights only (their initialisers traced,
+    not compiled); jax-md's NequIP gets its weights' shapes from jax.eval_shape; the others
+    read their system or their weights' values as they are built."""
     found = {}
     for name, (build, system) in CORPUS.items():
-        closed = traced(build(), system())
+        closed = traced(eqx.filter_eval_shape(build) if name in SHAPES_ONLY else build(), system())
         found[name] = frozenset(eqn.primitive.name for eqn in equations(closed.jaxpr))
     return found
 
