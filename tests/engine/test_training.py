@@ -12,6 +12,7 @@ which every rank of both grids must decompose (blocks of 4.1 to 6.2 Å against a
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import equinox as eqx
 import jax
@@ -94,10 +95,17 @@ def test_parameter_gradients_equal_single_device(name, grid):
     assert_same_gradients(grads, want)
 
 
-def test_prepared_apply_equals_a_call():
+@functools.lru_cache(maxsize=None)
+def prepared_schnet(grid):
+    """(SchNet, its DistributedModel on ``grid``, DATA prepared), shared by the tests of apply:
+    one model, one program per grid."""
     model = FACTORIES["schnet"]()
-    dm = distributed(model, (2, 2, 2))
-    prepared = dm.prepare(DATA, KEYS)
+    dm = distributed(model, grid)
+    return model, dm, dm.prepare(DATA, KEYS)
+
+
+def test_prepared_apply_equals_a_call():
+    model, dm, prepared = prepared_schnet((2, 2, 2))
     assert isinstance(prepared, RankInputs)
     got, want = dm.apply(model, prepared), dm(DATA, KEYS)
     for key in KEYS:
@@ -105,9 +113,7 @@ def test_prepared_apply_equals_a_call():
 
 
 def test_apply_under_jit_takes_parameters_as_arguments():
-    model = FACTORIES["schnet"]()
-    dm = distributed(model, (2, 2, 2))
-    prepared = dm.prepare(DATA, KEYS)
+    model, dm, prepared = prepared_schnet((2, 2, 2))
     params, static = eqx.partition(model, eqx.is_array)
     apply = jax.jit(lambda p, x: dm.apply(eqx.combine(p, static), x))
     one = apply(params, prepared)
@@ -131,24 +137,21 @@ def small_neighbor_capacity(prepared):
 
 
 def test_apply_raises_instead_of_dropping_pairs_when_capacities_do_not_fit():
-    model = FACTORIES["schnet"]()
-    dm = distributed(model, (2, 1, 1))
-    altered = small_neighbor_capacity(dm.prepare(DATA, KEYS))
+    model, dm, prepared = prepared_schnet((2, 1, 1))
+    altered = small_neighbor_capacity(prepared)
     with pytest.raises(RuntimeError, match="overflowed its capacity"):
         dm.apply(model, altered)
 
 
 def test_apply_under_jit_gives_nan_instead_of_dropping_pairs():
-    model = FACTORIES["schnet"]()
-    dm = distributed(model, (2, 1, 1))
-    altered = small_neighbor_capacity(dm.prepare(DATA, KEYS))
+    model, dm, prepared = prepared_schnet((2, 1, 1))
+    altered = small_neighbor_capacity(prepared)
     out = eqx.filter_jit(dm.apply)(model, altered)
     assert np.isnan(np.asarray(out["energy"])).all() and np.isnan(np.asarray(out["forces"])).all()
 
 
 def test_apply_refuses_a_model_with_another_cutoff():
-    dm = distributed(FACTORIES["schnet"](), (2, 1, 1))
-    prepared = dm.prepare(DATA, KEYS)
+    _, dm, prepared = prepared_schnet((2, 1, 1))
     with pytest.raises(ValueError, match="prepared for"):
         dm.apply(SchNet(SPECIES, CUTOFF + 1.0, seed=0, dtype=jnp.float64), prepared)
 
