@@ -116,11 +116,17 @@ def jax_md_reference(factory, kind, fmt, data, R, box, z):
                                      disable_cell_list=True)
     R = jnp.asarray(R)
     nbr = neighbor_fn.allocate(R)
-    e = energy_fn(R, nbr)
-    f = -jax.grad(energy_fn)(R, nbr)  # jax-md's derivatives live in real space, fractional or not
-    stress = None  # no cell in free space
-    if kind != "free":
-        stress = -quantity.stress(energy_fn, R, jnp.asarray(box_size), neighbor=nbr)
+
+    @jax.jit  # one program, not one per operation
+    def evaluate(R):
+        e = energy_fn(R, nbr)
+        f = -jax.grad(energy_fn)(R, nbr)  # jax-md's derivatives live in real space, fractional or not
+        stress = None  # no cell in free space
+        if kind != "free":
+            stress = -quantity.stress(energy_fn, R, jnp.asarray(box_size), neighbor=nbr)
+        return e, f, stress
+
+    e, f, stress = evaluate(R)
     return float(e), np.asarray(f), stress
 
 
@@ -170,8 +176,9 @@ def nequip_config():
 
 
 @functools.lru_cache(maxsize=None)
-def nequip_reference(kind, n=4, a=1.3):
-    """jaxdd data, and jax-md's NequIP: random weights from its own init, its energy and forces."""
+def nequip_model(kind, n=4, a=1.3):
+    """jaxdd data, jax-md's NequIP (random weights from its own init) as a jaxdd model, and what
+    jax-md's own evaluation needs: (energy_fn, params, R, its neighbour list, one-hot atoms)."""
     data, R, box, z = system(kind, n=n, a=a)
     cfg = nequip_config()
     fractional = kind == "triclinic_fractional"
@@ -183,11 +190,16 @@ def nequip_reference(kind, n=4, a=1.3):
     atoms = jax.nn.one_hot(_ids(z), len(SPECIES))
     init = jax.jit(lambda key: init_fn(key, R, nbr, atoms=atoms))  # one program, not one per operation
     params = jax.tree.map(lambda x: x.astype(jnp.float64), init(jax.random.PRNGKey(0)))
-    e, g = jax.jit(jax.value_and_grad(energy_fn, argnums=1))(params, R, nbr, atoms=atoms)
-    f = -g
     model = wrap(lambda d, b: energy.nequip_neighbor_list(d, b, cfg), kind, "Sparse", species_as="atoms",
                  params=params)
-    return data, model, (float(e), np.asarray(f), None)
+    return data, model, (energy_fn, params, R, nbr, atoms)
+
+
+def nequip_reference(kind, n=4, a=1.3):
+    """jaxdd data, jax-md's NequIP as a jaxdd model, and jax-md's own energy and forces."""
+    data, model, (energy_fn, params, R, nbr, atoms) = nequip_model(kind, n, a)
+    e, g = jax.jit(jax.value_and_grad(energy_fn, argnums=1))(params, R, nbr, atoms=atoms)
+    return data, model, (float(e), -np.asarray(g), None)
 
 
 @pytest.mark.slow
@@ -244,7 +256,7 @@ def test_every_pair_potential_distributed_on_every_grid_and_format(name, fmt, gr
 def test_jax_md_nequip_distributed_equals_one_device():
     """jax-md's own NequIP call, n_node = [N, 1] with its padding graph and the jnp.repeat
     readout, distributed with no change and no fallback."""
-    data, model, _ = nequip_reference("triclinic_fractional", n=6, a=1.3)
+    data, model, _ = nequip_model("triclinic_fractional", n=6, a=1.3)
     dist = assert_distributed_equals_one_device(model, data, (2, 2, 2))
     assert dist.dispatch_report.counts.get("segment_reduce.add", 0) >= 1
 
@@ -252,7 +264,7 @@ def test_jax_md_nequip_distributed_equals_one_device():
 @pytest.mark.slow
 @pytest.mark.parametrize("grid", [(3, 2, 1), (4, 1, 1)])
 def test_jax_md_nequip_distributed_on_uneven_grids(grid):
-    data, model, _ = nequip_reference("triclinic_fractional", n=6, a=1.3)
+    data, model, _ = nequip_model("triclinic_fractional", n=6, a=1.3)
     assert_distributed_equals_one_device(model, data, grid)
 
 
