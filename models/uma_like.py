@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdd.model.base import BaseModel, ModelConfig, NeighborConfig
+from jaxdd.model.protocol import check_cell_width
 from jaxdd.neighbors import NeighborListFormat
 
 from .radial_messages import init_messages, normal, pass_messages, radial_filter
@@ -79,14 +80,11 @@ class InternalGraphBackbone(eqx.Module, BaseModel):
 
     def validate_input(self, data) -> None:
         validate_species(data, self.species, "InternalGraphBackbone")
-        rc = self.model_config.neighbor_config.cutoff
-        cell = np.asarray(data.cell, np.float64)
-        for s, (c, p) in enumerate(zip(cell, np.asarray(data.pbc))):
-            if p.any():
-                spacing = np.abs(np.linalg.det(c)) / np.linalg.norm(np.cross(c[[1, 2, 0]], c[[2, 0, 1]]), axis=1)
-                if np.any(spacing[p] < 2 * rc):
-                    raise ValueError(f"system {s}: a periodic cell thinner than twice the cutoff ({2 * rc} Å) "
-                                     "across; the minimum-image graph would miss images; use a larger cell")
+        check_cell_width(self, data.cell, data.pbc)
+
+    def minimum_image_cutoff(self) -> float:
+        """The graph's cutoff (Å): its pairs are minimum-image on periodic axes."""
+        return self.model_config.neighbor_config.cutoff
 
     def adapt_input(self, data, **kwargs) -> dict:
         if data.neighbors is None or data.neighbors.matrix is None:

@@ -20,7 +20,8 @@ Modules: :mod:`.fields` (coercion and shape checks), :mod:`.validation` (value c
 :mod:`.wrap` (wrapping into the cell), :mod:`.pytree` (frozen pytree classes),
 :mod:`.atomic_data`, :mod:`.batch` (with :func:`as_batch`), :mod:`.padding`,
 :mod:`.concat` (lists of systems) and :mod:`.ase_atoms` (``ase.Atoms``); beside them the geometry
-and numbers every layer above shares: :mod:`.periodic` (the one wrap rule), :mod:`.segments`
+and numbers every layer above shares: :mod:`.periodic` (the one wrap rule), :mod:`.cell_widths`
+(distances between a cell's faces), :mod:`.segments`
 (per-system sums), :mod:`.constants` (CODATA, in Å, eV, e), :mod:`.checks` (user-given integers)
 and :mod:`.systems` (the built-in example systems).
 """

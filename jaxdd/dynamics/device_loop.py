@@ -10,6 +10,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ..data.cell_widths import cell_widths
 from ..dispatch import DispatchReport
 from ..decomposition.halo import halo_forward
 from ..engine.cells import cell_map
@@ -19,16 +20,18 @@ from ..engine.rank_program import run_ranks
 from .integrators import RankState, StepContext
 
 __all__ = ["advance", "RUNNING", "REBUILD", "OVERFLOW", "CONVERGED", "NONFINITE", "AHEAD",
-           "TOO_FAST"]
+           "TOO_FAST", "NARROW"]
 
 # Why the device loop stopped. REBUILD: the step just taken outran the plan and was
-# discarded; AHEAD: the step was kept, and the next one, extrapolated, would outrun it.
-RUNNING, REBUILD, OVERFLOW, CONVERGED, NONFINITE, AHEAD, TOO_FAST = 0, 1, 2, 3, 4, 5, 6
+# discarded; AHEAD: the step was kept, and the next one, extrapolated, would outrun it;
+# NARROW: the step made a periodic width of the cell too narrow for a minimum-image model
+# (discarded).
+RUNNING, REBUILD, OVERFLOW, CONVERGED, NONFINITE, AHEAD, TOO_FAST, NARROW = 0, 1, 2, 3, 4, 5, 6, 7
 
 
 @eqx.filter_jit
 def advance(model, arrays, energy, extra, virial, fixed, step0, n, static, integrator, threshold, step_limit, nl_skin,
-            reach):
+            reach, width_limit=None):
     """Up to ``n`` steps on device; stops early for a rebuild, an overflow or convergence.
 
     Args:
@@ -52,6 +55,9 @@ def advance(model, arrays, energy, extra, virial, fixed, step0, n, static, integ
         in Å: displacements are then measured from the reference positions carried with
         the cell, and the allowance shrinks with the cell (a plan of ghost width W covers
         W·s once lengths shrank by s); None otherwise.
+      width_limit: for a moving cell and a minimum-image model, (least width Å, [S][3]
+        periodic axes as nested tuples): a step that brings a periodic width of a real system
+        down to it is discarded and ends the loop (``NARROW``); None: no limit.
 
     Returns:
       (rows, energy, extra, cell, virial, steps taken, reason, needed sizes): ``reason``
@@ -185,14 +191,20 @@ def advance(model, arrays, energy, extra, virial, fixed, step0, n, static, integ
             allowed = threshold - (1.0 - shrink) * (reach[0] / 2 if moving else 0.0)
             far = (d2 > allowed**2) | (allowed <= 0)
             blowup = nonfinite & ~box["overflow"]
-            bad = far | box["overflow"] | blowup | too_fast
+            narrow = jnp.asarray(False)
+            if width_limit is not None:
+                limit, periodic = width_limit
+                narrow = jnp.any(system_mask[:, None] & jnp.asarray(periodic)
+                                 & (cell_widths(new.cell) <= limit))
+            bad = far | box["overflow"] | blowup | too_fast | narrow
             soon = ~bad & (ahead2 > allowed**2)
             # A discarded step ends the loop, and the next call builds its list afresh, so
             # only the state needs selecting (the list is large, selecting it costs a copy).
             kept = (jax.tree_util.tree_map(lambda old, nw: jnp.where(bad, old, nw), state, new), box.get("verlet"))
             converged = ~bad & integrator.converged(kept[0], ctx)
-            reason = jnp.where(box["overflow"], OVERFLOW, jnp.where(too_fast, TOO_FAST, jnp.where(far, REBUILD, jnp.where(
-                blowup, NONFINITE, jnp.where(converged, CONVERGED, jnp.where(soon, AHEAD, RUNNING))))))
+            reason = jnp.where(box["overflow"], OVERFLOW, jnp.where(narrow, NARROW, jnp.where(
+                too_fast, TOO_FAST, jnp.where(far, REBUILD, jnp.where(blowup, NONFINITE, jnp.where(
+                    converged, CONVERGED, jnp.where(soon, AHEAD, RUNNING)))))))
             return (k + jnp.where(bad, 0, 1).astype(jnp.int32), bad | converged | soon, reason.astype(jnp.int32),
                     kept, box["needed"])
 

@@ -33,11 +33,12 @@ import numpy as np
 
 from ..data.checks import integral
 from ..data import AtomicData, Batch, as_batch
+from ..data.cell_widths import cell_widths
 from ..engine.distributed import DistributedModel
 from ..engine.rank_program import Needs
 from ..engine.run_placement import Placement
 from . import checkpoints, observables
-from .device_loop import AHEAD, CONVERGED, NONFINITE, OVERFLOW, REBUILD, TOO_FAST, advance
+from .device_loop import AHEAD, CONVERGED, NARROW, NONFINITE, OVERFLOW, REBUILD, TOO_FAST, advance
 from .device_programs import evaluate
 from .integrators import INTEGRATORS, KB_EV_PER_K
 from .io import ExtXYZWriter, Progress
@@ -250,7 +251,7 @@ class DomainParallel:
             self.dist_model.model, state.rows, state.energy, state.extra, state.virial, state.plan,
             jnp.asarray(state.step, jnp.int32), jnp.asarray(integral("n_steps", n_steps, minimum=0), jnp.int32),
             self.program(state), self.integrator, self.threshold, self.step_limit, self.nl_skin,
-            _reach(self)).lowered
+            _reach(self), _width_limit(self, state)).lowered
 
     def _advance(self, state: MDState, n: int) -> MDState:
         """Take ``n`` steps, leaving the device only to rebuild plans and grow capacities."""
@@ -263,7 +264,8 @@ class DomainParallel:
                 rows, energy, extra, cell, virial, k, reason, needed = advance(
                     self.dist_model.model, state.rows, state.energy, state.extra, state.virial, state.plan,
                     jnp.asarray(state.step, jnp.int32), jnp.asarray(n, jnp.int32), self.program(state),
-                    self.integrator, self.threshold, self.step_limit, self.nl_skin, _reach(self))
+                    self.integrator, self.threshold, self.step_limit, self.nl_skin, _reach(self),
+                    _width_limit(self, state))
                 k, reason = int(k), int(reason)
                 placed = state.placed.replace(rows=rows)
                 if self.integrator.moves_cell:
@@ -276,6 +278,8 @@ class DomainParallel:
             reason = self.dist_model.sizing.run_until_fits(chunk)
             if reason == CONVERGED:
                 state = state.replace(converged=True)
+            elif reason == NARROW:
+                raise RuntimeError(_narrow_message(self, state))
             elif reason == TOO_FAST:
                 raise RuntimeError(
                     f"step {state.step + 1} would move an atom more than {self.step_limit:.4g} Å (half the skin, or "
@@ -366,6 +370,30 @@ def _reach(md: DomainParallel):
         return None
     nc = md.dist_model.model.model_config.neighbor_config
     return (float(md.dist_model.ghost_width), float(nc.search_cutoff))
+
+
+def _width_limit(md: DomainParallel, state: MDState):
+    """For an integrator that moves the cell and a model with minimum-image displacements:
+    (twice its range in Å, the systems' periodic axes), the least width the device loop lets
+    a periodic cell reach; None otherwise. Args: md: the run. state: its state."""
+    reach = getattr(md.dist_model.model, "minimum_image_cutoff", lambda: None)()
+    if reach is None or not md.integrator.moves_cell:
+        return None
+    return 2.0 * float(reach), tuple(tuple(bool(p) for p in row) for row in np.asarray(state.template.pbc))
+
+
+def _narrow_message(md: DomainParallel, state: MDState) -> str:
+    """Why a run stopped before a step that made the cell too narrow for its model."""
+    model = md.dist_model.model
+    limit, _ = _width_limit(md, state)
+    cell = np.asarray(state.template.cell, np.float64)
+    widths = np.round(cell_widths(cell), 4).tolist()
+    return (f"step {state.step + 1} would bring a periodic width of the cell to {limit:g} Å or less, twice "
+            f"{type(model).__name__}'s minimum-image cutoff ({limit / 2:g} Å), where its displacements would miss or "
+            f"double count images; the cell has shrunk under {type(md.integrator).__name__} to "
+            f"{cell.round(4).tolist()} Å (widths {widths} Å) at step {state.step}; the state passed to run() is "
+            "unchanged. Use a larger cell (repeat it), a pressure that keeps it wider, or a model on jaxdd's "
+            "neighbour lists, which handle any cell")
 
 
 def _cell_hint(integrator) -> str:

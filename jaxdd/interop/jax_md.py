@@ -52,6 +52,7 @@ except ImportError as exc:  # an optional library: say how to get it
                       "(it is among jaxdd's test dependencies: pip install -e '.[test]')") from exc
 
 from ..model.base import BaseModel, ModelConfig, NeighborConfig
+from ..model.protocol import check_cell_width
 from ..neighbors import NeighborListFormat
 
 __all__ = ["JaxMDModel", "FORMATS", "RANGES", "RangeUnreadWarning", "displacement", "read_interaction_range"]
@@ -398,8 +399,7 @@ class JaxMDModel(eqx.Module, BaseModel):
             )
         if self.fractional_coordinates and not self.periodic:
             raise ValueError("fractional_coordinates=True needs a periodic cell (periodic=True)")
-        if self.periodic:
-            self._check_minimum_image(np.asarray(data.cell)[0])
+        check_cell_width(self, data.cell, data.pbc)
         if self.species is not None:
             mask = np.asarray(data.atom_mask)
             z = np.asarray(data.atomic_numbers)[mask]
@@ -409,17 +409,9 @@ class JaxMDModel(eqx.Module, BaseModel):
                 raise ValueError(f"atoms {rows[:8].tolist()} have atomic numbers {sorted(set(z[bad].tolist()))} "
                                  f"outside the jax-md potential's species {self.species}")
 
-    def _check_minimum_image(self, cell: np.ndarray) -> None:
-        volume = abs(float(np.linalg.det(cell)))
-        widths = [volume / float(np.linalg.norm(np.cross(cell[(k + 1) % 3], cell[(k + 2) % 3]))) for k in range(3)]
-        reach = self.model_config.neighbor_config.search_cutoff
-        narrow = [k for k in range(3) if widths[k] <= 2.0 * reach]
-        if narrow:
-            raise ValueError(
-                f"the cell is {min(widths):.4g} Å wide across lattice vector {narrow[0]}, not wider than twice the "
-                f"cutoff ({reach:g} Å): jax-md's periodic displacement is minimum-image and would miss or double "
-                "count images; repeat the cell (ase: atoms * (2, 2, 2)) until every width exceeds 2 × cutoff"
-            )
+    def minimum_image_cutoff(self) -> float | None:
+        """The neighbour range (Å) of a periodic potential, whose displacements are minimum-image."""
+        return self.model_config.neighbor_config.search_cutoff if self.periodic else None
 
     # ------------------------------------------------------------------ the call
 

@@ -28,6 +28,7 @@ from ..engine.host import host_array
 from ..engine.placed import Placed
 from ..engine.rank_program import STALE, Needs
 from ..engine.run_placement import Counters, Placement
+from ..model.protocol import check_cell_width
 from .device import StepSettings, built_lists, callback_step
 
 __all__ = ["ForceEvaluator", "Result"]
@@ -155,6 +156,9 @@ class ForceEvaluator:
         cell = np.asarray(cell, np.float64).reshape(1, 3, 3)
         origin = np.asarray(origin, np.float64).reshape(3)
         pbc = np.asarray(pbc, bool).reshape(1, 3)
+        # The box moves under fix deform, npt or box/relax: a minimum-image model is checked at
+        # every call, not only when the atoms were placed.
+        check_cell_width(self.dist_model.model, cell, pbc, at=f" LAMMPS passed at call {self.counts.calls}")
         if self.placed is None or not self._same_atoms(tags, numbers, pbc):
             self._place(tags, x, numbers, cell, origin, pbc)
         elif not np.array_equal(tags, self._tags):  # LAMMPS sorted its atoms: same atoms, new order

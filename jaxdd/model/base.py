@@ -302,6 +302,16 @@ class BaseModel:
     def validate_input(self, data) -> None:
         """Host-side checks of a concrete Batch ``data``; raise ValueError naming the atom or field."""
 
+    def minimum_image_cutoff(self) -> float | None:
+        """The range (Å) of the model's minimum-image displacements, or None (the default: the
+        model reads jaxdd's neighbour lists, which handle any cell).
+
+        Every periodic cell must be wider than twice it; the drivers check that whenever the
+        cell changes (a barostat, LAMMPS's ``fix deform``), not only when atoms are placed
+        (:func:`~jaxdd.model.protocol.check_cell_width`).
+        """
+        return None
+
     @property
     def cutoff(self) -> float | None:
         """The interaction range of the model's neighbour list (Å), or None if it builds none."""

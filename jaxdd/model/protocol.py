@@ -10,12 +10,13 @@ import jax
 import numpy as np
 
 from ..data import Batch, is_concrete
+from ..data.cell_widths import cell_widths
 from .base import ModelConfig, ModelOutputs
 from ..neighbors import capacity_bucket
 from ..spec import MLIPSpec, OutputKind
 
 __all__ = ["model_config", "requested_outputs", "default_order", "bucketed_atoms", "pad_atoms", "unpad_atoms",
-           "systems_without_volume", "check_stress_cells"]
+           "systems_without_volume", "check_stress_cells", "narrow_cells", "check_cell_width"]
 
 
 def model_config(model) -> ModelConfig:
@@ -133,3 +134,49 @@ def check_stress_cells(batch: Batch) -> None:
             f"stress needs a cell of non-zero volume, but system(s) {flat[:8].tolist()} have a degenerate cell; "
             "give those systems a cell (vacuum box) or do not request 'stress'"
         )
+
+
+def narrow_cells(model, cell, pbc) -> list[tuple[int, int, float]]:
+    """The periodic widths of ``cell`` a minimum-image model cannot run on.
+
+    Args:
+      model: the model (its :meth:`~jaxdd.BaseModel.minimum_image_cutoff`; a model without
+        one is never limited).
+      cell: [S, 3, 3] or [3, 3] Å.
+      pbc: [S, 3] or [3] bools.
+
+    Returns:
+      ``(system, lattice vector, width Å)`` of every periodic width not above twice the
+      model's minimum-image cutoff; empty when the cell suits the model.
+    """
+    reach = getattr(model, "minimum_image_cutoff", lambda: None)()
+    if reach is None:
+        return []
+    cell = np.asarray(cell, np.float64).reshape(-1, 3, 3)
+    pbc = np.broadcast_to(np.asarray(pbc, bool).reshape(-1, 3), (cell.shape[0], 3))
+    widths = cell_widths(cell)
+    return [(int(s), int(k), float(widths[s, k])) for s, k in zip(*np.nonzero(pbc & (widths <= 2.0 * reach)))]
+
+
+def check_cell_width(model, cell, pbc, *, at: str = "") -> None:
+    """Refuse a cell narrower than a minimum-image model needs (:func:`narrow_cells`).
+
+    Args:
+      model: the model.
+      cell: [S, 3, 3] or [3, 3] Å.
+      pbc: [S, 3] or [3] bools.
+      at: where the cell comes from, for the message (``" at step 120"``).
+
+    Raises:
+      ValueError: naming the system, the lattice vector, the width and the limit.
+    """
+    narrow = narrow_cells(model, cell, pbc)
+    if narrow:
+        s, k, width = narrow[0]
+        reach = model.minimum_image_cutoff()
+        system = f" (system {s})" if np.asarray(cell).reshape(-1, 3, 3).shape[0] > 1 else ""
+        raise ValueError(
+            f"the cell{at}{system} is {width:.4g} Å wide across lattice vector {k}, not wider than twice the cutoff "
+            f"({reach:g} Å): {type(model).__name__}'s periodic displacements are minimum-image and would miss or "
+            "double count images; repeat the cell (ase: atoms * (2, 2, 2)) until every width exceeds 2 × cutoff, "
+            "or use a model on jaxdd's neighbour lists, which handle any cell")

@@ -157,3 +157,39 @@ def test_a_declared_interaction_range_is_checked():
 def test_a_declared_range_must_agree_with_the_one_read():
     with pytest.raises(ValueError, match=r"interaction_range=1\.5 disagrees with the range read .*, 2\.5"):
         JaxMDModel(SHORT["lennard_jones"][0], cutoff=1.5, periodic=False, interaction_range=1.5)
+
+
+# ----------------------------------------------------------------------------- a cell that shrinks
+
+
+def _periodic_lj():
+    return JaxMDModel(functools.partial(energy.lennard_jones_neighbor_list, sigma=1.0, epsilon=1.0, r_cutoff=2.5),
+                      cutoff=2.5, periodic=True)
+
+
+def test_a_barostat_shrinking_the_cell_to_twice_the_cutoff_stops_the_run_naming_step_cell_and_limit():
+    # The 108-atom melt is 5.04 σ wide, just over 2 × 2.5 σ, at a pressure far below the target:
+    # the barostat compresses it, and jax-md's minimum image would then miss images silently.
+    from jaxdd.data.systems import lj_melt_data
+    from jaxdd.dynamics import DomainParallel, MTKBarostat
+
+    dm = jaxdd.DistributedModel(_periodic_lj(), jaxdd.DomainConfig(2.5, skin=0.3, grid=(1, 1, 1)))
+    md = DomainParallel(dm, MTKBarostat(dt=0.005, temperature=1.44, pressure=1.0, t_period=0.5, p_period=0.5, kB=1.0),
+                        kB=1.0)
+    with pytest.raises(RuntimeError, match=r"step (\d+) would bring a periodic width of the cell to 5 Å or less, twice "
+                                           r"JaxMDModel's minimum-image cutoff \(2\.5 Å\).*MTKBarostat to \[\[.*at step "
+                                           r"\d+; the state passed to run\(\) is unchanged"):
+        md.run(md.init(lj_melt_data(3, temperature=1.44, dtype=np.float64)), 400)
+
+
+def test_a_cell_that_lammps_shrank_is_checked_at_the_call_that_brings_it():
+    import jax
+
+    from jaxdd.engine import default_mesh
+    from jaxdd.lammps.evaluator import ForceEvaluator
+
+    evaluate = ForceEvaluator(_periodic_lj(), skin=0.3, mesh=default_mesh(jax.devices()[:1]))
+    with pytest.raises(ValueError, match=r"the cell LAMMPS passed at call 1 is 4\.9 Å wide across lattice vector 0, "
+                                         r"not wider than twice the cutoff \(2\.5 Å\)"):
+        evaluate(np.arange(1, 3), np.array([[0.0, 0.0, 0.0], [1.1, 0.0, 0.0]]), np.array([18, 18]),
+                 np.diag([4.9, 6.0, 6.0]))
