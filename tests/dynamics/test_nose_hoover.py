@@ -72,10 +72,15 @@ def lj_md(integrator, grid, **config):
     return DomainParallel(dm, integrator)
 
 
+# Each DistributedModel compiles its own programs: the runs and start states of one integrator
+# on one grid share them (the restart below makes its own, as a new process would).
+lj_md_on = functools.lru_cache(maxsize=None)(lj_md)
+
+
 @functools.lru_cache(maxsize=None)
 def lj_run(integrator, grid, system, n_steps):
     """(positions [N, 3], cell [3, 3], thermo, run stats) after ``n_steps`` from ``system``."""
-    md = lj_md(integrator, grid)
+    md = lj_md_on(integrator, grid)
     data = {"triclinic": triclinic_melt, "dilute": dilute_melt}[system]()
     state = md.run(md.init(data), n_steps)
     return (np.asarray(md.gather(state).positions), np.asarray(state.template.cell[0]), md.thermo(state),
@@ -167,7 +172,7 @@ def test_one_device_follows_lammps_live():
 
 def test_nose_hoover_chain_conserves_its_extended_energy():
     pos, _, thermo, _ = lj_run(NVT, (1, 1, 1), "triclinic", 200)
-    start = lj_md(NVT, (1, 1, 1))
+    start = lj_md_on(NVT, (1, 1, 1))
     first = start.thermo(start.init(triclinic_melt()))
     # The thermostat moves energy in and out (the total energy changes by a hundred ε while
     # the lattice melts) while the chain's extended energy stays put to the integrator's error.
@@ -178,7 +183,7 @@ def test_nose_hoover_chain_conserves_its_extended_energy():
 
 def test_barostat_keeps_its_conserved_quantity_while_the_cell_moves():
     _, cell, thermo, stats = lj_run(npt("tri"), (1, 1, 1), "triclinic", 200)
-    start = lj_md(npt("tri"), (1, 1, 1))
+    start = lj_md_on(npt("tri"), (1, 1, 1))
     first = start.thermo(start.init(triclinic_melt()))
     assert abs(thermo["volume"][0] / first["volume"][0] - 1) > 0.03
     assert not np.allclose(cell[1, 0] / cell[1, 1], 0.1, rtol=1e-3)  # the tilts are barostatted too
@@ -190,9 +195,9 @@ def test_barostat_keeps_its_conserved_quantity_while_the_cell_moves():
 
 
 @pytest.mark.parametrize("integrator, relax, sampled", [
-    (CRESCALE, 300, 1000), pytest.param(CRESCALE_ANISO, 400, 1600, marks=pytest.mark.slow)], ids=["iso", "aniso"])
+    (CRESCALE, 300, 500), pytest.param(CRESCALE_ANISO, 400, 1600, marks=pytest.mark.slow)], ids=["iso", "aniso"])
 def test_crescale_reaches_the_target_pressure_and_keeps_its_effective_energy(integrator, relax, sampled):
-    md = lj_md(integrator, (1, 1, 1))
+    md = lj_md_on(integrator, (1, 1, 1))
     state = md.run(md.init(triclinic_melt()), relax)  # from a lattice under tension: relax first
     first = md.thermo(state)
     log = []
@@ -227,7 +232,10 @@ def test_iso_and_aniso_keep_the_cell_shape_they_must():
                                         pytest.param(CRESCALE, marks=pytest.mark.slow), CRESCALE_ANISO],
                          ids=["nvt", "npt-tri", "crescale", "crescale-aniso"])
 def test_distributed_follows_one_device(integrator):
-    assert_follows(lj_run(integrator, (2, 2, 1), "triclinic", 200), lj_run(integrator, (1, 1, 1), "triclinic", 200))
+    # 100 steps: ten plan rebuilds or so on (2, 2, 1), the cell moving under them.
+    run = lj_run(integrator, (2, 2, 1), "triclinic", 100)
+    assert run[3].rebuilds >= 3 and run[3].migrations >= 1
+    assert_follows(run, lj_run(integrator, (1, 1, 1), "triclinic", 100))
 
 
 @pytest.mark.slow
@@ -298,9 +306,9 @@ def test_schnet_distributed_follows_one_device(integrator, grid):
                          ids=["nvt", "npt-tri"])
 def test_graph_parallel_dynamics_follows_one_device(integrator):
     """Node blocks (strategy='graph_partition') never migrate: the same steps on 4 ranks."""
-    run = schnet_run(integrator, (4, 1, 1), 50, "graph_partition")
+    run = schnet_run(integrator, (4, 1, 1), 20, "graph_partition")
     assert run[3].rebuilds == 0 and run[3].migrations == 0
-    assert_follows(run, schnet_run(integrator, (1, 1, 1), 50))
+    assert_follows(run, schnet_run(integrator, (1, 1, 1), 20))
 
 
 # ----------------------------------------------------------------------------- refused input
