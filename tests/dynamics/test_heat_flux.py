@@ -41,10 +41,16 @@ def mesh_of(n):
     return Mesh(np.asarray(jax.devices()[:n]), ("dd",), axis_types=(AxisType.Auto,))
 
 
-def lj_md(grid=(1, 1, 1), dt=DT):
+@functools.lru_cache(maxsize=None)
+def lj_model(grid):
+    """The LJ DistributedModel on ``grid``: one per grid, so that the runs of several time steps
+    share its compiled force and per-atom programs."""
     model = LennardJones(1.0, 1.0, CUTOFF, shift=True)
-    dm = DistributedModel(model, DomainConfig(CUTOFF, skin=SKIN, mesh=mesh_of(math.prod(grid)), grid=grid))
-    return DomainParallel(dm, VelocityVerlet(dt), kB=1.0)
+    return DistributedModel(model, DomainConfig(CUTOFF, skin=SKIN, mesh=mesh_of(math.prod(grid)), grid=grid))
+
+
+def lj_md(grid=(1, 1, 1), dt=DT):
+    return DomainParallel(lj_model(grid), VelocityVerlet(dt), kB=1.0)
 
 
 @functools.lru_cache(maxsize=None)
