@@ -152,14 +152,10 @@ def test_a_time_step_given_as_a_numpy_scalar_or_0d_array_is_a_number(dt):
 # ----------------------------------------------------------------------------- refused at run time
 
 
-# One DistributedModel per grid and strategy: the integrators' runs share its compiled force programs.
-shared_model = functools.lru_cache(maxsize=None)(lambda grid, strategy: dist_model(grid, strategy=strategy))
-
-
 @functools.lru_cache(maxsize=None)
 def md_of(integrator, grid=(1, 1, 1), strategy=None) -> DomainParallel:
     kB = None if getattr(integrator, "kB", None) is not None else 1.0
-    return DomainParallel(shared_model(grid, strategy), integrator, kB=kB)
+    return DomainParallel(dist_model(grid, strategy=strategy), integrator, kB=kB)
 
 
 # The check is the device loop's, whatever the integrator: NVT is in the slow set.
