@@ -123,17 +123,22 @@ def test_a_model_that_builds_its_own_graph_is_refused():
 
 
 def test_dynamics_run_node_blocks_without_migration():
-    """DomainParallel keeps each node block on its rank: no rebuilds, the one-device steps."""
+    """DomainParallel keeps each node block on its rank: no rebuilds, the one-device steps, the
+    thermostat's chain (summed over the blocks) included."""
     from jaxdd.data.systems import lj_melt_data
+    from jaxdd.dynamics import NoseHooverChain
 
     data = lj_melt_data(3, temperature=1.0, dtype=np.float64)
-    md = jaxdd.DomainParallel(gp_model(LennardJones(1.0, 1.0, 2.5), 2), jaxdd.VelocityVerlet(dt=0.005), kB=1.0)
+    nvt = NoseHooverChain(dt=0.005, temperature=1.0, period=0.5, kB=1.0)
+    md = jaxdd.DomainParallel(gp_model(LennardJones(1.0, 1.0, 2.5), 2), nvt)
     state = md.run(md.init(data), 40)
     assert md.last_run.rebuilds == 0 and md.last_run.migrations == 0
     one = jaxdd.DomainParallel(DistributedModel(LennardJones(1.0, 1.0, 2.5), DomainConfig(2.5, skin=0.3,
-                                                mesh=mesh_for((1, 1, 1)))), jaxdd.VelocityVerlet(dt=0.005), kB=1.0)
-    reference = one.gather(one.run(one.init(data), 40)).positions
-    np.testing.assert_allclose(np.asarray(md.gather(state).positions), np.asarray(reference), rtol=0, atol=1e-9)
+                                                mesh=mesh_for((1, 1, 1)))), nvt)
+    reference = one.run(one.init(data), 40)
+    np.testing.assert_allclose(np.asarray(md.gather(state).positions), np.asarray(one.gather(reference).positions),
+                               rtol=0, atol=1e-9)
+    np.testing.assert_allclose(md.thermo(state)["conserved"], one.thermo(reference)["conserved"], rtol=1e-10)
 
 
 # ----------------------------------------------------------------------------- results
