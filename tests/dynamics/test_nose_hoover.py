@@ -317,13 +317,16 @@ def test_schnet_distributed_follows_one_device(integrator, grid):
     assert_follows(schnet_run(integrator, grid), schnet_run(integrator, (1, 1, 1)))
 
 
-@pytest.mark.parametrize("integrator", [SCHNET_NVT, pytest.param(SCHNET_NPT, marks=pytest.mark.slow)],
-                         ids=["nvt", "npt-tri"])
+# In the slow set: the default suite runs Nosé-Hoover dynamics on node blocks (LJ,
+# test_graph_parallel.py::test_dynamics_run_node_blocks_without_migration) and a message-passing
+# model on node blocks (test_graph_parallel.py::test_message_passing_model_equals_single_device).
+@pytest.mark.slow
+@pytest.mark.parametrize("integrator", [SCHNET_NVT, SCHNET_NPT], ids=["nvt", "npt-tri"])
 def test_graph_parallel_dynamics_follows_one_device(integrator):
     """Node blocks (strategy='graph_partition') never migrate: the same steps on 4 ranks."""
-    run = schnet_run(integrator, (4, 1, 1), 20, "graph_partition")
+    run = schnet_run(integrator, (4, 1, 1), 50, "graph_partition")
     assert run[3].rebuilds == 0 and run[3].migrations == 0
-    assert_follows(run, schnet_run(integrator, (1, 1, 1), 20))
+    assert_follows(run, schnet_run(integrator, (1, 1, 1), 50))
 
 
 # ----------------------------------------------------------------------------- refused input
