@@ -77,12 +77,14 @@ def run_script(directory, *extra, env_extra=None):
     return proc.stdout, path
 
 
+# The tests of the benchmark's tiny run (a subprocess, ~13 s) run with the slow set.
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     directory = tmp_path_factory.mktemp("bench")
     return run_script(directory, "--paths", "jnp", env_extra=fake_lammps(directory))
 
 
+@pytest.mark.slow
 def test_prints_a_row_per_device_count_and_lammps(tiny_run):
     out, _ = tiny_run
     for devices in (1, 2):
@@ -98,6 +100,7 @@ def test_prints_a_row_per_device_count_and_lammps(tiny_run):
                      flags=re.MULTILINE), out
 
 
+@pytest.mark.slow
 def test_writes_its_figures_as_json(tiny_run):
     _, path = tiny_run
     record = json.loads(path.read_text())
@@ -117,6 +120,7 @@ def test_writes_its_figures_as_json(tiny_run):
     assert record["target"]["met"] in (True, False) and record["target"]["jnp_met"] in (True, False)
 
 
+@pytest.mark.slow
 def test_each_row_is_the_fastest_of_its_timed_runs(tiny_run):
     _, path = tiny_run
     record = json.loads(path.read_text())
@@ -125,6 +129,7 @@ def test_each_row_is_the_fastest_of_its_timed_runs(tiny_run):
         assert len(r["seconds_of_each_run"]) == 3 and r["seconds"] == min(r["seconds_of_each_run"])
 
 
+@pytest.mark.slow
 def test_each_ratio_is_to_the_lammps_runs_beside_its_row(tiny_run):
     # The stand-in LAMMPS slows down at every call: rows measured later see a slower LAMMPS,
     # and each row's ratio is to the fastest of the runs made right before it.

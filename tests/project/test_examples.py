@@ -35,6 +35,9 @@ def test_byo_graph_transformer_example_validates_energy_and_forces_through_the_k
 
 
 @pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
+# In the slow set: docs/training.md fits a model with DistributedModel.apply against one device
+# in the default suite, and tests/engine/test_training.py checks the gradients.
+@pytest.mark.slow
 def test_fit_example_losses_agree_with_one_device_and_go_down():
     main = runpy.run_path(str(ROOT / "examples" / "distributed" / "06_fit_on_a_large_cell.py"))["main"]
     distributed, one_device = main()
@@ -43,10 +46,9 @@ def test_fit_example_losses_agree_with_one_device_and_go_down():
     assert np.all(np.diff(one_device) < 0)  # a real fit: every Adam step lowers the loss
 
 
-# The bring-your-own-model notebook walks the whole arc in the default suite; the others
-# run with the slow set.
-NOTEBOOKS = [pytest.param(p, marks=() if p.name == "bring_your_own_model.ipynb" else pytest.mark.slow)
-             for p in sorted((ROOT / "notebooks").glob("*.ipynb"))]
+# The notebooks run with the slow set; docs/adding_a_model.md walks the same arc, a plain JAX
+# function to a model validated and run on several devices, in the default suite.
+NOTEBOOKS = [pytest.param(p, marks=pytest.mark.slow) for p in sorted((ROOT / "notebooks").glob("*.ipynb"))]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
