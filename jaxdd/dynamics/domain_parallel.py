@@ -37,6 +37,7 @@ from ..data.cell_widths import cell_widths
 from ..engine.distributed import DistributedModel
 from ..engine.rank_program import Needs
 from ..engine.run_placement import Placement
+from ..model.protocol import minimum_image_cutoff
 from . import checkpoints, observables
 from .device_loop import AHEAD, CONVERGED, NARROW, NONFINITE, OVERFLOW, REBUILD, TOO_FAST, advance
 from .device_programs import evaluate
@@ -376,7 +377,7 @@ def _width_limit(md: DomainParallel, state: MDState):
     """For an integrator that moves the cell and a model with minimum-image displacements:
     (twice its range in Å, the systems' periodic axes), the least width the device loop lets
     a periodic cell reach; None otherwise. Args: md: the run. state: its state."""
-    reach = getattr(md.dist_model.model, "minimum_image_cutoff", lambda: None)()
+    reach = minimum_image_cutoff(md.dist_model.model)
     if reach is None or not md.integrator.moves_cell:
         return None
     return 2.0 * float(reach), tuple(tuple(bool(p) for p in row) for row in np.asarray(state.template.pbc))

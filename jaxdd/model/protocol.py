@@ -16,7 +16,8 @@ from ..neighbors import capacity_bucket
 from ..spec import MLIPSpec, OutputKind
 
 __all__ = ["model_config", "requested_outputs", "default_order", "bucketed_atoms", "pad_atoms", "unpad_atoms",
-           "systems_without_volume", "check_stress_cells", "narrow_cells", "check_cell_width"]
+           "systems_without_volume", "check_stress_cells", "minimum_image_cutoff", "narrow_cells",
+           "check_cell_width"]
 
 
 def model_config(model) -> ModelConfig:
@@ -136,6 +137,13 @@ def check_stress_cells(batch: Batch) -> None:
         )
 
 
+def minimum_image_cutoff(model) -> float | None:
+    """``model``'s :meth:`~jaxdd.BaseModel.minimum_image_cutoff` (Å), or None for a model
+    without one (never limited)."""
+    reach = getattr(model, "minimum_image_cutoff", None)
+    return None if reach is None else reach()
+
+
 def narrow_cells(model, cell, pbc) -> list[tuple[int, int, float]]:
     """The periodic widths of ``cell`` a minimum-image model cannot run on.
 
@@ -149,7 +157,7 @@ def narrow_cells(model, cell, pbc) -> list[tuple[int, int, float]]:
       ``(system, lattice vector, width Å)`` of every periodic width not above twice the
       model's minimum-image cutoff; empty when the cell suits the model.
     """
-    reach = getattr(model, "minimum_image_cutoff", lambda: None)()
+    reach = minimum_image_cutoff(model)
     if reach is None:
         return []
     cell = np.asarray(cell, np.float64).reshape(-1, 3, 3)
