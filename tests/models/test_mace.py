@@ -277,7 +277,7 @@ def test_domain_parallel_trajectory_equals_one_device():
 
     from jaxdd.dynamics import DomainParallel, VelocityVerlet
 
-    dt, n_steps = 0.5 * fs, 100
+    dt, n_steps = 0.5 * fs, 20
     model = converted("trained")
     data = crystal()
     rng = np.random.default_rng(1)
