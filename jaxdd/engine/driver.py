@@ -60,6 +60,7 @@ def neighbor_list_for(model, batch: Batch, capacity: NeighborCapacity):
         capacity=capacity,
         half=nc.half_list,
         format=nc.format,
+        bond_cutoff=nc.bond_cutoff,
     )
 
 
@@ -206,7 +207,7 @@ def compute(
     if nc is not None and capacity is None:
         capacity = program_capacity(neighbor_capacity(
             batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
-            cutoff=nc.search_cutoff, half=nc.half_list, headroom=1.0,
+            cutoff=nc.search_cutoff, half=nc.half_list, headroom=1.0, bond_cutoff=nc.bond_cutoff,
         ), nc)
     held = {"capacity": capacity}
 
@@ -225,8 +226,10 @@ def compute(
 
 def program_capacity(capacity: NeighborCapacity, nc) -> NeighborCapacity:
     """The neighbour capacity a program is compiled for: ``capacity`` rounded up to buckets
-    (:meth:`NeighborCapacity.bucketed`), with at least the model's ``max_neighbors`` slots. A COO
-    list has no neighbour slots, so there ``max_neighbors`` (unused) is not kept in the program's key."""
+    (:meth:`NeighborCapacity.bucketed`), with at least the model's ``max_neighbors`` and ``max_bonds``
+    slots. A COO list has no neighbour slots and a list without a bond cutoff no bond slots, so
+    there the unused counts are not kept in the program's key."""
     capacity = capacity.bucketed()
     slots = capacity.max_neighbors if NeighborListFormat(nc.format) is NeighborListFormat.MATRIX else 1
-    return dataclasses.replace(capacity, max_neighbors=max(slots, nc.max_neighbors or 1))
+    bonds = 1 if nc.bond_cutoff is None else max(capacity.max_bonds, nc.max_bonds or 1)
+    return dataclasses.replace(capacity, max_neighbors=max(slots, nc.max_neighbors or 1), max_bonds=bonds)

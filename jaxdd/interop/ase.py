@@ -156,7 +156,8 @@ class Calculator(_AseCalculator):
         b = as_batch(data)
         b = pad_atoms(b, bucketed_atoms(b))
         return program_capacity(neighbor_capacity(b.positions, b.cell, b.pbc, b.batch_idx, b.atom_mask,
-                                                  cutoff=nc.search_cutoff, half=nc.half_list, headroom=_HEADROOM), nc)
+                                                  cutoff=nc.search_cutoff, half=nc.half_list, headroom=_HEADROOM,
+                                                  bond_cutoff=nc.bond_cutoff), nc)
 
     def _model_config(self) -> ModelConfig:
         return (self.model.model if self.distributed else self.model).model_config
@@ -206,4 +207,5 @@ def _union(a, b):
         max_neighbors=max(a.max_neighbors, b.max_neighbors),
         max_candidates=max(a.max_candidates, b.max_candidates),
         search_range=tuple(max(x, y) for x, y in zip(a.search_range, b.search_range)),
+        max_bonds=max(a.max_bonds, b.max_bonds),
     )

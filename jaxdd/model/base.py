@@ -49,6 +49,10 @@ class NeighborConfig:
     also holds pairs up to ``cutoff + skin`` and the model must mask by its own cutoff.
     format: COO edges or a per-atom MATRIX. half_list: each pair once instead of twice.
     max_neighbors: optional starting MATRIX width (grown on overflow, never truncated).
+    bond_cutoff: optional bond range (Å), 0 < bond_cutoff <= cutoff: the list then carries
+    ``bonds``, a :class:`~jaxdd.neighbors.BondList` of the neighbours closer than it (MATRIX
+    format and a full list required; docs/angle_models.md). max_bonds: optional starting bond
+    width (needs ``bond_cutoff``; grown on overflow, never truncated).
     """
 
     cutoff: float
@@ -56,6 +60,8 @@ class NeighborConfig:
     half_list: bool = False
     skin: float = 0.0
     max_neighbors: int | None = None
+    bond_cutoff: float | None = None
+    max_bonds: int | None = None
 
     def __post_init__(self):
         c = self.cutoff
@@ -64,26 +70,45 @@ class NeighborConfig:
         s = self.skin
         if not _is_real(s) or not math.isfinite(s) or s < 0:
             raise ValueError(f"NeighborConfig.skin must be a finite number >= 0 (Å), got {s!r}")
-        k = self.max_neighbors
-        if k is not None:
-            try:
-                if isinstance(k, bool):
-                    raise TypeError
-                k = operator.index(k)
-            except TypeError:
-                raise ValueError(f"NeighborConfig.max_neighbors must be an integer >= 1 or None, got {k!r}") from None
-            if k < 1:
-                raise ValueError(f"NeighborConfig.max_neighbors must be an integer >= 1 or None, got {k!r}")
-        object.__setattr__(self, "max_neighbors", k)
+        object.__setattr__(self, "max_neighbors", _slots("max_neighbors", self.max_neighbors))
         object.__setattr__(self, "cutoff", float(c))
         object.__setattr__(self, "skin", float(s))
         object.__setattr__(self, "format", NeighborListFormat(self.format))
         object.__setattr__(self, "half_list", bool(self.half_list))
+        bc = self.bond_cutoff
+        if bc is not None:
+            if not _is_real(bc) or not math.isfinite(bc) or not 0 < bc <= c:
+                raise ValueError(f"NeighborConfig.bond_cutoff must be a number in (0, cutoff = {c}] Å or None, got {bc!r}")
+            if self.format is not NeighborListFormat.MATRIX:
+                raise ValueError("NeighborConfig.bond_cutoff needs format=MATRIX: bonds are slots of the per-atom "
+                                 f"neighbour rows, got format={self.format.name}")
+            if self.half_list:
+                raise ValueError("NeighborConfig.bond_cutoff needs half_list=False: a bond's reverse lies in its "
+                                 "partner's row")
+            object.__setattr__(self, "bond_cutoff", float(bc))
+        object.__setattr__(self, "max_bonds", _slots("max_bonds", self.max_bonds))
+        if self.max_bonds is not None and bc is None:
+            raise ValueError("NeighborConfig.max_bonds sizes the bond list: it needs a bond_cutoff")
 
     @property
     def search_cutoff(self) -> float:
         """Range the neighbour list is built with: cutoff + skin (Å)."""
         return self.cutoff + self.skin
+
+
+def _slots(name: str, k):
+    """A slot count of NeighborConfig checked: None, or an integer >= 1."""
+    if k is None:
+        return None
+    try:
+        if isinstance(k, bool):
+            raise TypeError
+        k = operator.index(k)
+    except TypeError:
+        raise ValueError(f"NeighborConfig.{name} must be an integer >= 1 or None, got {k!r}") from None
+    if k < 1:
+        raise ValueError(f"NeighborConfig.{name} must be an integer >= 1 or None, got {k!r}")
+    return k
 
 
 def _is_real(x) -> bool:

@@ -25,11 +25,13 @@ Conventions (shared by every model and by the domain decomposition):
 
 Modules: :mod:`~jaxdd.neighbors.formats` (the list, its layout and capacity),
 :mod:`~jaxdd.neighbors.geometry` (binning cell, edge vectors), :mod:`~jaxdd.neighbors.cell_list`
-(the bin search), :mod:`~jaxdd.neighbors.build` (the builders), :mod:`~jaxdd.neighbors.sizing`
+(the bin search), :mod:`~jaxdd.neighbors.build` (the builders), :mod:`~jaxdd.neighbors.bonds`
+(bonds, their reverses and triplets, for angle models), :mod:`~jaxdd.neighbors.sizing`
 (host-side sizing), :mod:`~jaxdd.neighbors.inputs` (input checks) and
 :mod:`~jaxdd.neighbors.capacity` (the sizing and growth rule of every capacity).
 """
 
+from .bonds import BondList, bond_partners, bond_vectors, gather_bonds, triplet_cosines, triplet_mask
 from .build import build_neighbor_list, local_neighbor_list, neighbor_list
 from .formats import (BUCKET_MIN, NEIGHBOR_BACKENDS, NeighborCapacity, NeighborList, NeighborListFormat, NeighborStats,
                       capacity_bucket)
@@ -41,6 +43,12 @@ __all__ = [
     "NeighborCapacity",
     "NeighborStats",
     "NeighborList",
+    "BondList",
+    "bond_partners",
+    "bond_vectors",
+    "gather_bonds",
+    "triplet_cosines",
+    "triplet_mask",
     "build_neighbor_list",
     "neighbor_capacity",
     "neighbor_list",

@@ -18,10 +18,11 @@ import numpy as np
 from .. import programs
 from ..data.checks import integral
 from ..data import is_concrete
+from .bonds import build_bonds
 from .capacity import run_until_fits
 from .cell_list import candidate_mask
 from .formats import NeighborCapacity, NeighborList, NeighborListFormat
-from .inputs import check_cutoff, check_order, normalise_inputs
+from .inputs import check_bond_cutoff, check_cutoff, check_order, normalise_inputs
 from .sizing import neighbor_capacity
 
 __all__ = ["build_neighbor_list", "local_neighbor_list", "neighbor_list"]
@@ -35,6 +36,7 @@ def build_neighbor_list(
     format: NeighborListFormat = NeighborListFormat.COO,
     n_receivers: int | None = None,
     order=None,
+    bond_cutoff: float | None = None,
 ) -> NeighborList:
     """Build a neighbour list on device; traceable under ``jit`` (keyword args static but ``order``).
 
@@ -61,6 +63,9 @@ def build_neighbor_list(
         sets of rows (two ranks) about evenly; the lower key alone would give them all to
         the set holding the lower ids. Default: the lower row index, and the positive image
         shift.
+      bond_cutoff: Å, 0 < bond_cutoff <= cutoff, or None: the list then carries ``bonds``
+        (:class:`~jaxdd.neighbors.BondList`, ``capacity.max_bonds`` slots per row; full
+        MATRIX lists only).
 
     Returns:
       The :class:`~jaxdd.neighbors.NeighborList` (``overflow`` set when a capacity was too
@@ -68,19 +73,22 @@ def build_neighbor_list(
     """
     check_cutoff(cutoff)
     format = NeighborListFormat(format)
+    bond_cutoff = check_bond_cutoff(bond_cutoff, cutoff, format, half)
     if n_receivers is not None:
         n_receivers = integral("build_neighbor_list: n_receivers", n_receivers, minimum=0)
     inputs = tuple(x if x is None or isinstance(x, (jax.Array, np.ndarray)) else np.asarray(x)
                    for x in (positions, cell, pbc, batch_idx, atom_mask))
     if order is not None:  # checked here, where a host pbc is still concrete
         order = check_order(order, inputs[0].shape[0], half, inputs[2])
-    kw = dict(cutoff=float(cutoff), capacity=capacity, half=bool(half), format=format, n_receivers=n_receivers)
+    kw = dict(cutoff=float(cutoff), capacity=capacity, half=bool(half), format=format, n_receivers=n_receivers,
+              bond_cutoff=bond_cutoff)
     if not is_concrete(*jax.tree_util.tree_leaves((inputs, order))):
         return _build(*inputs, **kw, order=order)  # inside the caller's program
     return _build_jit(*inputs, **kw, order=order)
 
 
-def _build(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, capacity, half, format, n_receivers, order):
+def _build(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, capacity, half, format, n_receivers, order,
+           bond_cutoff=None):
     """The build of :func:`build_neighbor_list`, its arguments checked (traced, or jitted as ``_build_jit``)."""
     positions, cell, pbc, batch_idx, atom_mask = normalise_inputs(positions, cell, pbc, batch_idx, atom_mask)
     n = positions.shape[0]
@@ -110,8 +118,20 @@ def _build(positions, cell, pbc, batch_idx, atom_mask, *, cutoff, capacity, half
         | (needed_candidates > c)
         | jnp.any(aux["need"] > jnp.asarray(capacity.search_range))
     )
-    return _assemble(senders, receivers, shifts, valid, per_atom, n_edges, n, capacity, format, overflow,
-                     needed_candidates=needed_candidates, needed_range=aux["need"], needed_bins=aux["bins_used"])
+    nl = _assemble(senders, receivers, shifts, valid, per_atom, n_edges, n, capacity, format, overflow,
+                   needed_candidates=needed_candidates, needed_range=aux["need"], needed_bins=aux["bins_used"])
+    return _with_bonds(nl, positions, cell, batch_idx, bond_cutoff, capacity)
+
+
+def _with_bonds(nl: NeighborList, positions, cell, batch_idx, bond_cutoff, capacity) -> NeighborList:
+    """``nl`` with its bonds (none when ``bond_cutoff`` is None); a row with more bonds than
+    ``capacity.max_bonds`` sets ``overflow``."""
+    if bond_cutoff is None:
+        return nl
+    bonds = build_bonds(positions, cell, batch_idx, nl.matrix, nl.matrix_shifts, bond_cutoff=bond_cutoff,
+                        max_bonds=capacity.max_bonds)
+    overflow = nl.overflow | (jnp.max(bonds.count, initial=0) > capacity.max_bonds)
+    return dataclasses.replace(nl, bonds=bonds, overflow=overflow)
 
 
 def _assemble(senders, receivers, shifts, valid, per_atom, n_edges, n, capacity, format, overflow, *,
@@ -141,13 +161,14 @@ def _assemble(senders, receivers, shifts, valid, per_atom, n_edges, n, capacity,
 
 
 
-_build_jit = programs.track(jax.jit(_build, static_argnames=("cutoff", "capacity", "half", "format", "n_receivers")))
+_build_jit = programs.track(jax.jit(_build, static_argnames=("cutoff", "capacity", "half", "format", "n_receivers",
+                                                              "bond_cutoff")))
 
 
 def local_neighbor_list(positions, batch_idx, atom_mask, *, n_systems: int, cutoff: float,
                         capacity: NeighborCapacity, half: bool = False,
                         format: NeighborListFormat = NeighborListFormat.COO, n_receivers: int | None = None,
-                        backend: str = "jnp", order=None) -> NeighborList:
+                        backend: str = "jnp", order=None, bond_cutoff: float | None = None) -> NeighborList:
     """The neighbour list of atoms with open boundaries (no periodic axis, no cell), as a
     rank builds it over its owned rows and ghost images; traceable under ``jit``.
 
@@ -164,6 +185,7 @@ def local_neighbor_list(positions, batch_idx, atom_mask, *, n_systems: int, cuto
         neighbour slots can overflow).
       order: for a half list, the two [n] int32 keys that decide which row of a pair lists
         it (see :func:`build_neighbor_list`).
+      bond_cutoff: Å, or None: the bonds of the receiver rows (see :func:`build_neighbor_list`).
 
     Returns:
       The :class:`~jaxdd.neighbors.NeighborList`, its shifts all zero (``zero_shifts``).
@@ -175,12 +197,13 @@ def local_neighbor_list(positions, batch_idx, atom_mask, *, n_systems: int, cuto
         nl = build_neighbor_list(
             positions, jnp.broadcast_to(jnp.eye(3, dtype=dtype), (n_systems, 3, 3)), jnp.zeros((n_systems, 3), bool),
             batch_idx, atom_mask, cutoff=cutoff, capacity=capacity, half=half, format=format, n_receivers=n_receivers,
-            order=order)
+            order=order, bond_cutoff=bond_cutoff)
         return dataclasses.replace(nl, zero_shifts=True)
     from ..ffi.neighbors import cell_list
 
     check_cutoff(cutoff)
     format = NeighborListFormat(format)
+    bond_cutoff = check_bond_cutoff(bond_cutoff, cutoff, format, half)
     n = positions.shape[0]
     senders, receivers, shifts, per_atom, n_edges = cell_list(
         positions, jnp.asarray(batch_idx, jnp.int32), jnp.asarray(atom_mask, bool), cutoff=float(cutoff),
@@ -189,6 +212,8 @@ def local_neighbor_list(positions, batch_idx, atom_mask, *, n_systems: int, cuto
     zero = jnp.zeros((), jnp.int32)
     nl = _assemble(senders, receivers, shifts, valid, per_atom, n_edges, n, capacity, format, jnp.zeros((), bool),
                    needed_candidates=zero, needed_range=jnp.zeros(3, jnp.int32), needed_bins=zero)
+    nl = _with_bonds(nl, positions, jnp.broadcast_to(jnp.eye(3, dtype=positions.dtype), (n_systems, 3, 3)),
+                     jnp.asarray(batch_idx, jnp.int32), bond_cutoff, capacity)
     return dataclasses.replace(nl, zero_shifts=True)
 
 
@@ -199,6 +224,7 @@ def neighbor_list(
     format: NeighborListFormat = NeighborListFormat.COO,
     capacity: NeighborCapacity | None = None,
     max_rebuilds: int = 8,
+    bond_cutoff: float | None = None,
 ) -> tuple[NeighborList, NeighborCapacity]:
     """Build a complete neighbour list from the host: size, build, grow on overflow.
 
@@ -208,6 +234,7 @@ def neighbor_list(
       capacity: the capacity to start from (default: sized by
         :func:`~jaxdd.neighbors.neighbor_capacity`).
       max_rebuilds: builds tried before giving up.
+      bond_cutoff: Å, or None: the list carries bonds (see :func:`build_neighbor_list`).
 
     Returns:
       (the list, the capacity it was built with: reuse it to avoid re-jitting).
@@ -217,11 +244,12 @@ def neighbor_list(
     """
     args = (positions, cell, pbc, batch_idx, atom_mask)
     if capacity is None:
-        capacity = neighbor_capacity(*args, cutoff=cutoff, half=half)
+        capacity = neighbor_capacity(*args, cutoff=cutoff, half=half, bond_cutoff=bond_cutoff)
     held = {"capacity": capacity}
 
     def attempt():
-        nl = build_neighbor_list(*args, cutoff=cutoff, capacity=held["capacity"], half=half, format=format)
+        nl = build_neighbor_list(*args, cutoff=cutoff, capacity=held["capacity"], half=half, format=format,
+                                 bond_cutoff=bond_cutoff)
         return (nl, held["capacity"]), (nl.stats() if bool(nl.overflow) else None)
 
     def grow_to(needed):

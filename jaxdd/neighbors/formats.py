@@ -46,6 +46,8 @@ class NeighborCapacity:
         far away but scan more bins (2 is a good balance for dense systems).
     max_bins: size of the bin table shared by all systems (None: max(4096, 2 n_atoms));
         systems that would need more bins get coarser ones.
+    max_bonds: bond slots per atom (the width B of :class:`~jaxdd.neighbors.BondList`; read
+        only by a build with a bond cutoff).
     """
 
     max_edges: int
@@ -54,10 +56,11 @@ class NeighborCapacity:
     search_range: tuple[int, int, int]
     bin_divisions: int = 2
     max_bins: int | None = None
+    max_bonds: int = 1
 
     def __post_init__(self):
         # Stored as ints (hashable, part of the jit cache key); a fraction is refused, never truncated.
-        for name in ("max_edges", "max_neighbors", "max_candidates", "bin_divisions", "max_bins"):
+        for name in ("max_edges", "max_neighbors", "max_candidates", "bin_divisions", "max_bins", "max_bonds"):
             if name != "max_bins" or self.max_bins is not None:
                 object.__setattr__(self, name, integral(f"NeighborCapacity.{name}", getattr(self, name), minimum=1))
         object.__setattr__(self, "search_range",
@@ -81,6 +84,7 @@ class NeighborCapacity:
             search_range=tuple(max(a, int(b)) for a, b in zip(self.search_range, needed.search_range)),
             bin_divisions=self.bin_divisions,
             max_bins=None if self.max_bins is None else grow(self.max_bins, needed.bins, factor),
+            max_bonds=grow(self.max_bonds, needed.bonds, factor),
         )
 
     @staticmethod
@@ -100,14 +104,18 @@ class NeighborCapacity:
             max_neighbors=max([c.max_neighbors for c in caps] + [min_neighbors]),
             max_candidates=max(c.max_candidates for c in caps),
             search_range=tuple(max(c.search_range[a] for c in caps) for a in range(3)),
+            max_bonds=max(c.max_bonds for c in caps),
         )
 
     def bucketed(self) -> "NeighborCapacity":
-        """This capacity with its edge, neighbour and candidate slots rounded up to
+        """This capacity with its edge, neighbour, candidate and bond slots rounded up to
         :func:`capacity_bucket` (search range, bin divisions and bin table unchanged)."""
+        # Bond slots from 1: a list without bonds keeps its single slot, and a few bonds per
+        # atom are not padded to 8 (the triplet arrays grow as their square).
         return dataclasses.replace(self, max_edges=capacity_bucket(self.max_edges),
                                    max_neighbors=capacity_bucket(self.max_neighbors),
-                                   max_candidates=capacity_bucket(self.max_candidates))
+                                   max_candidates=capacity_bucket(self.max_candidates),
+                                   max_bonds=capacity_bucket(self.max_bonds, minimum=1))
 
     def table_size(self, n_atoms: int) -> int:
         """Bins in the table for ``n_atoms`` atom rows."""
@@ -115,9 +123,10 @@ class NeighborCapacity:
 
     def fits(self, needed: "NeighborStats") -> bool:
         """Whether a build that needed ``needed`` (:class:`NeighborStats`) fits in this
-        capacity: edges, neighbours, candidates and search range (the bin table is not checked)."""
+        capacity: edges, neighbours, candidates, bonds and search range (the bin table is not checked)."""
         return (
             needed.edges <= self.max_edges
+            and needed.bonds <= self.max_bonds
             and needed.neighbors <= self.max_neighbors
             and needed.candidates <= self.max_candidates
             and all(int(b) <= a for a, b in zip(self.search_range, needed.search_range))
@@ -151,7 +160,7 @@ class NeighborStats:
 
     edges: COO edges. neighbors: most neighbours of one atom. candidates: most candidates
     one atom examined. search_range: bins scanned on each side, per cell axis. bins: bins of
-    the table in use.
+    the table in use. bonds: most bonds of one atom (0 for a list without bonds).
     """
 
     edges: int
@@ -159,6 +168,7 @@ class NeighborStats:
     candidates: int
     search_range: tuple[int, int, int]
     bins: int
+    bonds: int = 0
 
 
 @jax.tree_util.register_dataclass
@@ -182,6 +192,8 @@ class NeighborList:
     zero_shifts: static; True when every shift is zero by construction (a rank's list under
         decomposition, :func:`~jaxdd.neighbors.local_neighbor_list`): kernels may then skip
         reading them.
+    bonds: the :class:`~jaxdd.neighbors.BondList` of a build with a bond cutoff (MATRIX
+        format), or None.
     """
 
     senders: jax.Array
@@ -198,6 +210,7 @@ class NeighborList:
     overflow: jax.Array
     displacement: Any = None
     zero_shifts: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    bonds: Any = None
 
     def stats(self) -> NeighborStats:
         """Sizes this build needed, as host integers (blocks until the build is done)."""
@@ -207,5 +220,6 @@ class NeighborList:
             candidates=int(self.needed_candidates),
             search_range=tuple(int(r) for r in np.asarray(self.needed_range)),
             bins=int(self.needed_bins),
+            bonds=0 if self.bonds is None else int(jnp.max(self.bonds.count, initial=0)),
         )
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..data import is_concrete
 
-__all__ = ["check_cutoff", "check_order", "normalise_inputs"]
+__all__ = ["check_cutoff", "check_bond_cutoff", "check_order", "normalise_inputs"]
 
 
 def check_order(order, n: int, half: bool, pbc):
@@ -51,6 +51,34 @@ def check_cutoff(cutoff):
     """Refuse a cutoff (Å) that is not a positive finite number (ValueError)."""
     if not (isinstance(cutoff, (int, float, np.floating, np.integer)) and math.isfinite(cutoff) and cutoff > 0):
         raise ValueError(f"cutoff must be a positive finite number, got {cutoff!r}")
+
+
+def check_bond_cutoff(bond_cutoff, cutoff, format, half: bool):
+    """The bond cutoff of a build, checked: None, or 0 < bond_cutoff <= cutoff (Å) on a full
+    MATRIX list (bonds are slots of its rows, and a bond's reverse lies in its partner's row).
+
+    Args:
+      bond_cutoff: Å, or None (no bonds).
+      cutoff: the list's cutoff (Å).
+      format: the list's :class:`~jaxdd.neighbors.NeighborListFormat` (its value).
+      half: whether the list is a half list.
+
+    Returns:
+      The bond cutoff as a float, or None.
+
+    Raises:
+      ValueError: naming what is wrong.
+    """
+    if bond_cutoff is None:
+        return None
+    if not (isinstance(bond_cutoff, (int, float, np.floating, np.integer)) and not isinstance(bond_cutoff, bool)
+            and math.isfinite(bond_cutoff) and 0 < bond_cutoff <= cutoff):
+        raise ValueError(f"bond_cutoff must be a number in (0, cutoff = {cutoff}] Å, got {bond_cutoff!r}")
+    if getattr(format, "value", format) != "matrix":
+        raise ValueError(f"bond_cutoff needs the MATRIX format (bonds are slots of its rows), got {format}")
+    if half:
+        raise ValueError("bond_cutoff needs a full list (half_list=False): a bond's reverse lies in its partner's row")
+    return float(bond_cutoff)
 
 
 def normalise_inputs(positions, cell, pbc, batch_idx, atom_mask, xp=jnp):

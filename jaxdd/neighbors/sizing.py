@@ -18,7 +18,7 @@ from ..data.checks import integral
 from .capacity import headroom as with_headroom
 from .cell_list import bin_atoms, block_counts, candidate_mask, search_lengths
 from .formats import NeighborCapacity, capacity_bucket
-from .inputs import check_cutoff, check_order, normalise_inputs
+from .inputs import check_bond_cutoff, check_cutoff, check_order, normalise_inputs
 
 __all__ = ["neighbor_capacity", "PAIR_COUNT_SLOTS"]
 
@@ -106,6 +106,7 @@ def neighbor_capacity(
     bin_divisions: int = 2,
     n_receivers: int | None = None,
     order=None,
+    bond_cutoff: float | None = None,
 ) -> NeighborCapacity:
     """Host-side sizing: the capacities this configuration needs, times ``headroom``.
 
@@ -119,13 +120,17 @@ def neighbor_capacity(
       positions, cell, pbc, batch_idx, atom_mask, cutoff, n_receivers, order: the system and
         the build, as in :func:`~jaxdd.neighbors.build_neighbor_list`.
       half: size a half list.
-      headroom: factor (>= 1) on the edge, neighbour and candidate slots needed.
+      headroom: factor (>= 1) on the edge, neighbour, candidate and bond slots needed.
       bin_divisions: bins per cutoff length.
+      bond_cutoff: Å, or None: size the bond slots of a list with bonds too (a second pair
+        count, to the bond cutoff; the list must be a full one, its format is not asked).
 
     Returns:
       The :class:`~jaxdd.neighbors.NeighborCapacity` to build this configuration with.
     """
     check_cutoff(cutoff)
+    if bond_cutoff is not None:
+        bond_cutoff = check_bond_cutoff(bond_cutoff, cutoff, "matrix", half)
     if not headroom >= 1.0:
         raise ValueError(f"headroom must be >= 1, got {headroom}")
     cutoff, divisions = float(cutoff), integral("neighbor_capacity: bin_divisions", bin_divisions, minimum=1)
@@ -152,7 +157,15 @@ def neighbor_capacity(
     edges, neighbors = _pair_stats(*args, lengths, n_receivers, half=bool(half),
                                    capacity=dataclasses.replace(probe.bucketed(), max_bins=table), rows=rows,
                                    slots=PAIR_COUNT_SLOTS, order=order)
+    bonds = 1
+    if bond_cutoff is not None:  # the same search with the bond cutoff's square as the threshold
+        bond_lengths = lengths.copy()
+        bond_lengths[2] = bond_cutoff * bond_cutoff
+        _, most = _pair_stats(*args, bond_lengths, n_receivers, half=False,
+                              capacity=dataclasses.replace(probe.bucketed(), max_bins=table), rows=rows,
+                              slots=PAIR_COUNT_SLOTS)
+        bonds = with_headroom(int(most), headroom)
     return dataclasses.replace(
-        probe, max_edges=with_headroom(int(edges), headroom), max_neighbors=with_headroom(int(neighbors), headroom)
-    )
+        probe, max_edges=with_headroom(int(edges), headroom), max_neighbors=with_headroom(int(neighbors), headroom),
+        max_bonds=bonds)
 
