@@ -22,20 +22,21 @@ that swaps it for :func:`distributed_mol_sum` under decomposition. Outputs: ``en
 
 from __future__ import annotations
 
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxdd.data.constants import COULOMB
-from jaxdd.model.base import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.neighbors import edge_vectors
 from jaxdd.dispatch.intent import system_sum
 from jaxdd.spec.adapters import PythonAdapter
 
 from . import qeq_helpers
 from .radial_messages import init_messages, normal, pass_messages, radial_filter
-from .species import check_cutoff, check_species, species_table, validate_species
+from .species import SpeciesNetwork
 
 
 
@@ -56,7 +57,7 @@ def distributed_mol_sum(values, mol_idx, n_molecules):
     return system_sum(values, mol_idx, n_molecules)
 
 
-class ChargeEquilibration(eqx.Module, BaseModel):
+class ChargeEquilibration(SpeciesNetwork):
     """Charge-equilibration network (see the module docstring).
 
     species: atomic numbers the model knows. cutoff: r_c (Å) of message passing and Coulomb.
@@ -64,30 +65,20 @@ class ChargeEquilibration(eqx.Module, BaseModel):
     deterministic initialisation and parameter precision.
     """
 
-    embed: jax.Array
-    radial: jax.Array
-    layers: tuple
-    heads: jax.Array
-    species: tuple[int, ...] = eqx.field(static=True)
     sigma: float = eqx.field(static=True)
-    model_config: ModelConfig = eqx.field(static=True)
 
     def __init__(self, species=(1, 6, 7, 8), cutoff: float = 5.0, features: int = 16, sigma: float = 1.0,
                  seed: int = 0, dtype=jnp.float64):
-        species = check_species(species, "ChargeEquilibration")
-        cutoff = check_cutoff(cutoff, "ChargeEquilibration")
-        k = jax.random.split(jax.random.PRNGKey(seed), 5)
-        self.embed, self.radial, self.layers = init_messages(k, len(species), features, 8, 2, dtype)
-        self.heads = normal(k[3], (features, 3), dtype) / np.sqrt(features)  # ε, χ, J
-        self.species = species
+        super().__init__(species, cutoff)
         self.sigma = float(sigma)
-        self.model_config = ModelConfig(
-            outputs=frozenset({"energy", "atomic_energies", "charges", "forces", "stress"}),
-            active_outputs=frozenset({"energy", "forces", "charges"}),
-            autograd_outputs=frozenset({"forces", "stress"}),
-            autograd_inputs=frozenset({"positions", "cell"}),
-            neighbor_config=NeighborConfig(cutoff=cutoff),
-        )
+        k = jax.random.split(jax.random.PRNGKey(seed), 5)
+        embed, radial, layers = init_messages(k, len(self.species), features, 8, 2, dtype)
+        self.params = dict(embed=embed, radial=radial, layers=layers,
+                           heads=normal(k[3], (features, 3), dtype) / np.sqrt(features))  # ε, χ, J
+        # Charges are a further per-atom output, computed by default beside energy and forces.
+        self.model_config = dataclasses.replace(
+            self.model_config, outputs=self.model_config.outputs | {"charges"},
+            active_outputs=frozenset({"energy", "forces", "charges"}))
 
     @property
     def distribution_spec(self):
@@ -96,9 +87,6 @@ class ChargeEquilibration(eqx.Module, BaseModel):
         return SPEC_MPNN_HALO.with_helpers(
             PythonAdapter("jaxdd.models.qeq_helpers", "mol_sum", replacement=distributed_mol_sum)
         ).with_output_kinds(charges=OutputKind.PER_NODE)
-
-    def validate_input(self, data) -> None:
-        validate_species(data, self.species, "ChargeEquilibration")
 
     def adapt_input(self, data, **kwargs) -> dict:
         nl = data.neighbors
@@ -115,15 +103,14 @@ class ChargeEquilibration(eqx.Module, BaseModel):
         dtype = vectors.dtype
         n = atomic_numbers.shape[0]
         rc = self.model_config.neighbor_config.cutoff
-        table = jnp.asarray(species_table(self.species))
-        kind = table[jnp.clip(atomic_numbers, 0, table.size - 1)]
+        kind = self.species_index(atomic_numbers)
 
         r2 = jnp.where(edge_mask, jnp.sum(vectors * vectors, axis=1), 1.0)
         r = jnp.where(edge_mask, jnp.sqrt(r2), 1.0)
         inside = edge_mask & (r < rc)
-        filt, env = radial_filter(r, inside, rc, self.radial)
-        h = pass_messages(self.embed.astype(dtype)[kind], self.layers, filt, lambda x: x[senders], receivers)
-        out = jnp.tanh(h) @ self.heads.astype(dtype)
+        filt, env = radial_filter(r, inside, rc, self.params["radial"])
+        h = pass_messages(self.params["embed"].astype(dtype)[kind], self.params["layers"], filt, lambda x: x[senders], receivers)
+        out = jnp.tanh(h) @ self.params["heads"].astype(dtype)
         eps, chi = out[:, 0], out[:, 1]
         hard = jax.nn.softplus(out[:, 2]) + 0.5
 

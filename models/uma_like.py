@@ -27,48 +27,32 @@ Shapes: positions [V, 3] Å; internal graph [V, K] senders and image shifts. Out
 
 from __future__ import annotations
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdd.model.base import BaseModel, ModelConfig, NeighborConfig
 from jaxdd.model.protocol import check_cell_width
 from jaxdd.neighbors import NeighborListFormat
 
 from .radial_messages import init_messages, normal, pass_messages, radial_filter
-from .species import check_cutoff, check_species, species_table, validate_species
+from .species import SpeciesNetwork
 
 
 
 __all__ = ["InternalGraphBackbone"]
 
 
-class InternalGraphBackbone(eqx.Module, BaseModel):
+class InternalGraphBackbone(SpeciesNetwork):
     """species: atomic numbers. cutoff: r_c (Å). features: width. layers: message-passing rounds."""
-
-    embed: jax.Array
-    radial: jax.Array
-    weights: tuple
-    readout: jax.Array
-    species: tuple[int, ...] = eqx.field(static=True)
-    model_config: ModelConfig = eqx.field(static=True)
 
     def __init__(self, species=(1, 6, 7, 8), cutoff: float = 5.0, features: int = 8, layers: int = 2,
                  seed: int = 0, dtype=jnp.float64):
-        species = check_species(species, "InternalGraphBackbone")
-        cutoff = check_cutoff(cutoff, "InternalGraphBackbone")
+        # Only the width of the framework's MATRIX list is used: it sizes the internal graph.
+        super().__init__(species, cutoff, format=NeighborListFormat.MATRIX)
         k = jax.random.split(jax.random.PRNGKey(seed), 4)
-        self.embed, self.radial, self.weights = init_messages(k, len(species), features, 6, layers, dtype)
-        self.readout = normal(k[3], (features,), dtype) / np.sqrt(features)
-        self.species = species
-        self.model_config = ModelConfig(
-            outputs=frozenset({"energy", "atomic_energies", "forces", "stress"}),
-            autograd_outputs=frozenset({"forces", "stress"}),
-            autograd_inputs=frozenset({"positions", "cell"}),
-            # Only the width of this list is used: it sizes the internal graph.
-            neighbor_config=NeighborConfig(cutoff=cutoff, format=NeighborListFormat.MATRIX),
-        )
+        embed, radial, weights = init_messages(k, len(self.species), features, 6, layers, dtype)
+        self.params = dict(embed=embed, radial=radial, weights=weights,
+                           readout=normal(k[3], (features,), dtype) / np.sqrt(features))
 
     @property
     def distribution_spec(self):
@@ -76,10 +60,10 @@ class InternalGraphBackbone(eqx.Module, BaseModel):
         from jaxdd.spec import SPEC_UMA_HALO
 
         return SPEC_UMA_HALO.with_policy(
-            HaloStoragePolicy(scatter_mode="local", gather_mode="local", halo_layers=len(self.weights)))
+            HaloStoragePolicy(scatter_mode="local", gather_mode="local", halo_layers=len(self.params["weights"])))
 
     def validate_input(self, data) -> None:
-        validate_species(data, self.species, "InternalGraphBackbone")
+        super().validate_input(data)
         check_cell_width(self, data.cell, data.pbc)
 
     def minimum_image_cutoff(self) -> float:
@@ -138,8 +122,7 @@ class InternalGraphBackbone(eqx.Module, BaseModel):
         dtype = positions.dtype
         n = positions.shape[0]
         rc = self.model_config.neighbor_config.cutoff
-        table = jnp.asarray(species_table(self.species))
-        kind = table[jnp.clip(atomic_numbers, 0, table.size - 1)]
+        kind = self.species_index(atomic_numbers)
         real = atom_mask & (batch_idx < n_systems)
 
         senders, shifts = self.graph(positions, cell, pbc, batch_idx, real, width)
@@ -153,8 +136,8 @@ class InternalGraphBackbone(eqx.Module, BaseModel):
              + jnp.einsum("pk,pkl->pl", shifts.reshape(-1, 3).astype(dtype), cell[sys_i]))
         r2 = jnp.sum(d * d, axis=1)
         r = jnp.sqrt(jnp.where(pair, r2, 1.0))
-        filt, _ = radial_filter(r, pair, rc, self.radial)
-        h = pass_messages(self.embed.astype(dtype)[kind], self.weights, filt,
+        filt, _ = radial_filter(r, pair, rc, self.params["radial"])
+        h = pass_messages(self.params["embed"].astype(dtype)[kind], self.params["weights"], filt,
                           lambda x: x.at[j].get(mode="fill", fill_value=0), i)
-        atomic = jnp.where(real, jnp.tanh(h) @ self.readout.astype(dtype), 0.0)
+        atomic = jnp.where(real, jnp.tanh(h) @ self.params["readout"].astype(dtype), 0.0)
         return {"energy": jax.ops.segment_sum(atomic, batch_idx, num_segments=n_systems), "atomic_energies": atomic}
