@@ -10,19 +10,17 @@ from typing import ClassVar
 
 from ..data.checks import integral
 from .errors import SpecError, check_choice
+from .tagged import Tagged
 
 __all__ = ["StoragePolicy", "HaloStoragePolicy", "HaloRefreshPolicy", "GraphParallelPolicy", "POLICIES"]
 
 
 @dataclasses.dataclass(frozen=True)
-class StoragePolicy:
-    """How per-atom arrays are stored across ranks. Subclasses name their JSON ``kind``."""
+class StoragePolicy(Tagged):
+    """How per-atom arrays are stored across ranks; written to JSON as its ``kind`` and its fields."""
 
+    tag_key: ClassVar[str] = "kind"
     kind: ClassVar[str] = ""
-
-    def to_dict(self) -> dict:
-        """The JSON form of the policy: its ``kind`` and its fields."""
-        return {"kind": self.kind}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +59,9 @@ class HaloStoragePolicy(StoragePolicy):
         return self.scatter_mode == "local"
 
     def to_dict(self) -> dict:
-        d = {"kind": self.kind, "scatter_mode": self.scatter_mode, "gather_mode": self.gather_mode}
-        if self.halo_layers != 1:  # files of single-layer specs stay in the common schema
-            d["halo_layers"] = self.halo_layers
+        d = super().to_dict()
+        if self.halo_layers == 1:  # files of single-layer specs stay in the common schema
+            del d["halo_layers"]
         return d
 
 

@@ -9,20 +9,19 @@ import dataclasses
 from typing import ClassVar
 
 from .errors import SpecError
+from .tagged import Tagged
 
 __all__ = ["Transform", "GatherInputs", "GatherInputsFull", "SliceOwned", "ScatterOutputs", "AllReduceSum",
            "SliceOutputsOwned", "TRANSFORMS"]
 
 
 @dataclasses.dataclass(frozen=True)
-class Transform:
-    """What the framework does to one kernel input (before) or output (after)."""
+class Transform(Tagged):
+    """What the framework does to one kernel input (before) or output (after); written to JSON
+    as its ``type`` and its fields."""
 
+    tag_key: ClassVar[str] = "type"
     type: ClassVar[str] = ""
-
-    def to_dict(self) -> dict:
-        """The JSON form of the transform: its ``type`` and its fields."""
-        return {"type": self.type}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,9 +72,6 @@ class AllReduceSum(Transform):
     def __post_init__(self):
         if not isinstance(self.replicated_consumer, bool):
             raise SpecError(f"AllReduceSum.replicated_consumer must be a bool, got {self.replicated_consumer!r}")
-
-    def to_dict(self) -> dict:
-        return {"type": self.type, "replicated_consumer": self.replicated_consumer}
 
 
 @dataclasses.dataclass(frozen=True)
