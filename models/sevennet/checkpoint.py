@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import importlib.metadata
-import importlib.util
 import math
-import os
-import pathlib
 
 import numpy as np
 
-from jaxdd.interop import pth
+from jaxdd.interop import carrier, pth
 
 from ..mace import irreps as ir
 from ..mace.layers import conv_tp_irreps
@@ -44,21 +40,6 @@ class UnsupportedCheckpoint(ValueError):
     """A SevenNet checkpoint uses an option that jaxdd's SevenNet does not implement."""
 
 
-def _sevenn_folder() -> pathlib.Path | None:
-    """The installed ``sevenn`` package folder, found without importing it (None if absent)."""
-    try:
-        spec = importlib.util.find_spec("sevenn")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        return pathlib.Path(list(spec.submodule_search_locations)[0])
-    try:
-        dist = importlib.metadata.distribution("sevenn")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    return pathlib.Path(dist.locate_file("sevenn"))
-
-
 def resolve(name_or_path) -> str:
     """The checkpoint file of a published model's name, or ``name_or_path`` as a path.
 
@@ -73,23 +54,7 @@ def resolve(name_or_path) -> str:
       FileNotFoundError: a name whose ``sevenn`` distribution is not installed, or a path that
         does not exist.
     """
-    text = os.fspath(name_or_path)
-    key = _ALIASES.get(text.lower(), text.lower())
-    if key in PRETRAINED:
-        folder = _sevenn_folder()
-        if folder is None:
-            raise FileNotFoundError(
-                f"SevenNet checkpoint {text!r} ships in the sevenn wheel, which is not installed; install it as a "
-                "carrier of the files (no torch needed): pip install --no-deps sevenn")
-        path = folder / PRETRAINED[key]
-        if not path.is_file():
-            raise FileNotFoundError(f"the installed sevenn ({folder}) has no {PRETRAINED[key]}; "
-                                    "reinstall it: pip install --no-deps --force-reinstall sevenn")
-        return str(path)
-    if not os.path.exists(text):
-        known = ", ".join(repr(k) for k in PRETRAINED)
-        raise FileNotFoundError(f"SevenNet checkpoint {text!r} is neither a file nor a published model ({known})")
-    return text
+    return carrier.carried_file(name_or_path, PRETRAINED, "sevenn", "SevenNet", aliases=_ALIASES)
 
 
 def _version(config) -> tuple:

@@ -240,7 +240,7 @@ def test_an_option_none_of_the_published_checkpoints_uses_is_refused_by_name(mon
 
 
 def test_a_published_name_without_the_sevenn_wheel_says_how_to_install_it(monkeypatch):
-    monkeypatch.setattr(ckpt, "_sevenn_folder", lambda: None)
+    monkeypatch.setattr(ckpt.carrier, "package_folder", lambda package: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps sevenn"):
         SevenNet.from_checkpoint("7net-0")
 
