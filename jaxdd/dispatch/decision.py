@@ -33,6 +33,8 @@ class Decision:
         notes are dropped when every consumer confirms it.
     confirms: positions of the inputs whose guessed row layout this rule relies on soundly
         (the payload of a sort along those rows, an index tested against the atom count).
+    refreshes: ``apply`` re-reads every ghost row of its per-node outputs from the owner, so
+        none is ``stale`` whatever its inputs were (:class:`~jaxdd.dispatch.Layout`).
     """
 
     outs: tuple[Layout, ...]
@@ -44,6 +46,7 @@ class Decision:
     resolves: bool = False
     guess: bool = False
     confirms: tuple[int, ...] = ()
+    refreshes: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

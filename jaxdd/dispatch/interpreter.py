@@ -334,19 +334,29 @@ def batch_layouts(batch, graph_parallel: bool = False, receivers_owned: bool = F
 
 
 def _neighbor_layouts(nl, senders: Kind = Kind.NODE, receivers: Kind = Kind.NODE):
+    """The layouts of a neighbour list's leaves: COO edges per edge; the MATRIX rows, the
+    neighbour counts and the bonds per node — ``stale`` when only owned rows are receivers
+    (their ghost rows are empty, unlike their owners')."""
     from ..neighbors import NeighborList
 
     if not isinstance(nl, NeighborList):
         return jax.tree_util.tree_map(lambda _: REPLICATED, nl)
     edge = Layout(Kind.EDGE, 0)
-    node = Layout(Kind.NODE, 0)
+    stale = receivers is Kind.OWNED_NODE
+    node = Layout(Kind.NODE, 0, stale=stale)
     tags = dict(
         senders=Layout(Kind.EDGE, 0, senders), receivers=Layout(Kind.EDGE, 0, receivers), shifts=edge, mask=edge,
         displacement=edge,
-        matrix=Layout(Kind.NODE, 0, senders), matrix_shifts=node, num_neighbors=node,
+        matrix=Layout(Kind.NODE, 0, senders, stale=stale), matrix_shifts=node, num_neighbors=node,
     )
-    return jax.tree_util.tree_map_with_path(
-        lambda path, _: tags.get(getattr(path[-1], "name", None), REPLICATED), nl)
+
+    def tag(path, _):
+        names = [getattr(k, "name", None) for k in path]
+        if "bonds" in names:  # slot, mask, count, reverse: rows of atoms, values index their bond slots
+            return node
+        return tags.get(names[-1], REPLICATED)
+
+    return jax.tree_util.tree_map_with_path(tag, nl)
 
 
 def call_model(model, batch, runtime: Runtime | None, report: DispatchReport):

@@ -50,7 +50,11 @@ class Layout:
         within the rank); a row's position no longer says which row it is.
     deliberate: a ``local`` value that the model declared rank-local with
         :func:`jaxdd.to_local` (or computed from such values alone): no layout is guessed for
-        it from its axis lengths, whatever they happen to equal."""
+        it from its axis lengths, whatever they happen to equal.
+    stale: per-node rows made from the rank's neighbour rows (the MATRIX list, its bonds,
+        ``num_neighbors``), which only receiver rows have: owned rows hold their one-device
+        values, ghost rows do not equal their owners' until re-read from them. Reading such
+        rows through atom indices refreshes them first (:func:`~jaxdd.dispatch.rules.indexing.gather`)."""
 
     kind: Kind | None = None
     axis: int = 0
@@ -63,6 +67,7 @@ class Layout:
     real: bool = False
     permuted: bool = False
     deliberate: bool = False
+    stale: bool = False
 
     def moved(self, axis: int | None) -> "Layout":
         """The same tag on another axis (``None``: the axis is gone; the index meaning stays)."""
@@ -123,16 +128,18 @@ def join(a: Layout, b: Layout) -> Layout:
     if a == b:
         return a
     extra = dict(total=a.total if a.total == b.total else (a.total or b.total) and TOTAL,
-                 mixed=a.mixed or b.mixed, real=a.real and b.real, permuted=a.permuted or b.permuted)
+                 mixed=a.mixed or b.mixed, real=a.real and b.real, permuted=a.permuted or b.permuted,
+                 stale=(a.stale or b.stale) and (a.kind is Kind.NODE or b.kind is Kind.NODE))
     base = _join(bare(a), bare(b))
     return dataclasses.replace(base, **extra)
 
 
 def bare(lay: Layout) -> Layout:
-    """``lay`` without its index-space fields (``total``, ``mixed``, ``real``, ``permuted``)."""
-    if not (lay.total or lay.mixed or lay.real or lay.permuted):
+    """``lay`` without its index-space fields (``total``, ``mixed``, ``real``, ``permuted``) and
+    without ``stale``."""
+    if not (lay.total or lay.mixed or lay.real or lay.permuted or lay.stale):
         return lay
-    return dataclasses.replace(lay, total=None, mixed=None, real=False, permuted=False)
+    return dataclasses.replace(lay, total=None, mixed=None, real=False, permuted=False, stale=False)
 
 
 def _join(a: Layout, b: Layout) -> Layout:

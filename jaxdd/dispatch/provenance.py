@@ -194,9 +194,13 @@ def propagate(ctx, eqn, ins: tuple[Layout, ...], d, outs: list[Layout]) -> list[
       d: the rule's :class:`~jaxdd.dispatch.decision.Decision`.
       outs: the output layouts the decision gives.
 
+    Per-node outputs of an equation with a ``stale`` per-node input are stale too, unless its
+    action refreshes them (``d.refreshes``).
+
     Returns:
       ``outs`` with their index-space fields set.
     """
+    outs = _staleness(ins, d, outs)
     if d.resolves:
         return outs
     met = meeting(ctx, eqn, ins)
@@ -222,6 +226,17 @@ def propagate(ctx, eqn, ins: tuple[Layout, ...], d, outs: list[Layout]) -> list[
             change["real"] = True
         new.append(dataclasses.replace(lay, **change) if change else lay)
     return new
+
+
+def _staleness(ins, d, outs: list[Layout]) -> list[Layout]:
+    """``outs`` marked ``stale`` where they are per node and made from a stale per-node input
+    (ghost rows computed from the rank's empty neighbour rows stay wrong through every
+    elementwise step), cleared where the decision's action refreshes them."""
+    if d.refreshes:
+        return [dataclasses.replace(lay, stale=False) if lay.stale else lay for lay in outs]
+    if not any(lay.stale for lay in ins):
+        return outs
+    return [dataclasses.replace(lay, stale=True) if lay.kind is Kind.NODE and not lay.stale else lay for lay in outs]
 
 
 def mixed_error(lay: Layout, what: str, model_name: str) -> DispatchError:

@@ -11,6 +11,8 @@ reduce-scatters.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -49,13 +51,38 @@ def gather(ctx, eqn, ins) -> Decision:
             return bind(eqn, [ctx.runtime.all_nodes(x, axis), indices])
 
         return Decision((out,), gather_all, "gather.all_nodes")
+    if op.kind is Kind.NODE and op.stale and op.axis in dn.start_index_map and idx.index is not Kind.OWNED_NODE:
+        # Rows made from the rank's neighbour rows, read through atom indices that may name
+        # ghosts: the ghost rows are re-read from their owners first (one forward exchange).
+        fresh = _gather_layout(ctx, eqn, (dataclasses.replace(op, stale=False), idx))
+        axis = op.axis
+
+        def refreshed(eqn, invals):
+            x, indices = invals
+            return bind(eqn, [ctx.runtime.halo_refresh(x, axis), indices])
+
+        # Read through indices that are not stale themselves, the rows come out complete.
+        return dataclasses.replace(fresh, apply=refreshed, rule="gather.refresh", refreshes=not idx.stale)
+    return _gather_layout(ctx, eqn, ins)
+
+
+def _gather_layout(ctx, eqn, ins) -> Decision:
+    """The layout of ``x[idx]`` read where the rows already are (the decision binds it unchanged)."""
+    op, idx = ins
+    dn = eqn.params["dimension_numbers"]
+    oshape = shape_of(eqn.outvars[0])
+    ishape = shape_of(eqn.invars[1])
+    batch_out = [d for d in range(len(oshape)) if d not in dn.offset_dims]
+    notes = []
+    index = op.index
     if idx.kind is not None and idx.axis < len(ishape) - 1:
         if op.kind in ROWS + (Kind.GRAPH,) and op.axis in dn.start_index_map:
-            if idx.index is None:
+            pointer = _column_into(idx, ishape, dn.start_index_map.index(op.axis))
+            if pointer is None:
                 notes.append(f"gather from per-{op.kind.value} rows by indices of unknown provenance in "
                              f"{where(eqn)}: assumed to point at local rows")
-            elif rows_of(idx.index) is not op.kind:
-                notes.append(f"gather from per-{op.kind.value} rows by per-{idx.index.value} indices in {where(eqn)}")
+            elif rows_of(pointer) is not op.kind:
+                notes.append(f"gather from per-{op.kind.value} rows by per-{pointer.value} indices in {where(eqn)}")
         return Decision((Layout(idx.kind, batch_out[idx.axis], index),), notes=tuple(notes))
     if op.kind is None:
         return Decision((Layout(None, 0, index),))
@@ -73,6 +100,17 @@ def gather(ctx, eqn, ins) -> Decision:
     offset_operand = [d for d in range(len(shape_of(eqn.invars[0])))
                       if d not in dn.collapsed_slice_dims and d not in getattr(dn, "operand_batching_dims", ())]
     return Decision((Layout(op.kind, dn.offset_dims[offset_operand.index(a)], index),))
+
+
+def _column_into(idx: Layout, ishape, column: int) -> Kind | None:
+    """What the index column ``column`` of a gather's indices points at: the indices' own
+    meaning, or, for indices put together column by column (``x[partner, reverse]``: atom
+    rows, then bond slots), that column's."""
+    if idx.index is not None:
+        return idx.index
+    if columns_axis(idx, ishape) == len(ishape) - 1 and column < len(idx.columns):
+        return idx.columns[column]
+    return None
 
 
 @register_rule("scatter*")
