@@ -233,6 +233,7 @@ class DistributedModel:
             layout=layout,
             nl_capacity=self.capacities.neighbors if neighbors is None else neighbors,
             search_cutoff=nc.search_cutoff,
+            bond_cutoff=nc.bond_search_cutoff,
             nl_format=nc.format,
             nl_backend=self.config.neighbor_search,
             nl_half=bool(nc.half_list),
@@ -388,6 +389,9 @@ def _settings(model, domain_config, spec):
             f"{name} asks for a half neighbour list, which runs under the halo strategy with ghost partial "
             f"sums sent home; this spec uses {'a deep halo' if deep else 'node blocks'}: use half_list=False"
         )
+    if nc.bond_cutoff is not None and layout != "halo":
+        raise ValueError(f"{name} lists bonds (NeighborConfig.bond_cutoff), which run under the halo strategy: "
+                         "a bond's reverse lies in its partner's row, which node blocks do not hold")
     ghost_width = domain_config.ghost_width
     # Node blocks have no ghost shell (every rank's list searches all atoms): no width to check.
     if deep:  # every layer reads one more neighbour shell of ghosts computed on this rank

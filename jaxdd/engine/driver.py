@@ -60,7 +60,7 @@ def neighbor_list_for(model, batch: Batch, capacity: NeighborCapacity):
         capacity=capacity,
         half=nc.half_list,
         format=nc.format,
-        bond_cutoff=nc.bond_cutoff,
+        bond_cutoff=nc.bond_search_cutoff,
     )
 
 
@@ -207,7 +207,7 @@ def compute(
     if nc is not None and capacity is None:
         capacity = program_capacity(neighbor_capacity(
             batch.positions, batch.cell, batch.pbc, batch.batch_idx, batch.atom_mask,
-            cutoff=nc.search_cutoff, half=nc.half_list, headroom=1.0, bond_cutoff=nc.bond_cutoff,
+            cutoff=nc.search_cutoff, half=nc.half_list, headroom=1.0, bond_cutoff=nc.bond_search_cutoff,
         ), nc)
     held = {"capacity": capacity}
 

@@ -189,7 +189,8 @@ def size_neighbors(dm: DistributedModel, inputs: RankInputs, local_positions: np
     if dm.periodic_search:  # sized as the ranks search: periodic along their local pbc, in the cell
         caps = [neighbor_capacity(pos[r], np.asarray(inputs.cell), np.asarray(local.pbc[r]),
                                   np.asarray(local.batch_idx[r]), np.asarray(local.atom_mask[r]),
-                                  cutoff=nc.search_cutoff, headroom=headroom, n_receivers=n_owned)
+                                  cutoff=nc.search_cutoff, headroom=headroom, n_receivers=n_owned,
+                                  bond_cutoff=nc.bond_search_cutoff)
                 for r in range(pos.shape[0])]
         if len(caps) == 1:
             return caps[0]  # one rank: sized exactly as on one device
@@ -206,18 +207,21 @@ def size_neighbors(dm: DistributedModel, inputs: RankInputs, local_positions: np
                               cutoff=nc.search_cutoff, headroom=headroom, half=nc.half_list,
                               n_receivers=pos.shape[1] if dm.deep_halo else n_owned,
                               order=half_list_order(np.asarray(routing.row_ids[r]),
-                                                    np.asarray(routing.row_shifts[r])) if nc.half_list else None)
+                                                    np.asarray(routing.row_shifts[r])) if nc.half_list else None,
+                              bond_cutoff=nc.bond_search_cutoff)
             for r in range(pos.shape[0])
         ]
     cover = NeighborCapacity.covering(caps, nc.max_neighbors or 1)
+    if nc.bond_cutoff is not None:
+        cover = dataclasses.replace(cover, max_bonds=max(cover.max_bonds, nc.max_bonds or 1))
     if jax.process_count() == 1:
         return cover
     # Each process sized its own ranks; every rank needs the largest.
     sizes = agree_max([cover.max_edges, cover.max_neighbors, cover.max_candidates, *cover.search_range,
-                       -1 if cover.max_bins is None else cover.max_bins])
+                       -1 if cover.max_bins is None else cover.max_bins, cover.max_bonds])
     return dataclasses.replace(cover, max_edges=int(sizes[0]), max_neighbors=int(sizes[1]),
                                max_candidates=int(sizes[2]), search_range=tuple(int(x) for x in sizes[3:6]),
-                               max_bins=None if cover.max_bins is None else int(sizes[6]))
+                               max_bins=None if cover.max_bins is None else int(sizes[6]), max_bonds=int(sizes[7]))
 
 
 def search_pbc(dm: DistributedModel, pbc, grid) -> np.ndarray:

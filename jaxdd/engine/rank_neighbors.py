@@ -17,6 +17,7 @@ import numpy as np
 
 from ..decomposition.graph_partition import block_neighbor_list, gathered_inputs
 from ..neighbors import NeighborStats, build_neighbor_list, local_neighbor_list
+from .rank_bonds import owner_reverse
 
 if TYPE_CHECKING:  # annotations only: rank_program imports this module
     from .rank_program import RankProgram
@@ -32,6 +33,7 @@ def neighbor_stats(needed: dict) -> NeighborStats:
         candidates=int(needed["candidates"]),
         search_range=tuple(int(x) for x in np.asarray(needed["range"])),
         bins=int(needed["bins"]),
+        bonds=int(needed["bonds"]),
     )
 
 
@@ -48,6 +50,8 @@ def neighbor_needs(nl, axes) -> tuple[jax.Array, dict]:
         candidates=jax.lax.pmax(nl.needed_candidates, axes),
         range=jax.lax.pmax(nl.needed_range, axes),
         bins=jax.lax.pmax(nl.needed_bins, axes),
+        bonds=jax.lax.pmax(jnp.max(nl.bonds.count, initial=0) if nl.bonds is not None else jnp.zeros((), jnp.int32),
+                           axes),
     )
     return jax.lax.pmax(nl.overflow.astype(jnp.int32), axes) > 0, needed
 
@@ -82,8 +86,16 @@ def rank_neighbors(positions, local, program: RankProgram, cell=None, routing=No
       local: the rank's local rows as a :class:`~jaxdd.Batch` (batch_idx, atom_mask, pbc).
       program: the rank program (search cutoff, capacity, format, strategy).
       cell: [S, 3, 3] Å; read by the graph-parallel strategy and a periodic search.
-      routing: the rank's halo routing (its rows' ids and shifts); read by a half list.
+      routing: the rank's halo routing (its rows' ids and shifts); read by a half list and by bonds.
     """
+    nl = _search(positions, local, program, cell, routing)
+    if nl.bonds is not None and not program.deep:
+        nl = owner_reverse(nl, routing, program.layout, program.axes)
+    return nl
+
+
+def _search(positions, local, program: RankProgram, cell, routing):
+    """The list of :func:`rank_neighbors`, its bonds' reverses as the rank's own rows give them."""
     layout, n_sys = program.layout, program.n_systems
     if program.strategy == "graph_partition":
         all_pos, all_sys, all_mask = gathered_inputs(local, positions, program.axes)
@@ -94,10 +106,10 @@ def rank_neighbors(positions, local, program: RankProgram, cell=None, routing=No
         return build_neighbor_list(
             jax.lax.stop_gradient(positions), jax.lax.stop_gradient(cell), local.pbc, local.batch_idx, local.atom_mask,
             cutoff=program.search_cutoff, capacity=program.nl_capacity, format=program.nl_format,
-            n_receivers=layout.n_owned)
+            n_receivers=layout.n_owned, bond_cutoff=program.bond_cutoff)
     order = half_list_order(routing.row_ids, routing.row_shifts) if program.nl_half else None
     return local_neighbor_list(
         jax.lax.stop_gradient(positions), local.batch_idx, local.atom_mask, n_systems=n_sys,
         cutoff=program.search_cutoff, capacity=program.nl_capacity, format=program.nl_format,
         n_receivers=layout.n_local if program.deep else layout.n_owned, backend=program.nl_backend,
-        half=program.nl_half, order=order)
+        half=program.nl_half, order=order, bond_cutoff=program.bond_cutoff)

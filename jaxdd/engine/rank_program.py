@@ -71,6 +71,7 @@ class RankProgram:
     follow (``DomainConfig.allow_unfollowed`` False).
     sink: where the traced program's dispatch report goes (compared by identity: each
     DistributedModel keeps its own reports).
+    bond_cutoff: the range bonds are listed to (Å; the model's bond cutoff + skin), or None.
     """
 
     layout: HaloLayout
@@ -93,6 +94,7 @@ class RankProgram:
     spec: MLIPSpec
     strict: bool
     sink: ReportSink
+    bond_cutoff: float | None = None
 
     @property
     def key(self) -> RankProgram:

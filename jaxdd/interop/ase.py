@@ -157,7 +157,7 @@ class Calculator(_AseCalculator):
         b = pad_atoms(b, bucketed_atoms(b))
         return program_capacity(neighbor_capacity(b.positions, b.cell, b.pbc, b.batch_idx, b.atom_mask,
                                                   cutoff=nc.search_cutoff, half=nc.half_list, headroom=_HEADROOM,
-                                                  bond_cutoff=nc.bond_cutoff), nc)
+                                                  bond_cutoff=nc.bond_search_cutoff), nc)
 
     def _model_config(self) -> ModelConfig:
         return (self.model.model if self.distributed else self.model).model_config

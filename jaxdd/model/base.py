@@ -51,8 +51,9 @@ class NeighborConfig:
     max_neighbors: optional starting MATRIX width (grown on overflow, never truncated).
     bond_cutoff: optional bond range (Å), 0 < bond_cutoff <= cutoff: the list then carries
     ``bonds``, a :class:`~jaxdd.neighbors.BondList` of the neighbours closer than it (MATRIX
-    format and a full list required; docs/angle_models.md). max_bonds: optional starting bond
-    width (needs ``bond_cutoff``; grown on overflow, never truncated).
+    format and a full list required; with a skin, bonds are listed to ``bond_cutoff + skin``;
+    docs/angle_models.md). max_bonds: optional starting bond width (needs ``bond_cutoff``; grown
+    on overflow, never truncated).
     """
 
     cutoff: float
@@ -94,6 +95,12 @@ class NeighborConfig:
     def search_cutoff(self) -> float:
         """Range the neighbour list is built with: cutoff + skin (Å)."""
         return self.cutoff + self.skin
+
+    @property
+    def bond_search_cutoff(self) -> float | None:
+        """Range the bonds are listed to: bond_cutoff + skin (Å; None without a bond cutoff). With
+        a skin the model masks its bonds by its own bond cutoff, as it masks pairs by its cutoff."""
+        return None if self.bond_cutoff is None else self.bond_cutoff + self.skin
 
 
 def _slots(name: str, k):

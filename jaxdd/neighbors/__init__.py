@@ -31,7 +31,8 @@ Modules: :mod:`~jaxdd.neighbors.formats` (the list, its layout and capacity),
 :mod:`~jaxdd.neighbors.capacity` (the sizing and growth rule of every capacity).
 """
 
-from .bonds import BondList, bond_partners, bond_vectors, gather_bonds, triplet_cosines, triplet_mask
+from .bonds import (BondList, bond_partners, bond_vectors, gather_bonds, reverse_bonds, triplet_cosines,
+                    triplet_mask)
 from .build import build_neighbor_list, local_neighbor_list, neighbor_list
 from .formats import (BUCKET_MIN, NEIGHBOR_BACKENDS, NeighborCapacity, NeighborList, NeighborListFormat, NeighborStats,
                       capacity_bucket)
@@ -47,6 +48,7 @@ __all__ = [
     "bond_partners",
     "bond_vectors",
     "gather_bonds",
+    "reverse_bonds",
     "triplet_cosines",
     "triplet_mask",
     "build_neighbor_list",

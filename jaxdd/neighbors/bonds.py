@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["BondList", "build_bonds", "triplet_mask", "bond_partners", "bond_vectors", "triplet_cosines",
-           "gather_bonds"]
+           "gather_bonds", "reverse_bonds"]
 
 
 @jax.tree_util.register_dataclass
@@ -146,6 +146,25 @@ def bond_partners(neighbors) -> jax.Array:
       neighbors: a :class:`~jaxdd.neighbors.NeighborList` with ``bonds``.
     """
     return gather_bonds(neighbors.matrix, neighbors.bonds, fill=neighbors.matrix.shape[0])
+
+
+def reverse_bonds(x, neighbors, fill=0):
+    """A per-bond value read at the reverse of every bond: ``x[j, reverse[i, b]]`` for bond
+    ``(i, b)`` to ``j`` — the same bond seen from its other end (DimeNet's message ``k → j``
+    feeding ``j → i``, or a symmetrisation ``(x + reverse_bonds(x)) / 2``).
+
+    Args:
+      x: [V, B, ...] per-bond values.
+      neighbors: a :class:`~jaxdd.neighbors.NeighborList` with ``bonds``.
+      fill: the value of padding bonds.
+
+    Returns:
+      [V, B, ...], ``fill`` on padding bonds. Under decomposition a partner may be a ghost
+      row; the dispatch refreshes ``x``'s ghost rows from their owners before this read, and
+      the reverse indices count in the owners' bond order (docs/angle_models.md).
+    """
+    partner = bond_partners(neighbors)
+    return x.at[partner, neighbors.bonds.reverse].get(mode="fill", fill_value=fill)
 
 
 def bond_vectors(positions, cell, batch_idx, neighbors) -> jax.Array:

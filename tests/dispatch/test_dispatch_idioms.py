@@ -5,7 +5,9 @@ Every model is one small message-passing energy (``IdiomModel``) with one idiom 
 ``IDIOMS`` inserted after its first layer: the idiom reads the layer's node features, the
 neighbour list, the masks and the species, and returns either one value per atom row (which
 then scales the node features read by the final layer through the senders, so a wrong ghost
-row shows in the energy) or a scalar added to the energy. Each model runs through
+row shows in the energy) or a scalar added to the energy. Idioms of angle models (bonds,
+triplets, reverse bonds: M3GNet, DimeNet) are registered with ``bonds=True``; their model reads a
+MATRIX list that carries bonds within ``BOND_CUTOFF``. Each model runs through
 ``DistributedModel`` on (3, 2, 1) (uneven: real ghosts on three ranks along x) and, in the slow
 set, (2, 1, 1), and is compared with ``jaxdd.compute`` in float64. The outcome is
 
@@ -45,9 +47,11 @@ import jaxdd
 from jaxdd import BaseModel, ModelConfig, NeighborConfig, edge_vectors
 from jaxdd.data import as_batch
 from jaxdd.engine import DistributedModel, DomainConfig
-from jaxdd.neighbors import build_neighbor_list, neighbor_capacity
+from jaxdd.neighbors import (NeighborListFormat, bond_partners, bond_vectors, build_neighbor_list, neighbor_capacity,
+                             reverse_bonds, triplet_cosines, triplet_mask)
 
 CUTOFF = 2.2
+BOND_CUTOFF = 1.9  # about five of the six nearest neighbours of the jittered lattice
 F = 4  # node feature width
 DUMMY = int(jnp.iinfo(jnp.int32).max)  # e3j's out-of-range index
 GRIDS = {"3x2x1": (3, 2, 1), "2x1x1": (2, 1, 1)}
@@ -88,6 +92,7 @@ class Ctx:
     sp: jax.Array  # species 0 (H) / 1 (O)
     h: jax.Array  # [n, F] node features
     p: dict  # parameters
+    nl: object = None  # the neighbour list (a MATRIX list with bonds for the idioms of BONDS)
 
     def msg(self, h=None, snd=None, env=None):
         """Messages tanh(h[senders]) · envelope, [E, F]."""
@@ -114,7 +119,7 @@ class IdiomModel(BaseModel):
         self.idioms = idioms
         self.p = params()
         self.model_config = ModelConfig(outputs={"energy", "forces"}, autograd_outputs={"forces"},
-                                        autograd_inputs={"positions"}, neighbor_config=NeighborConfig(CUTOFF))
+                                        autograd_inputs={"positions"}, neighbor_config=neighbor_config(idioms))
 
     def adapt_input(self, data):
         return dict(data=data)
@@ -128,7 +133,7 @@ class IdiomModel(BaseModel):
         h = p["embed"][sp]
         h = h + jax.ops.segment_sum(jnp.tanh(h[nl.senders]) * env[:, None], nl.receivers, n)
         c = Ctx(data, n, nl.senders.shape[0], nl.senders, nl.receivers, nl.mask, data.atom_mask, vec, jnp.sqrt(r2),
-                env, data.atomic_numbers, sp, h, p)
+                env, data.atomic_numbers, sp, h, p, nl)
         extra = 0.0
         for name in self.idioms:
             out = IDIOMS[name](c)
@@ -147,14 +152,24 @@ class IdiomModel(BaseModel):
 
 IDIOMS: dict = {}
 EXPECTED: dict = {}
+BONDS: set = set()  # idioms that read bonds: their model asks for a MATRIX list with bonds
 
 
-def idiom(expected):
+def idiom(expected, bonds=False):
     def register(fn):
         IDIOMS[fn.__name__] = fn
         EXPECTED[fn.__name__] = expected
+        if bonds:
+            BONDS.add(fn.__name__)
         return fn
     return register
+
+
+def neighbor_config(idioms) -> NeighborConfig:
+    """The list a model of ``idioms`` reads: COO, or a MATRIX list with bonds when one reads bonds."""
+    if BONDS.intersection(idioms):
+        return NeighborConfig(CUTOFF, format=NeighborListFormat.MATRIX, bond_cutoff=BOND_CUTOFF)
+    return NeighborConfig(CUTOFF)
 
 
 def _pass(c, m, rcv=None, **kw):
@@ -642,6 +657,91 @@ def iota_row_scatter(c):
     return x
 
 
+# --- the MATRIX rows and the neighbour counts, read through atom indices
+
+
+@idiom("equal", bonds=True)
+def matrix_message_rounds(c):
+    """Two rounds of messages over the MATRIX rows: the second reads, through the matrix, rows
+    the first made from this rank's neighbour rows (a ghost has none here)."""
+    m = c.nl.matrix
+    filled = m < c.n
+    shift = jnp.einsum("vki,vij->vkj", c.nl.matrix_shifts.astype(c.h.dtype), c.data.cell[c.data.batch_idx])
+    v = c.data.positions.at[m].get(mode="fill", fill_value=0.0) - c.data.positions[:, None] + shift
+    r2 = jnp.where(filled, jnp.sum(v * v, -1), 1.0)
+    env = jnp.where(filled & (r2 < CUTOFF**2), (1 - r2 / CUTOFF**2) ** 2, 0.0)
+    h = c.h
+    for _ in range(2):
+        h = h + jnp.sum(jnp.tanh(h.at[m].get(mode="fill", fill_value=0.0)) * env[..., None], 1)
+    return c.node_out(h)
+
+
+@idiom("equal")
+def degree_of_senders_from_num_neighbors(c):
+    """The list's own neighbour counts read at the senders (a ghost's count is its owner's)."""
+    deg = c.data.neighbors.num_neighbors.astype(c.h.dtype)
+    return _pass(c, c.msg() / jnp.maximum(deg[c.snd], 1.0)[:, None])
+
+
+# --- bonds, triplets and reverse bonds (angle models)
+
+
+def _bonds(c):
+    """(partner [n, B], bond vectors [n, B, 3], envelope [n, B]: zero beyond BOND_CUTOFF)."""
+    partner = bond_partners(c.nl)
+    vec = bond_vectors(c.data.positions, c.data.cell, c.data.batch_idx, c.nl)
+    r2 = jnp.sum(vec * vec, -1)
+    return partner, vec, jnp.where(c.nl.bonds.mask, (1 - r2 / BOND_CUTOFF**2) ** 2, 0.0)
+
+
+@idiom("equal", bonds=True)
+def m3gnet_three_body_bond_update(c):
+    """M3GNet: bond features updated by a sum over the angles at their atom, then summed into it."""
+    partner, vec, u = _bonds(c)
+    bonds = c.nl.bonds
+    e = u[..., None] * jnp.tanh(c.h.at[partner].get(mode="fill", fill_value=0.0) @ c.p["mix"])  # [n, B, F]
+    angular = jnp.where(triplet_mask(bonds), (1 + triplet_cosines(vec, bonds)) ** 2 * u[:, None, :], 0.0)
+    e = e + u[..., None] * jnp.tanh(jnp.einsum("vbc,vcf->vbf", angular, e))
+    return c.node_out(c.h + jnp.sum(e, 1))
+
+
+@idiom("equal", bonds=True)
+def dimenet_directional_messages(c):
+    """DimeNet: message j → i from the messages k → j arriving at j, weighted by the angle at j,
+    read through the reverse bond (written out: ``x.at[partner, reverse].get``)."""
+    partner, vec, u = _bonds(c)
+    bonds = c.nl.bonds
+    m = u[..., None] * jnp.tanh(c.h.at[partner].get(mode="fill", fill_value=0.0))  # on bond (j, c): k → j
+    turn = jnp.where(triplet_mask(bonds), 1 + triplet_cosines(vec, bonds), 0.0)
+    arriving = jnp.einsum("vbc,vcf->vbf", turn, m)  # at j, for each of its bonds
+    m_ji = m + u[..., None] * jnp.tanh(arriving.at[partner, bonds.reverse].get(mode="fill", fill_value=0.0))
+    return c.node_out(c.h + jnp.sum(u[..., None] * m_ji, 1))
+
+
+@idiom("equal", bonds=True)
+def bond_symmetrised_through_reverse(c):
+    """CHGNet-style bond features averaged with their reverse (jaxdd.neighbors.reverse_bonds)."""
+    partner, _, u = _bonds(c)
+    e = u[..., None] * jnp.tanh(c.h.at[partner].get(mode="fill", fill_value=0.0) @ c.p["mix"] + c.h[:, None, :])
+    e = 0.5 * (e + reverse_bonds(e, c.nl))
+    return c.node_out(c.h + jnp.sum(e * c.p["w"], 1))
+
+
+@idiom("equal", bonds=True)
+def bond_values_scattered_onto_partners(c):
+    """A per-bond value summed onto the bond's partner atom (a ghost's share goes home)."""
+    partner, _, u = _bonds(c)
+    onto = jnp.zeros(c.n).at[partner].add(u * jnp.sum(jnp.tanh(c.h), -1)[:, None])
+    return onto + 0.1 * jnp.sum(c.h, -1)
+
+
+@idiom("equal", bonds=True)
+def angles_per_atom(c):
+    """The number of angles of each atom as a feature."""
+    count = jnp.sum(triplet_mask(c.nl.bonds), (1, 2)).astype(c.h.dtype)
+    return 0.05 * count * jnp.sum(jnp.sin(c.h), -1)
+
+
 # ----------------------------------------------------------------------------- running one model
 
 
@@ -652,11 +752,16 @@ LINE = re.compile(r"test_dispatch_idioms\.py:(\d+)")
 
 
 @functools.lru_cache(maxsize=None)
-def one_device_batch() -> jaxdd.Batch:
-    """The system as one device sees it, with jaxdd's neighbour list for CUTOFF."""
+def one_device_batch(bonds: bool = False) -> jaxdd.Batch:
+    """The system as one device sees it, with jaxdd's neighbour list for CUTOFF (a MATRIX list
+    with bonds within BOND_CUTOFF when ``bonds``)."""
     b = as_batch(system())
-    capacity = neighbor_capacity(b.positions, b.cell, b.pbc, b.batch_idx, b.atom_mask, cutoff=CUTOFF)
-    nl = build_neighbor_list(b.positions, b.cell, b.pbc, b.batch_idx, b.atom_mask, capacity=capacity, cutoff=CUTOFF)
+    extra = dict(format=NeighborListFormat.MATRIX, bond_cutoff=BOND_CUTOFF) if bonds else {}
+    capacity = neighbor_capacity(b.positions, b.cell, b.pbc, b.batch_idx, b.atom_mask, cutoff=CUTOFF,
+                                 bond_cutoff=extra.get("bond_cutoff"))
+    nl = build_neighbor_list(b.positions, b.cell, b.pbc, b.batch_idx, b.atom_mask, capacity=capacity, cutoff=CUTOFF,
+                             **extra)
+    assert not bool(nl.overflow)
     return b.replace(neighbors=nl)
 
 
@@ -665,7 +770,7 @@ def reference(idioms) -> tuple[np.ndarray, np.ndarray]:
     small jit (a fifth of ``jaxdd.compute``'s compile time, which builds the neighbour list in the
     program; the two agree to rounding: test_the_reference_is_jaxdd_compute)."""
     if idioms not in _REFERENCE:
-        model, b = IdiomModel(*idioms), one_device_batch()
+        model, b = IdiomModel(*idioms), one_device_batch(bool(BONDS.intersection(idioms)))
         e, g = jax.jit(jax.value_and_grad(lambda pos: jnp.sum(model(b.replace(positions=pos))["energy"])))(b.positions)
         _REFERENCE[idioms] = (np.asarray(e)[None], -np.asarray(g))
     return _REFERENCE[idioms]
@@ -752,7 +857,8 @@ def test_the_corpus_is_large_and_every_idiom_has_an_expected_outcome():
 DEFAULT = ("count_nonzero_mask_edges", "arange_below_count_node_mask", "arange_below_edge_count", "mean_over_atoms",
            "jnp_mean_over_rows", "argsort_edges_by_receiver", "inverse_permutation",
            "wigner_blocks_at_constant_columns", "segment_max_senders", "segment_softmax_receivers",
-           "dummy_graph_padding", "sentinel_int32_max_dropped", "top_k_over_edges", "unique_species_static_size")
+           "dummy_graph_padding", "sentinel_int32_max_dropped", "top_k_over_edges", "unique_species_static_size",
+           "degree_of_senders_from_num_neighbors", "dimenet_directional_messages")
 
 
 def _cases():
