@@ -49,7 +49,7 @@ def test_a_bad_option_is_a_usage_error(argv, option, capsys):
 
 
 def test_a_side_killed_for_memory_is_reported_as_failed_not_the_end_of_the_benchmark(monkeypatch):
-    monkeypatch.setattr(sevennet_md, "watched", lambda *a, **k: (-9, "", "", None))
+    monkeypatch.setattr(sevennet_md.torch_md, "watched", lambda *a, **k: (-9, "", "", None))
     row = sevennet_md.pinned("torch-ase", "7net-0", 8, 1, 1, sys.executable)
     assert row["failed"].startswith("killed by signal 9") and row["atom_steps_per_second"] is None
     assert (row["n_atoms"], row["model"]) == (4096, "7net-0")
@@ -68,13 +68,20 @@ def _row(model, side, cores, speed, atoms=1000):
     return dict(model=model, side=side, cores=cores, n_atoms=atoms, atom_steps_per_second=speed)
 
 
-def test_ratios_are_over_the_faster_sevenn_side_on_as_many_cores_and_over_one_device():
+def test_ratios_are_over_each_sevenn_side_on_as_many_cores_and_over_one_device():
     group = [_row("7net-0", "torch-ase", 1, 100.0), _row("7net-0", "torch-bare", 1, 125.0),
              _row("7net-0", "torch-bare", 2, 200.0), _row("7net-0", "jaxdd", 1, 250.0),
              _row("7net-0", "jaxdd", 2, 450.0)]
     sevennet_md.add_ratios(group)
-    assert [r["ratio"] for r in group] == [None, None, None, 2.0, 2.25]
+    assert [r["ratios"] for r in group] == [{}, {}, {}, {"torch-ase": 2.5, "torch-bare": 2.0}, {"torch-bare": 2.25}]
     assert group[4]["speedup"] == pytest.approx(1.8) and group[3]["speedup"] is None
+
+
+def test_the_target_is_over_the_faster_sevenn_side():
+    rows = _measured({"7net-0": 2.5, "7net-l3i5": 2.1}, {"7net-0": 1.8, "7net-l3i5": 1.8})
+    rows.insert(0, _row("7net-0", "torch-bare", 1, 130.0))  # faster than torch-ase: 250 / 130 < 2
+    sevennet_md.add_ratios([r for r in rows if r["model"] == "7net-0"])
+    assert ": NOT met: " in sevennet_md.target_line(rows)
 
 
 def _measured(one_core, two_devices):
