@@ -295,7 +295,7 @@ def test_restart_continues_bit_for_bit(tmp_path):
 
 
 @functools.lru_cache(maxsize=None)
-def schnet_run(integrator, grid, n_steps=200, strategy="halo"):
+def schnet_run(integrator, grid, n_steps=100, strategy="halo"):
     atoms = fcc_lattice(3, 5.26, symbol="Ar")  # 108 atoms of solid argon
     atoms.rattle(0.02, seed=4)
     data = jaxdd.AtomicData.from_ase(atoms, dtype=np.float64)
