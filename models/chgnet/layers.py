@@ -1,0 +1,159 @@
+"""CHGNet's layers (chgnet/model/functions.py, layers.py) on jaxdd's per-atom tables: atoms
+``[V, F]``, edges of the atom graph as the slots of the MATRIX list ``[V, K, F]``, bonds as
+the slots of the bond list ``[V, B, F]`` and angles as pairs of bonds of one atom ``[V, B, B, F]``.
+
+Weights are as torch stores them: a linear layer is ``(W [out, in], b [out] or None)`` and
+computes ``x W^T + b``; an ``MLP`` is a list of them with SiLU between consecutive layers.
+
+The first linear layer of a gated MLP acts on the concatenation of the features of a message's
+parts (centre atom, bond, neighbour, angle). It is applied to each part where the part lives
+(per atom, per bond) and the results are summed where the message lives: the same numbers as
+the concatenated product, without building the concatenation on the largest table.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["linear", "mlp", "layer_norm", "GatedFirst", "gated_mlp", "atom_conv", "bond_conv", "angle_update",
+           "LAYER_NORM_EPS"]
+
+#: torch's ``nn.LayerNorm`` default epsilon.
+LAYER_NORM_EPS = 1e-5
+
+
+def linear(layer, x):
+    """``x W^T + b`` of a torch linear layer ``(W [out, in], b [out] or None)`` on ``x [..., in]``."""
+    w, b = layer
+    y = x @ w.T
+    return y if b is None else y + b
+
+
+def _rest(layers, x):
+    """An MLP after its first layer's output ``x``: SiLU, then each further layer, SiLU between them."""
+    for layer in layers:
+        x = linear(layer, jax.nn.silu(x))
+    return x
+
+
+def mlp(layers, x):
+    """chgnet's ``MLP`` of ``layers`` (linear layers, SiLU between consecutive ones, none after the
+    last) on ``x [..., in]``."""
+    return _rest(layers[1:], linear(layers[0], x))
+
+
+def layer_norm(norm, x):
+    """torch's ``LayerNorm`` of ``x [..., F]`` over its last axis (biased variance, eps 1e-5), with
+    ``norm = (weight [F], bias [F])``."""
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    centred = x - mean
+    var = jnp.mean(centred * centred, axis=-1, keepdims=True)
+    return centred / jnp.sqrt(var + LAYER_NORM_EPS) * norm[0] + norm[1]
+
+
+class GatedFirst:
+    """The first layers of a gated MLP's core and gate, stacked (``[2H, in]``), split by input part.
+
+    Args:
+      gated: the gated MLP's weights (``core``, ``gate``, optional ``norm_core``, ``norm_gate``).
+      widths: the widths of the concatenated input's parts, in chgnet's order.
+    """
+
+    def __init__(self, gated, widths):
+        (wc, bc), (wg, bg) = gated["core"][0], gated["gate"][0]
+        w = jnp.concatenate([wc, wg], axis=0)
+        self.bias = jnp.concatenate([bc, bg]) if bc is not None else None
+        starts = [sum(widths[:k]) for k in range(len(widths) + 1)]
+        if starts[-1] != w.shape[1]:
+            raise ValueError(f"a gated MLP with {w.shape[1]} inputs cannot take parts of widths {widths}")
+        self.blocks = [w[:, a:b] for a, b in zip(starts[:-1], starts[1:])]
+
+    def part(self, k, x, bias=False):
+        """The product of part ``k``'s features ``x [..., width_k]`` with its columns: ``[..., 2H]``
+        (plus both first layers' biases when ``bias``)."""
+        y = x @ self.blocks[k].T
+        return y + self.bias if bias and self.bias is not None else y
+
+
+def gated_mlp(gated, pre):
+    """chgnet's ``GatedMLP`` with weights ``gated`` from its first layers' outputs ``pre [..., 2H]``
+    (core, then gate): ``silu(norm(core(x))) · sigmoid(norm(gate(x)))``, the norms LayerNorms or none."""
+    h = pre.shape[-1] // 2
+    core, gate = _rest(gated["core"][1:], pre[..., :h]), _rest(gated["gate"][1:], pre[..., h:])
+    if "norm_core" in gated:
+        core, gate = layer_norm(gated["norm_core"], core), layer_norm(gated["norm_gate"], gate)
+    return jax.nn.silu(core) * jax.nn.sigmoid(gate)
+
+
+def atom_conv(w, h, edges, edge_weights, senders, inside):
+    """chgnet's ``AtomConv``: ``h_i + out(Σ_j gated([h_i, e_ij, h_j]) ⊙ w_ij)``.
+
+    Args:
+      w: the layer's weights (``gated``, ``out``).
+      h: atom features [V, F].
+      edges: features of the atom graph's edges [V, K, F_e].
+      edge_weights: ``w_ij`` [V, K, F], the edges' enveloped radial basis times a linear map.
+      senders: [V, K] the neighbour ``j`` of each slot (padding V).
+      inside: [V, K] bool, the slots that are edges within the atom cutoff.
+
+    Returns:
+      the new atom features [V, F].
+    """
+    fa, fe = h.shape[-1], edges.shape[-1]
+    first = GatedFirst(w["gated"], (fa, fe, fa))
+    neighbour = first.part(2, h).at[senders].get(mode="fill", fill_value=0)  # [V, K, 2H]
+    pre = first.part(0, h, bias=True)[:, None, :] + first.part(1, edges) + neighbour
+    messages = jnp.where(inside[..., None], gated_mlp(w["gated"], pre) * edge_weights, 0.0)
+    return h + mlp(w["out"], jnp.sum(messages, axis=1))
+
+
+def _triplet_pre(first, h, bonds, angles):
+    """First-layer outputs [V, B, B, 2H] of the messages ``[e_b, e_b', a_bb', h_i]`` of every pair."""
+    return (first.part(0, bonds, bias=True)[:, :, None, :] + first.part(1, bonds)[:, None, :, :]
+            + first.part(2, angles) + first.part(3, h)[:, None, None, :])
+
+
+def bond_conv(w, h, bonds, angles, bond_weights, triplets, partner, reverse):
+    """The summed messages of chgnet's ``BondConv`` onto every bond, before its output layer:
+    ``m_b = Σ_b' gated([e_b, e_b', a_bb', h_i]) ⊙ w_b ⊙ w_b'`` over the angles at both ends of
+    the bond (``m`` of bond ``(i, b)`` plus ``m`` of its reverse ``(j, b*)``), so that both
+    copies of an undirected bond receive the same sum.
+
+    Args:
+      w: the layer's weights (``gated``).
+      h: atom features [V, F_a].
+      bonds: bond features [V, B, F_e] (both copies of a bond equal).
+      angles: angle features [V, B, B, F_t].
+      bond_weights: ``w_b`` [V, B, F_e], the bonds' enveloped radial basis (bond cutoff) times a linear map.
+      triplets: [V, B, B] bool, the angles (pairs of distinct bonds of one atom).
+      partner: [V, B] the atom at the other end of each bond (padding V).
+      reverse: [V, B] the bond of ``partner``'s row that is the same bond reversed (padding B).
+
+    Returns:
+      [V, B, F_e] the summed messages of each bond (zero on padding bonds).
+    """
+    first = GatedFirst(w["gated"], (bonds.shape[-1], bonds.shape[-1], angles.shape[-1], h.shape[-1]))
+    update = gated_mlp(w["gated"], _triplet_pre(first, h, bonds, angles))
+    update = update * bond_weights[:, :, None, :] * bond_weights[:, None, :, :]
+    at_centre = jnp.sum(jnp.where(triplets[..., None], update, 0.0), axis=2)  # [V, B, F]
+    n, width = reverse.shape
+    found = (partner < n) & (reverse < width)
+    flat = jnp.where(found, partner * width + reverse, n * width)  # out of range where not found: read as 0
+    return at_centre + at_centre.reshape(n * width, -1).at[flat].get(mode="fill", fill_value=0)
+
+
+def angle_update(w, h, bonds, angles, triplets):
+    """chgnet's ``AngleUpdate``: ``a_bb' + gated([e_b, e_b', a_bb', h_i])``, zero off the angles.
+
+    Args:
+      w: the layer's weights (``gated``).
+      h: atom features [V, F_a]. bonds: bond features [V, B, F_e].
+      angles: angle features [V, B, B, F_t]. triplets: [V, B, B] bool.
+
+    Returns:
+      the new angle features [V, B, B, F_t].
+    """
+    first = GatedFirst(w["gated"], (bonds.shape[-1], bonds.shape[-1], angles.shape[-1], h.shape[-1]))
+    new = angles + gated_mlp(w["gated"], _triplet_pre(first, h, bonds, angles))
+    return jnp.where(triplets[..., None], new, 0.0)
