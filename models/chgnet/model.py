@@ -222,16 +222,17 @@ class CHGNet(eqx.Module, SpeciesModel):
 
         h = p["embedding"][kind]
         for t in range(arch.n_conv - 1):
-            w = {"atom_conv": p["atom_conv"][t], "bond_conv": p["bond_conv"][t], "angle_update": p["angle_update"][t]}
-            h = atom_conv(w["atom_conv"], h, edges, edge_weights, neighbors.matrix, inside)
-            summed = bond_conv(w["bond_conv"], h, gather_bonds(edges, bl), angles, bond_weights, triplets, partner,
-                               reverse)
-            (w_out, b_out), = w["bond_conv"]["out"]
+            h = atom_conv(p["atom_conv"][t], h, edges, edge_weights, neighbors.matrix, inside)
+            summed = bond_conv(p["bond_conv"][t], h, gather_bonds(edges, bl), angles, bond_weights, triplets,
+                               partner, reverse)
+            # The output layer on every edge: its product on the bonds' sums, its bias (if any) on
+            # all edges, bonds or not, as chgnet's applies to every undirected edge.
+            (w_out, b_out), = p["bond_conv"][t]["out"]
             delta = jnp.zeros_like(edges).at[rows, slots].set(summed @ w_out.T, mode="drop")
             if b_out is not None:
                 delta = delta + jnp.where(convolved & inside[..., None], b_out, 0.0)
             edges = edges + delta
-            angles = angle_update(w["angle_update"], h, gather_bonds(edges, bl), angles, triplets)
+            angles = angle_update(p["angle_update"][t], h, gather_bonds(edges, bl), angles, triplets)
         magmoms = jnp.abs(linear(p["site_wise"], h))[:, 0]  # after the last but one atom convolution
         h = atom_conv(p["atom_conv"][-1], h, edges, edge_weights, neighbors.matrix, inside)
 
