@@ -76,3 +76,18 @@ def test_it_passes_the_validator_at_world_size_4_with_no_fix():
     report = trace_and_validate(make_model, sample(), world_size=4, atol=1e-9, rtol=1e-10)
     assert report.ok, report.summary()
     assert report.fix_applied is None
+
+
+@pytest.mark.slow
+def test_the_ranks_grow_the_bond_width_when_atoms_gain_bonds():
+    data = sample()
+    dm = DistributedModel(model(), DomainConfig(cutoff=CUTOFF, grid=(2, 2, 1)))
+    dm(data, ("energy",))
+    width = dm.capacities.neighbors.max_bonds
+    # 0.75 × the lattice: the third shell comes inside the bond cutoff (28 bonds at most, from 14).
+    squeezed = data.replace(positions=np.asarray(data.positions) * 0.75, cell=np.asarray(data.cell) * 0.75)
+    got = dm(squeezed, ("energy", "forces"))
+    assert dm.capacities.neighbors.max_bonds > width and dm.health.recompiles >= 1
+    want = jaxdd.compute(model(), squeezed, ("energy", "forces"))
+    np.testing.assert_allclose(np.asarray(got["energy"]), np.asarray(want["energy"]), rtol=1e-10, atol=0)
+    np.testing.assert_allclose(np.asarray(got["forces"]), np.asarray(want["forces"]), rtol=0, atol=1e-9)
