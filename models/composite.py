@@ -8,7 +8,9 @@ and one ghost shell at that range, and one compiled program evaluates them all.
 
 Each member sees the shared COO list with the pairs beyond its own range masked out, so it
 computes exactly what it computes alone. MATRIX rows are shared as they are: a member that
-reads the MATRIX must mask by its own cutoff (every zoo model does). Forces and stress are
+reads the MATRIX must mask by its own cutoff (every zoo model does). So are the bonds: the list
+carries them to the largest bond range of the members that ask for bonds, and a member masks
+them by its own bond cutoff (``jaxdd.models.angle_mpnn`` does). Forces and stress are
 the framework's derivatives of the summed energy; members that compute forces themselves
 (kernel-direct forces) are refused.
 
@@ -96,6 +98,9 @@ class SumModel(eqx.Module, BaseModel):
                 fmt = NeighborListFormat.MATRIX
         widths = [m.model_config.neighbor_config.max_neighbors for m in members]
         widths = [w for w in widths if w is not None]
+        # Bonds to the largest bond range asked for (each member masks by its own, as with a skin).
+        bond_ranges = [m.model_config.neighbor_config.bond_search_cutoff for m in members]
+        bond_ranges = [b for b in bond_ranges if b is not None]
         self.members = tuple(members)
         self.ranges = tuple(float(r) for r in ranges)
         per_atom = all("atomic_energies" in m.model_config.outputs for m in members)
@@ -105,7 +110,8 @@ class SumModel(eqx.Module, BaseModel):
             autograd_outputs=frozenset({"forces", "stress"}),
             autograd_inputs=frozenset({"positions", "cell"}),
             neighbor_config=NeighborConfig(cutoff=max(ranges), format=fmt,
-                                           max_neighbors=max(widths) if widths else None),
+                                           max_neighbors=max(widths) if widths else None,
+                                           bond_cutoff=max(bond_ranges) if bond_ranges else None),
         )
 
     @property

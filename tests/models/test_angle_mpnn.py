@@ -91,3 +91,16 @@ def test_the_ranks_grow_the_bond_width_when_atoms_gain_bonds():
     want = jaxdd.compute(model(), squeezed, ("energy", "forces"))
     np.testing.assert_allclose(np.asarray(got["energy"]), np.asarray(want["energy"]), rtol=1e-10, atol=0)
     np.testing.assert_allclose(np.asarray(got["forces"]), np.asarray(want["forces"]), rtol=0, atol=1e-9)
+
+
+def test_in_a_sum_with_a_pair_model_it_adds_its_own_energy():
+    from jaxdd.models.composite import SumModel
+    from jaxdd.models.species_pair import SpeciesPair
+
+    pair = SpeciesPair((1, 8), cutoff=4.5)
+    data, pbc = sample(), (True, True, True)
+    got = jaxdd.compute(SumModel(model(), pair), data, ("energy", "forces"))
+    alone = jaxdd.compute(pair, data, ("energy", "forces"))
+    want = reference(pbc)
+    np.testing.assert_allclose(np.asarray(got["energy"]), want["energy"] + np.asarray(alone["energy"]), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(got["forces"]), want["forces"] + np.asarray(alone["forces"]), atol=1e-10)
