@@ -104,3 +104,8 @@ def test_in_a_sum_with_a_pair_model_it_adds_its_own_energy():
     want = reference(pbc)
     np.testing.assert_allclose(np.asarray(got["energy"]), want["energy"] + np.asarray(alone["energy"]), rtol=1e-12)
     np.testing.assert_allclose(np.asarray(got["forces"]), want["forces"] + np.asarray(alone["forces"]), atol=1e-10)
+
+
+def test_node_blocks_refuse_bonds_naming_why():
+    with pytest.raises(ValueError, match="bond_cutoff.*halo strategy"):
+        DistributedModel(model(), DomainConfig(cutoff=CUTOFF, grid=(2, 1, 1), strategy="graph_partition"))
