@@ -114,11 +114,10 @@ def _triplet_pre(first, h, bonds, angles):
             + first.part(2, angles) + first.part(3, h)[:, None, None, :])
 
 
-def bond_conv(w, h, bonds, angles, bond_weights, triplets, partner, reverse):
-    """The summed messages of chgnet's ``BondConv`` onto every bond, before its output layer:
-    ``m_b = Σ_b' gated([e_b, e_b', a_bb', h_i]) ⊙ w_b ⊙ w_b'`` over the angles at both ends of
-    the bond (``m`` of bond ``(i, b)`` plus ``m`` of its reverse ``(j, b*)``), so that both
-    copies of an undirected bond receive the same sum.
+def bond_conv(w, h, bonds, angles, bond_weights, triplets):
+    """The messages of chgnet's ``BondConv`` summed at each bond's own atom, before its output
+    layer: ``m_b = Σ_b' gated([e_b, e_b', a_bb', h_i]) ⊙ w_b ⊙ w_b'``. chgnet's bond update
+    sums them at both ends of the bond: ``m`` of bond ``(i, b)`` plus ``m`` of its reverse.
 
     Args:
       w: the layer's weights (``gated``).
@@ -127,20 +126,14 @@ def bond_conv(w, h, bonds, angles, bond_weights, triplets, partner, reverse):
       angles: angle features [V, B, B, F_t].
       bond_weights: ``w_b`` [V, B, F_e], the bonds' enveloped radial basis (bond cutoff) times a linear map.
       triplets: [V, B, B] bool, the angles (pairs of distinct bonds of one atom).
-      partner: [V, B] the atom at the other end of each bond (padding V).
-      reverse: [V, B] the bond of ``partner``'s row that is the same bond reversed (padding B).
 
     Returns:
-      [V, B, F_e] the summed messages of each bond (zero on padding bonds).
+      [V, B, F_e] the summed messages of each bond at its own atom (zero on padding bonds).
     """
     first = GatedFirst(w["gated"], (bonds.shape[-1], bonds.shape[-1], angles.shape[-1], h.shape[-1]))
     update = gated_mlp(w["gated"], _triplet_pre(first, h, bonds, angles))
     update = update * bond_weights[:, :, None, :] * bond_weights[:, None, :, :]
-    at_centre = jnp.sum(jnp.where(triplets[..., None], update, 0.0), axis=2)  # [V, B, F]
-    n, width = reverse.shape
-    found = (partner < n) & (reverse < width)
-    flat = jnp.where(found, partner * width + reverse, n * width)  # out of range where not found: read as 0
-    return at_centre + at_centre.reshape(n * width, -1).at[flat].get(mode="fill", fill_value=0)
+    return jnp.sum(jnp.where(triplets[..., None], update, 0.0), axis=2)
 
 
 def angle_update(w, h, bonds, angles, triplets):

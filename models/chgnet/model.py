@@ -28,7 +28,10 @@ the angles between two bonds of one atom. With ``r_ij = |x_j - x_i + S·cell|``:
 
 Bond features are kept once per direction (the bond ``i→j`` in row i, ``j→i`` in row j, equal
 through the bond list's ``reverse``): each bond convolution sums the messages at both ends
-into both copies. An isolated atom (no neighbour within r_a) keeps its embedding through the
+into both copies, reading the other end's through the reverse bond. Under domain
+decomposition (``SPEC_MPNN_HALO``) the dispatch refreshes, before each such read, the ghost
+rows of the atom features and of the bond messages from their owners (docs/angle_models.md):
+two forward exchanges per block, no other change. An isolated atom (no neighbour within r_a) keeps its embedding through the
 convolutions, as chgnet computes it when its converter is told to ignore isolated atoms (by
 default chgnet's converter refuses such a structure).
 """
@@ -42,7 +45,7 @@ import numpy as np
 
 from jaxdd.model.base import ModelConfig, NeighborConfig
 from jaxdd.model.species import SpeciesModel
-from jaxdd.neighbors import NeighborListFormat, bond_partners, gather_bonds
+from jaxdd.neighbors import NeighborListFormat, gather_bonds, reverse_bonds
 
 from ..species import cast_params, check_positive, weights_dtype
 from . import checkpoint as ckpt
@@ -121,23 +124,6 @@ class CHGNet(eqx.Module, SpeciesModel):
 
         return SPEC_MPNN_HALO.with_output_kinds(magmoms=OutputKind.PER_NODE)
 
-    def distributed_setup(self, ctx) -> None:
-        """Refuse a domain decomposition: CHGNet runs on one device (``jaxdd.compute``).
-
-        A bond convolution sums the messages at both ends of a bond into both its copies; for a
-        bond that crosses a subdomain boundary one end is a ghost, whose angles a rank neither
-        lists nor exchanges under the halo spec, so the sum would silently lose them.
-
-        Args:
-          ctx: the :class:`~jaxdd.DDContext` of the decomposition being traced.
-
-        Raises:
-          NotImplementedError: always.
-        """
-        raise NotImplementedError(
-            "CHGNet runs on one device (jaxdd.compute): under domain decomposition its bond convolutions need the "
-            "messages at the ghost end of every bond that crosses a subdomain boundary, which no spec exchanges yet")
-
     def validate_input(self, data) -> None:
         """Host check that every real atom of the Batch ``data`` is one of chgnet's 94 elements
         (ValueError naming them)."""
@@ -203,8 +189,6 @@ class CHGNet(eqx.Module, SpeciesModel):
         is_bond = bl.mask & gather_bonds(inside, bl, fill=False) & (rb < arch.bond_cutoff)  # [V, B]
         width = is_bond.shape[1]
         triplets = is_bond[:, :, None] & is_bond[:, None, :] & ~np.eye(width, dtype=bool)
-        partner = jnp.where(is_bond, bond_partners(neighbors), n)
-        reverse = jnp.where(is_bond, bl.reverse, width)
         bond_basis = radial_bessel(jnp.where(is_bond, rb, 1.0), p["rbf_bond"], arch.bond_cutoff, arch.envelope_p)
         bond_weights = linear((p["bond_weights_bond"], None), jnp.where(is_bond[..., None], bond_basis, 0.0))
         unit = gather_bonds(vec, bl) / rb[..., None]
@@ -217,18 +201,18 @@ class CHGNet(eqx.Module, SpeciesModel):
         if arch.mlp_out_bias:
             has_angles = jax.ops.segment_max(jnp.sum(is_bond, axis=1) >= 2, batch_idx, num_segments=n_systems)
             convolved = has_angles[jnp.clip(batch_idx, 0, n_systems - 1)][:, None, None]
-        rows = jnp.broadcast_to(jnp.arange(n)[:, None], is_bond.shape)
-        slots = jnp.where(is_bond, bl.slot, edges.shape[1])  # out of range on non-bonds: dropped by the scatter
+        # [V, K, B]: slot k of row i is the row's bond b (each bond one slot, most slots none).
+        slot_bond = (bl.slot[:, None, :] == jnp.arange(edges.shape[1])[None, :, None]) & is_bond[:, None, :]
 
         h = p["embedding"][kind]
         for t in range(arch.n_conv - 1):
             h = atom_conv(p["atom_conv"][t], h, edges, edge_weights, neighbors.matrix, inside)
-            summed = bond_conv(p["bond_conv"][t], h, gather_bonds(edges, bl), angles, bond_weights, triplets,
-                               partner, reverse)
+            at_atom = bond_conv(p["bond_conv"][t], h, gather_bonds(edges, bl), angles, bond_weights, triplets)
+            summed = at_atom + jnp.where(is_bond[..., None], reverse_bonds(at_atom, neighbors), 0.0)  # both ends
             # The output layer on every edge: its product on the bonds' sums, its bias (if any) on
             # all edges, bonds or not, as chgnet's applies to every undirected edge.
             (w_out, b_out), = p["bond_conv"][t]["out"]
-            delta = jnp.zeros_like(edges).at[rows, slots].set(summed @ w_out.T, mode="drop")
+            delta = jnp.einsum("vkb,vbf->vkf", slot_bond.astype(dt), summed @ w_out.T)
             if b_out is not None:
                 delta = delta + jnp.where(convolved & inside[..., None], b_out, 0.0)
             edges = edges + delta

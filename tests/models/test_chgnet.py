@@ -290,12 +290,57 @@ def test_an_element_beyond_plutonium_is_named():
         jaxdd.compute(model("0.3.0"), jaxdd.Batch.from_ase(atoms), ("energy",))
 
 
-@pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
-def test_a_domain_decomposition_is_refused_with_the_reason():
+# ----------------------------------------------------------------------------- distributed
+
+
+def mesh_of(n):
     from jax.sharding import AxisType, Mesh
 
-    mesh = Mesh(np.asarray(jax.devices()[:2]), ("dd",), axis_types=(AxisType.Auto,))
-    dm = jaxdd.DistributedModel(model("0.3.0"), jaxdd.DomainConfig(6.0, mesh=mesh, grid=(2, 1, 1)))
-    with pytest.raises(NotImplementedError, match="CHGNet runs on one device.*ghost end of every bond"):
-        dm(jaxdd.AtomicData.from_ase(system("li2o")), outputs=("energy",))
+    return Mesh(np.asarray(jax.devices()[:n]), ("dd",), axis_types=(AxisType.Auto,))
 
+
+@functools.lru_cache(maxsize=None)
+def crystal(repeat):
+    """Antifluorite Li2O with an Fe on every tenth cation site, ``repeat`` conventional cells, rattled."""
+    from ase.build import bulk
+
+    atoms = bulk("Li2O", "fluorite", a=4.61, cubic=True).repeat(repeat)
+    atoms.numbers[np.flatnonzero(atoms.numbers == 3)[::10]] = 26
+    atoms.rattle(0.05, seed=3)
+    return jaxdd.AtomicData.from_ase(atoms)
+
+
+def assert_distributed_equals_one_device(name, repeat, grid):
+    data = crystal(repeat)
+    keys = ("energy", "forces", "stress", "magmoms")
+    want = {k: np.asarray(v) for k, v in jaxdd.compute(model(name), data, keys).items()}
+    dm = jaxdd.DistributedModel(model(name), jaxdd.DomainConfig(model(name).cutoff, mesh=mesh_of(int(np.prod(grid))),
+                                                               grid=grid))
+    got = {k: np.asarray(v) for k, v in dm(data, outputs=keys).items()}
+    np.testing.assert_allclose(got["energy"], want["energy"], rtol=1e-10, atol=0)
+    np.testing.assert_allclose(got["forces"], want["forces"], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(got["stress"], want["stress"], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(got["magmoms"], want["magmoms"], rtol=0, atol=1e-9)
+    assert dm.dispatch_report.fallbacks == []
+
+
+def test_distributed_0_3_0_equals_one_device():
+    # 27.7 Å along the split: each rank's ghost shell (6 Å) leaves atoms it does not see.
+    assert_distributed_equals_one_device("0.3.0", (6, 1, 1), (2, 1, 1))
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
+@pytest.mark.parametrize("name", ["0.2.0", "r2scan"])
+def test_distributed_models_equal_one_device_on_a_2x2_grid(name):
+    assert_distributed_equals_one_device(name, (4, 4, 1), (2, 2, 1))
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
+def test_0_3_0_passes_the_validator_at_world_size_4_with_its_own_spec():
+    from jaxdd.validate import trace_and_validate
+
+    report = trace_and_validate(lambda: model("0.3.0"), crystal((4, 4, 1)), world_size=4, atol=1e-9, rtol=1e-10)
+    assert report.ok, report.summary()
+    assert report.fix_applied is None
