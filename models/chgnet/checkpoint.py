@@ -123,7 +123,8 @@ def _gated(state, prefix, source, norm):
     if norm:
         out["norm_core"], out["norm_gate"] = _norm(state, f"{prefix}.bn1"), _norm(state, f"{prefix}.bn2")
         if out["norm_core"] is None or out["norm_gate"] is None:
-            raise UnsupportedCheckpoint(f"CHGNet checkpoint {source!r} says gMLP_norm='layer' but has no {prefix}.bn1/bn2")
+            raise UnsupportedCheckpoint(f"CHGNet checkpoint {source!r} says gMLP_norm='layer' but has no "
+                                        f"{prefix}.bn1/bn2")
     return out
 
 
@@ -184,10 +185,12 @@ def read(name_or_path):
     if n_conv < 2:
         _refuse(source, f"n_conv={n_conv} (the magnetic moments are read after the last but one of at least 2)")
     gated_norm = args.get("gMLP_norm", "layer") is not None
-    f64 = lambda key: np.asarray(state[key], np.float64)  # noqa: E731
-    for key in ("atom_embedding.embedding.weight", "bond_embedding.weight", "angle_embedding.weight", "site_wise.weight"):
+
+    def f64(key):
         if key not in state:
-            raise UnsupportedCheckpoint(f"CHGNet checkpoint {source!r} has no {key}")
+            raise UnsupportedCheckpoint(f"CHGNet checkpoint {source!r} has no {key} in its state dict")
+        return np.asarray(state[key], np.float64)
+
     extra = sorted(k for k in state if k.startswith("composition_model.") and k != "composition_model.fc.weight")
     if extra:
         _refuse(source, f"a composition model with weights {extra[:3]} (only AtomRef, composition_model.fc.weight)")
@@ -226,8 +229,8 @@ def read(name_or_path):
     if weights["readout_norm"] is None:
         del weights["readout_norm"]
     if 2 * weights["fourier"].size + 1 != weights["angle_embedding"].shape[1]:
-        raise UnsupportedCheckpoint(f"CHGNet checkpoint {source!r}: {weights['fourier'].size} Fourier frequencies do not "
-                                    f"make the angle embedding's {weights['angle_embedding'].shape[1]} inputs")
+        raise UnsupportedCheckpoint(f"CHGNet checkpoint {source!r}: {weights['fourier'].size} Fourier frequencies do "
+                                    f"not make the angle embedding's {weights['angle_embedding'].shape[1]} inputs")
     arch = Architecture(atom_cutoff=float(args.get("atom_graph_cutoff", 6.0)),
                         bond_cutoff=float(args.get("bond_graph_cutoff", 3.0)),
                         envelope_p=float(args.get("cutoff_coeff", 8)), n_conv=n_conv, gated_norm=gated_norm,

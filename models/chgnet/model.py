@@ -31,9 +31,11 @@ through the bond list's ``reverse``): each bond convolution sums the messages at
 into both copies, reading the other end's through the reverse bond. Under domain
 decomposition (``SPEC_MPNN_HALO``) the dispatch refreshes, before each such read, the ghost
 rows of the atom features and of the bond messages from their owners (docs/angle_models.md):
-two forward exchanges per block, no other change. An isolated atom (no neighbour within r_a) keeps its embedding through the
-convolutions, as chgnet computes it when its converter is told to ignore isolated atoms (by
-default chgnet's converter refuses such a structure).
+two forward exchanges per block, no other change.
+
+An isolated atom (no neighbour within r_a) keeps its embedding through the convolutions, as
+chgnet computes it when its converter is told to ignore isolated atoms (by default chgnet's
+converter refuses such a structure).
 """
 
 from __future__ import annotations

@@ -200,8 +200,8 @@ def test_loading_and_running_need_no_torch():
                       positions={ref['systems/close_pair/positions'].tolist()},
                       cell={ref['systems/close_pair/cell'].tolist()}, pbc=True)
         out = jaxdd.compute(model, jaxdd.Batch.from_ase(atoms), ("energy", "forces"))
-        print(repr(float(out["energy"][0])), repr(float(np.abs(np.asarray(out["forces"])
-                                                              - np.asarray({ref['0.3.0/close_pair/forces'].tolist()})).max())))
+        want = np.asarray({ref['0.3.0/close_pair/forces'].tolist()})
+        print(repr(float(out["energy"][0])), repr(float(np.abs(np.asarray(out["forces"]) - want).max())))
         assert "torch" not in sys.modules and "chgnet" not in sys.modules
     """)
     env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -250,6 +250,14 @@ def test_an_option_none_of_the_published_models_uses_is_refused_by_name(monkeypa
     checkpoint["model"]["model_args"].update(change)
     monkeypatch.setattr(ckpt.pth, "load", lambda path: checkpoint)
     with pytest.raises(UnsupportedCheckpoint, match=name):
+        CHGNet.load("0.3.0")
+
+
+def test_a_state_dict_without_a_weight_names_it(monkeypatch):
+    checkpoint = ckpt.pth.load(ckpt.resolve("0.3.0"))
+    del checkpoint["model"]["state_dict"]["angle_embedding.weight"]
+    monkeypatch.setattr(ckpt.pth, "load", lambda path: checkpoint)
+    with pytest.raises(UnsupportedCheckpoint, match="has no angle_embedding.weight"):
         CHGNet.load("0.3.0")
 
 
