@@ -676,6 +676,24 @@ def matrix_message_rounds(c):
     return c.node_out(h)
 
 
+@idiom("equal", bonds=True)
+def matrix_message_rounds_in_scan(c):
+    """The same rounds as a ``lax.scan`` over layers: the carry becomes stale in the first
+    iteration, and the second reads it through the matrix."""
+    m = c.nl.matrix
+    filled = m < c.n
+    shift = jnp.einsum("vki,vij->vkj", c.nl.matrix_shifts.astype(c.h.dtype), c.data.cell[c.data.batch_idx])
+    v = c.data.positions.at[m].get(mode="fill", fill_value=0.0) - c.data.positions[:, None] + shift
+    r2 = jnp.where(filled, jnp.sum(v * v, -1), 1.0)
+    env = jnp.where(filled & (r2 < CUTOFF**2), (1 - r2 / CUTOFF**2) ** 2, 0.0)
+
+    def layer(h, w):
+        return h + jnp.sum(jnp.tanh(h.at[m].get(mode="fill", fill_value=0.0) * w) * env[..., None], 1), None
+
+    h, _ = jax.lax.scan(layer, c.h, jnp.stack([c.p["w"], 1.0 - c.p["w"]]))
+    return c.node_out(h)
+
+
 @idiom("equal")
 def degree_of_senders_from_num_neighbors(c):
     """The list's own neighbour counts read at the senders (a ghost's count is its owner's)."""
