@@ -7,7 +7,8 @@
 
 Results follow ASE's conventions: energy in eV, forces ``[N, 3]`` in eV/Å, stress as the
 Voigt 6-vector (xx, yy, zz, yz, xz, xy) in eV/Å³ with ASE's sign ((1/V) dE/dε, negative
-under compression), per-atom energies ``[N]`` in eV; all numpy float64.
+under compression), per-atom energies ``[N]`` in eV, charges ``[N]`` in e and magnetic moments
+``[N]`` in μB where the model predicts them (``ChargeEquilibration``, ``CHGNet``); all numpy float64.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ from ..spec import OutputKind
 __all__ = ["Calculator"]
 
 # jaxdd output key -> ASE property name.
-_ASE_NAME = {"energy": "energy", "forces": "forces", "stress": "stress", "atomic_energies": "energies"}
+_ASE_NAME = {"energy": "energy", "forces": "forces", "stress": "stress", "atomic_energies": "energies",
+             "charges": "charges", "magmoms": "magmoms"}
+# Per-atom outputs handed to ASE as [N] float64 arrays under their ASE names.
+_PER_ATOM = ("atomic_energies", "charges", "magmoms")
 
 # Headroom of the single-device neighbour capacity: atoms move between calls, and every
 # new capacity is a new compiled program, so the first sizing leaves room to move.
@@ -45,9 +49,9 @@ class Calculator(_AseCalculator):
     model: a model wrapper (:class:`~jaxdd.BaseModel`, evaluated with ``jaxdd.compute`` on
         one device) or a ``DistributedModel`` (evaluated by calling it, over its mesh).
     outputs: the model outputs the calculator may ask for, among ``energy``, ``forces``,
-        ``stress`` and ``atomic_energies`` (default: those the model provides); they set
-        ``implemented_properties`` (``atomic_energies`` becomes ASE's ``energies``, and
-        ``free_energy`` always equals ``energy``).
+        ``stress``, ``atomic_energies``, ``charges`` and ``magmoms`` (default: those the model
+        provides); they set ``implemented_properties`` (``atomic_energies`` becomes ASE's
+        ``energies``, and ``free_energy`` always equals ``energy``).
     dtype: floating dtype of the positions handed to the model (float64 needs
         ``jax_enable_x64``). Results are float64 whatever it is.
 
@@ -92,7 +96,8 @@ class Calculator(_AseCalculator):
         """Evaluate the model on ``atoms`` for ``properties`` and store them in ``self.results``.
 
         results: ``energy``, ``free_energy`` (float, eV); ``forces`` [N, 3] eV/Å;
-        ``stress`` [6] eV/Å³ (Voigt xx, yy, zz, yz, xz, xy); ``energies`` [N] eV.
+        ``stress`` [6] eV/Å³ (Voigt xx, yy, zz, yz, xz, xy); ``energies`` [N] eV; ``charges`` [N] e;
+        ``magmoms`` [N] μB.
 
         Args:
           atoms: the ASE ``Atoms`` (None: the calculator's own).
@@ -131,8 +136,9 @@ class Calculator(_AseCalculator):
             self.results["forces"] = np.array(out["forces"], np.float64)
         if "stress" in out:
             self.results["stress"] = full_3x3_to_voigt_6_stress(np.array(out["stress"][0], np.float64))
-        if "atomic_energies" in out:
-            self.results["energies"] = np.array(out["atomic_energies"], np.float64)
+        for key in _PER_ATOM:
+            if key in out:
+                self.results[_ASE_NAME[key]] = np.array(out[key], np.float64)
 
     def _compute(self, data: AtomicData, keys: tuple[str, ...]):
         """``jaxdd.compute`` with a neighbour capacity that persists between calls."""

@@ -174,3 +174,31 @@ def test_outputs_restrict_the_implemented_properties():
 def test_bad_constructor_arguments_are_refused(args, kwargs, match):
     with pytest.raises(ValueError, match=match):
         Calculator(*args, **kwargs)
+
+
+def test_predicted_charges_reach_ase_per_atom():
+    from jaxdd.models.qeq import ChargeEquilibration
+
+    model = ChargeEquilibration((1, 8), cutoff=4.0, features=8)
+    water = ase.Atoms("OH2", positions=[[0, 0, 0], [0.96, 0, 0], [-0.24, 0.93, 0]], cell=np.eye(3) * 8, pbc=True)
+    water.calc = Calculator(model)
+    want = jaxdd.compute(model, jaxdd.AtomicData.from_ase(water), ("energy", "charges"))["charges"]
+    assert "charges" in water.calc.implemented_properties
+    np.testing.assert_allclose(water.get_charges(), np.asarray(want), rtol=0, atol=1e-12)
+    assert abs(water.get_charges().sum()) < 1e-12  # a neutral molecule
+
+
+@pytest.mark.slow
+def test_chgnet_magnetic_moments_reach_ase_per_atom():
+    chgnet = pytest.importorskip("jaxdd.models.chgnet")
+    try:
+        model = chgnet.CHGNet.load("0.3.0")
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    from ase.build import bulk
+
+    oxide = bulk("FeO", "rocksalt", a=4.3)
+    oxide.calc = Calculator(model)
+    want = jaxdd.compute(model, jaxdd.AtomicData.from_ase(oxide), ("energy", "magmoms"))["magmoms"]
+    np.testing.assert_allclose(oxide.get_magnetic_moments(), np.asarray(want), rtol=0, atol=1e-12)
+    assert oxide.get_magnetic_moments()[0] > 1.0  # iron carries a moment, oxygen hardly
