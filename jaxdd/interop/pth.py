@@ -20,7 +20,7 @@ import zipfile
 
 import numpy as np
 
-__all__ = ["load", "UnreadableCheckpoint"]
+__all__ = ["load", "load_dict", "UnreadableCheckpoint"]
 
 
 class UnreadableCheckpoint(ValueError):
@@ -181,3 +181,27 @@ def load(path) -> object:
             raise
         except (pickle.UnpicklingError, EOFError, zipfile.BadZipFile, ValueError, TypeError) as e:
             raise UnreadableCheckpoint(f"{source!r} is damaged: {type(e).__name__}: {e}") from None
+
+
+def load_dict(path, keys, what: str, inside: str | None = None) -> dict:
+    """The dict a published model's checkpoint holds, checked for the keys its reader needs.
+
+    Args:
+      path: a file written by ``torch.save``.
+      keys: the keys the dict must hold.
+      what: the checkpoint's kind, for the message (``"a CHGNet checkpoint"``).
+      inside: a key the dict may be nested under (a trainer's ``{"model": {...}}``), or None.
+
+    Returns:
+      the (inner) dict.
+
+    Raises:
+      ValueError: the file holds something else; the message names what it holds.
+    """
+    source = os.fspath(path)
+    saved = load(source)
+    inner = saved.get(inside, saved) if inside is not None and isinstance(saved, dict) else saved
+    if not isinstance(inner, dict) or any(k not in inner for k in keys):
+        held = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
+        raise ValueError(f"{source!r} is not {what}: it holds {held}, not {' and '.join(map(repr, keys))}")
+    return inner

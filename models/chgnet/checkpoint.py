@@ -171,13 +171,8 @@ def read(name_or_path):
       ValueError: a file that is not a CHGNet checkpoint.
     """
     source = resolve(name_or_path)
-    checkpoint = pth.load(source)
     # chgnet's trainer saves {"model": {"state_dict", "model_args"}, ...}; CHGNet.as_dict() is the inner dict.
-    inner = checkpoint.get("model", checkpoint) if isinstance(checkpoint, dict) else None
-    if not isinstance(inner, dict) or "state_dict" not in inner or "model_args" not in inner:
-        keys = sorted(checkpoint) if isinstance(checkpoint, dict) else type(checkpoint).__name__
-        raise ValueError(f"{source!r} is not a CHGNet checkpoint: it holds {keys}, not 'model' with 'state_dict' "
-                         "and 'model_args'")
+    inner = pth.load_dict(source, ("state_dict", "model_args"), "a CHGNet checkpoint", inside="model")
     args, state = dict(inner["model_args"]), dict(inner["state_dict"])
     _check_options(args, source)
 

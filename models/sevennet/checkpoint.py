@@ -214,11 +214,7 @@ def read(name_or_path, modal=None):
       ``(arch, weights)``: the :class:`Architecture` and the weights as numpy arrays.
     """
     source = resolve(name_or_path)
-    checkpoint = pth.load(source)
-    if not isinstance(checkpoint, dict) or "config" not in checkpoint or "model_state_dict" not in checkpoint:
-        keys = sorted(checkpoint) if isinstance(checkpoint, dict) else type(checkpoint).__name__
-        raise ValueError(f"{source!r} is not a SevenNet checkpoint: it holds {keys}, not 'config' and "
-                         "'model_state_dict'")
+    checkpoint = pth.load_dict(source, ("config", "model_state_dict"), "a SevenNet checkpoint")
     config, state = dict(checkpoint["config"]), dict(checkpoint["model_state_dict"])
     _check_options(config, source)
     version = _version(config)

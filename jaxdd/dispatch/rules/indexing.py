@@ -35,15 +35,11 @@ def gather(ctx, eqn, ins) -> Decision:
     """
     op, idx = ins
     dn = eqn.params["dimension_numbers"]
-    oshape = shape_of(eqn.outvars[0])
-    ishape = shape_of(eqn.invars[1])
-    batch_out = [d for d in range(len(oshape)) if d not in dn.offset_dims]
-    notes = []
-    index = op.index
     if idx.index is Kind.ALL_NODES and op.kind is Kind.NODE and op.axis in dn.start_index_map:
         # Graph-parallel senders point at any rank's atoms: read from all ranks' rows.
-        rows = idx.kind is not None and idx.axis < len(ishape) - 1
-        out = Layout(idx.kind, batch_out[idx.axis], index) if rows else Layout(None, 0, index)
+        batch_out = [d for d in range(len(shape_of(eqn.outvars[0]))) if d not in dn.offset_dims]
+        rows = idx.kind is not None and idx.axis < len(shape_of(eqn.invars[1])) - 1
+        out = Layout(idx.kind, batch_out[idx.axis], op.index) if rows else Layout(None, 0, op.index)
         axis = op.axis
 
         def gather_all(eqn, invals):
