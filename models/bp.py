@@ -101,21 +101,9 @@ class BehlerParrinello(SpeciesNetwork):
     avg_num_neighbors: float = eqx.field(static=True)
     max_neighbors: int = eqx.field(static=True)
 
-    def __init__(
-        self,
-        species=(1, 6, 7, 8),
-        cutoff: float = 5.0,
-        *,
-        radial_shifts=None,
-        radial_eta=None,
-        angular_eta=(0.005, 0.05),
-        zeta=(1, 4),
-        hidden=(32, 32),
-        avg_num_neighbors: float = 30.0,
-        max_neighbors: int = 64,
-        seed: int = 0,
-        dtype=jnp.float64,
-    ):
+    def __init__(self, species=(1, 6, 7, 8), cutoff: float = 5.0, *, radial_shifts=None, radial_eta=None,
+                 angular_eta=(0.005, 0.05), zeta=(1, 4), hidden=(32, 32), avg_num_neighbors: float = 30.0,
+                 max_neighbors: int = 64, seed: int = 0, dtype=jnp.float64):
         owner = "BehlerParrinello"
         self.max_neighbors = integral(f"{owner} max_neighbors", max_neighbors, minimum=2)
         super().__init__(species, cutoff, format=NeighborListFormat.MATRIX, max_neighbors=self.max_neighbors)

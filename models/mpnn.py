@@ -114,18 +114,8 @@ class SchNet(SpeciesNetwork):
     n_interactions: int = eqx.field(static=True)
     avg_num_neighbors: float = eqx.field(static=True)
 
-    def __init__(
-        self,
-        species=(1, 6, 7, 8),
-        cutoff: float = 5.0,
-        *,
-        features: int = 32,
-        n_rbf: int = 16,
-        n_interactions: int = 3,
-        avg_num_neighbors: float = 30.0,
-        seed: int = 0,
-        dtype=jnp.float64,
-    ):
+    def __init__(self, species=(1, 6, 7, 8), cutoff: float = 5.0, *, features: int = 32, n_rbf: int = 16,
+                 n_interactions: int = 3, avg_num_neighbors: float = 30.0, seed: int = 0, dtype=jnp.float64):
         super().__init__(species, cutoff)
         owner = "SchNet"
         self.features = integral(f"{owner} features", features, minimum=2)

@@ -107,21 +107,9 @@ class NequIP(SpeciesNetwork):
     envelope_p: int = eqx.field(static=True)
     avg_num_neighbors: float = eqx.field(static=True)
 
-    def __init__(
-        self,
-        species=(1, 6, 7, 8),
-        cutoff: float = 5.0,
-        *,
-        hidden_irreps="16x0e + 8x1o + 4x2e",
-        n_layers: int = 3,
-        n_basis: int = 8,
-        envelope_p: int = 6,
-        radial_hidden: int = 32,
-        readout_hidden: int = 16,
-        avg_num_neighbors: float = 30.0,
-        seed: int = 0,
-        dtype=jnp.float64,
-    ):
+    def __init__(self, species=(1, 6, 7, 8), cutoff: float = 5.0, *, hidden_irreps="16x0e + 8x1o + 4x2e",
+                 n_layers: int = 3, n_basis: int = 8, envelope_p: int = 6, radial_hidden: int = 32,
+                 readout_hidden: int = 16, avg_num_neighbors: float = 30.0, seed: int = 0, dtype=jnp.float64):
         super().__init__(species, cutoff)
         owner = "NequIP"
         hidden = e3nn.Irreps(hidden_irreps).simplify()
