@@ -86,13 +86,15 @@ def gated_mlp(gated, pre):
     return jax.nn.silu(core) * jax.nn.sigmoid(gate)
 
 
-def atom_conv(w, h, edges, edge_weights, senders, inside):
+def atom_conv(w, h, edge_pre, edge_weights, senders, inside):
     """chgnet's ``AtomConv``: ``h_i + out(Σ_j gated([h_i, e_ij, h_j]) ⊙ w_ij)``.
 
     Args:
       w: the layer's weights (``gated``, ``out``).
       h: atom features [V, F].
-      edges: features of the atom graph's edges [V, K, F_e].
+      edge_pre: the edges' part of the gated MLP's first layers, ``e_ij`` times its columns
+        (:meth:`GatedFirst.part` 1) [V, K, 2H]; the caller forms it from the edges' radial basis
+        and the bond updates, which is cheaper than from the edge features on every slot.
       edge_weights: ``w_ij`` [V, K, F], the edges' enveloped radial basis times a linear map.
       senders: [V, K] the neighbour ``j`` of each slot (padding V).
       inside: [V, K] bool, the slots that are edges within the atom cutoff.
@@ -100,10 +102,10 @@ def atom_conv(w, h, edges, edge_weights, senders, inside):
     Returns:
       the new atom features [V, F].
     """
-    fa, fe = h.shape[-1], edges.shape[-1]
-    first = GatedFirst(w["gated"], (fa, fe, fa))
+    fa = h.shape[-1]
+    first = GatedFirst(w["gated"], (fa, w["gated"]["core"][0][0].shape[1] - 2 * fa, fa))
     neighbour = first.part(2, h).at[senders].get(mode="fill", fill_value=0)  # [V, K, 2H]
-    pre = first.part(0, h, bias=True)[:, None, :] + first.part(1, edges) + neighbour
+    pre = first.part(0, h, bias=True)[:, None, :] + edge_pre + neighbour
     messages = jnp.where(inside[..., None], gated_mlp(w["gated"], pre) * edge_weights, 0.0)
     return h + mlp(w["out"], jnp.sum(messages, axis=1))
 

@@ -183,8 +183,7 @@ class CHGNet(eqx.Module, SpeciesModel):
         inside = filled & (r2 < arch.atom_cutoff**2)
         r = jnp.sqrt(jnp.where(inside, r2, 1.0))  # a safe norm: no NaN gradient on padding slots
         basis = jnp.where(inside[..., None], radial_bessel(r, p["rbf_atom"], arch.atom_cutoff, arch.envelope_p), 0.0)
-        edges = linear((p["bond_embedding"], None), basis)  # [V, K, F]
-        edge_weights = linear((p["bond_weights_atom"], None), basis)
+        edge_weights = linear((p["bond_weights_atom"], None), basis)  # [V, K, F]
 
         bl = neighbors.bonds
         rb = gather_bonds(r, bl, fill=1.0)
@@ -204,27 +203,57 @@ class CHGNet(eqx.Module, SpeciesModel):
             has_angles = jax.ops.segment_max(jnp.sum(is_bond, axis=1) >= 2, batch_idx, num_segments=n_systems)
             convolved = has_angles[jnp.clip(batch_idx, 0, n_systems - 1)][:, None, None]
         # [V, K, B]: slot k of row i is the row's bond b (each bond one slot, most slots none).
-        slot_bond = (bl.slot[:, None, :] == jnp.arange(edges.shape[1])[None, :, None]) & is_bond[:, None, :]
+        slot_bond = (bl.slot[:, None, :] == jnp.arange(basis.shape[1])[None, :, None]) & is_bond[:, None, :]
+
+        # The edge features are e = W_e g(r) plus, on the bonds, the bond convolutions' updates
+        # (and on every edge their output biases, 0.2.0). They are kept as those parts: the
+        # features of the bonds [V, B, F], the updates summed, and the biases summed; an atom
+        # convolution multiplies each part by its first layers' columns where it lives (g(r) by
+        # W·W_e, the updates per bond, placed on their slots), never the features of every slot.
+        bond_edges = linear((p["bond_embedding"], None), gather_bonds(basis, bl))  # [V, B, F]
+        updates = jnp.zeros_like(bond_edges)
+        bias = None  # the output biases summed [F], or None
+
+        def edge_pre(t):
+            """The edges' part of atom convolution t's first layers [V, K, 2H]."""
+            w1 = _edge_columns(p["atom_conv"][t]["gated"], h.shape[-1])  # [2H, F]
+            pre = basis @ (w1 @ p["bond_embedding"]).T
+            if t:
+                pre = pre + jnp.einsum("vkb,vbf->vkf", slot_bond.astype(dt), updates @ w1.T)
+            if bias is not None:
+                pre = pre + jnp.where(convolved & inside[..., None], bias @ w1.T, 0.0)
+            return pre
+
+        def bonds_now():
+            """The bonds' current features [V, B, F]."""
+            e = bond_edges + updates
+            return e if bias is None else e + jnp.where(convolved & bl.mask[..., None], bias, 0.0)
 
         h = p["embedding"][kind]
         for t in range(arch.n_conv - 1):
-            h = atom_conv(p["atom_conv"][t], h, edges, edge_weights, neighbors.matrix, inside)
-            at_atom = bond_conv(p["bond_conv"][t], h, gather_bonds(edges, bl), angles, bond_weights, triplets)
+            h = atom_conv(p["atom_conv"][t], h, edge_pre(t), edge_weights, neighbors.matrix, inside)
+            at_atom = bond_conv(p["bond_conv"][t], h, bonds_now(), angles, bond_weights, triplets)
             summed = at_atom + jnp.where(is_bond[..., None], reverse_bonds(at_atom, neighbors), 0.0)  # both ends
-            # The output layer on every edge: its product on the bonds' sums, its bias (if any) on
-            # all edges, bonds or not, as chgnet's applies to every undirected edge.
+            # The output layer: its product on the bonds' sums, its bias (if any) on all edges,
+            # bonds or not, as chgnet's applies to every undirected edge.
             (w_out, b_out), = p["bond_conv"][t]["out"]
-            delta = jnp.einsum("vkb,vbf->vkf", slot_bond.astype(dt), summed @ w_out.T)
+            updates = updates + summed @ w_out.T
             if b_out is not None:
-                delta = delta + jnp.where(convolved & inside[..., None], b_out, 0.0)
-            edges = edges + delta
-            angles = angle_update(p["angle_update"][t], h, gather_bonds(edges, bl), angles, triplets)
+                bias = b_out if bias is None else bias + b_out
+            angles = angle_update(p["angle_update"][t], h, bonds_now(), angles, triplets)
         magmoms = jnp.abs(linear(p["site_wise"], h))[:, 0]  # after the last but one atom convolution
-        h = atom_conv(p["atom_conv"][-1], h, edges, edge_weights, neighbors.matrix, inside)
+        h = atom_conv(p["atom_conv"][-1], h, edge_pre(arch.n_conv - 1), edge_weights, neighbors.matrix, inside)
 
         x = layer_norm(p["readout_norm"], h) if arch.readout_norm else h
         energies = mlp(p["readout"], x)[:, 0] + p["atomref"][kind]
         return energies, magmoms
+
+
+def _edge_columns(gated, atom_width):
+    """The columns of a gated MLP's stacked first layers (core, then gate) that multiply the edge
+    features in ``[h_i, e_ij, h_j]``: [2H, F_e]."""
+    (wc, _), (wg, _) = gated["core"][0], gated["gate"][0]
+    return jnp.concatenate([wc, wg], axis=0)[:, atom_width:-atom_width]
 
 
 def _slot_vectors(positions, cell, batch_idx, matrix, matrix_shifts):
