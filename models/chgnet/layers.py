@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["linear", "mlp", "layer_norm", "GatedFirst", "gated_mlp", "atom_conv", "bond_conv", "angle_update",
+__all__ = ["linear", "mlp", "layer_norm", "GatedFirst", "add_pairs", "gated_mlp", "atom_conv", "bond_conv", "angle_update",
            "LAYER_NORM_EPS"]
 
 #: torch's ``nn.LayerNorm`` default epsilon.
@@ -53,7 +53,7 @@ def layer_norm(norm, x):
 
 
 class GatedFirst:
-    """The first layers of a gated MLP's core and gate, stacked (``[2H, in]``), split by input part.
+    """The first layers of a gated MLP's core and gate, split by input part.
 
     Args:
       gated: the gated MLP's weights (``core``, ``gate``, optional ``norm_core``, ``norm_gate``).
@@ -62,25 +62,34 @@ class GatedFirst:
 
     def __init__(self, gated, widths):
         (wc, bc), (wg, bg) = gated["core"][0], gated["gate"][0]
-        w = jnp.concatenate([wc, wg], axis=0)
-        self.bias = jnp.concatenate([bc, bg]) if bc is not None else None
+        self.bias = (bc, bg) if bc is not None else None
         starts = [sum(widths[:k]) for k in range(len(widths) + 1)]
-        if starts[-1] != w.shape[1]:
-            raise ValueError(f"a gated MLP with {w.shape[1]} inputs cannot take parts of widths {widths}")
-        self.blocks = [w[:, a:b] for a, b in zip(starts[:-1], starts[1:])]
+        if starts[-1] != wc.shape[1]:
+            raise ValueError(f"a gated MLP with {wc.shape[1]} inputs cannot take parts of widths {widths}")
+        self.blocks = [(wc[:, a:b], wg[:, a:b]) for a, b in zip(starts[:-1], starts[1:])]
 
     def part(self, k, x, bias=False):
-        """The product of part ``k``'s features ``x [..., width_k]`` with its columns: ``[..., 2H]``
-        (plus both first layers' biases when ``bias``)."""
-        y = x @ self.blocks[k].T
-        return y + self.bias if bias and self.bias is not None else y
+        """The products of part ``k``'s features ``x [..., width_k]`` with its columns of the core's
+        and the gate's first layers: ``(core [..., H], gate [..., H])`` (plus their biases when
+        ``bias``). Core and gate stay two arrays: slicing one stacked product would cost, under
+        autodiff, a padded copy of the largest table per layer."""
+        wc, wg = self.blocks[k]
+        yc, yg = x @ wc.T, x @ wg.T
+        if bias and self.bias is not None:
+            yc, yg = yc + self.bias[0], yg + self.bias[1]
+        return yc, yg
+
+
+def add_pairs(*pairs):
+    """The sum of (core, gate) pairs, each summed with broadcasting."""
+    return sum(p[0] for p in pairs[1:]) + pairs[0][0], sum(p[1] for p in pairs[1:]) + pairs[0][1]
 
 
 def gated_mlp(gated, pre):
-    """chgnet's ``GatedMLP`` with weights ``gated`` from its first layers' outputs ``pre [..., 2H]``
-    (core, then gate): ``silu(norm(core(x))) · sigmoid(norm(gate(x)))``, the norms LayerNorms or none."""
-    h = pre.shape[-1] // 2
-    core, gate = _rest(gated["core"][1:], pre[..., :h]), _rest(gated["gate"][1:], pre[..., h:])
+    """chgnet's ``GatedMLP`` with weights ``gated`` from its first layers' outputs ``pre = (core,
+    gate)``, each ``[..., H]``: ``silu(norm(core(x))) · sigmoid(norm(gate(x)))``, the norms
+    LayerNorms or none."""
+    core, gate = _rest(gated["core"][1:], pre[0]), _rest(gated["gate"][1:], pre[1])
     if "norm_core" in gated:
         core, gate = layer_norm(gated["norm_core"], core), layer_norm(gated["norm_gate"], gate)
     return jax.nn.silu(core) * jax.nn.sigmoid(gate)
@@ -93,7 +102,7 @@ def atom_conv(w, h, edge_pre, edge_weights, senders, inside):
       w: the layer's weights (``gated``, ``out``).
       h: atom features [V, F].
       edge_pre: the edges' part of the gated MLP's first layers, ``e_ij`` times its columns
-        (:meth:`GatedFirst.part` 1) [V, K, 2H]; the caller forms it from the edges' radial basis
+        (:meth:`GatedFirst.part` 1), core and gate [V, K, H] each; the caller forms it from the edges' radial basis
         and the bond updates, which is cheaper than from the edge features on every slot.
       edge_weights: ``w_ij`` [V, K, F], the edges' enveloped radial basis times a linear map.
       senders: [V, K] the neighbour ``j`` of each slot (padding V).
@@ -104,16 +113,20 @@ def atom_conv(w, h, edge_pre, edge_weights, senders, inside):
     """
     fa = h.shape[-1]
     first = GatedFirst(w["gated"], (fa, w["gated"]["core"][0][0].shape[1] - 2 * fa, fa))
-    neighbour = first.part(2, h).at[senders].get(mode="fill", fill_value=0)  # [V, K, 2H]
-    pre = first.part(0, h, bias=True)[:, None, :] + edge_pre + neighbour
+    neighbour = [x.at[senders].get(mode="fill", fill_value=0) for x in first.part(2, h)]  # [V, K, H] each
+    centre = [x[:, None, :] for x in first.part(0, h, bias=True)]
+    pre = add_pairs(centre, edge_pre, neighbour)
     messages = jnp.where(inside[..., None], gated_mlp(w["gated"], pre) * edge_weights, 0.0)
     return h + mlp(w["out"], jnp.sum(messages, axis=1))
 
 
 def _triplet_pre(first, h, bonds, angles):
-    """First-layer outputs [V, B, B, 2H] of the messages ``[e_b, e_b', a_bb', h_i]`` of every pair."""
-    return (first.part(0, bonds, bias=True)[:, :, None, :] + first.part(1, bonds)[:, None, :, :]
-            + first.part(2, angles) + first.part(3, h)[:, None, None, :])
+    """First-layer outputs (core, gate) [V, B, B, H] of the messages ``[e_b, e_b', a_bb', h_i]`` of
+    every pair."""
+    own = [x[:, :, None, :] for x in first.part(0, bonds, bias=True)]
+    other = [x[:, None, :, :] for x in first.part(1, bonds)]
+    atom = [x[:, None, None, :] for x in first.part(3, h)]
+    return add_pairs(own, other, first.part(2, angles), atom)
 
 
 def bond_conv(w, h, bonds, angles, bond_weights, triplets):

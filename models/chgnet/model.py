@@ -202,8 +202,9 @@ class CHGNet(eqx.Module, SpeciesModel):
         if arch.mlp_out_bias:
             has_angles = jax.ops.segment_max(jnp.sum(is_bond, axis=1) >= 2, batch_idx, num_segments=n_systems)
             convolved = has_angles[jnp.clip(batch_idx, 0, n_systems - 1)][:, None, None]
-        # [V, K, B]: slot k of row i is the row's bond b (each bond one slot, most slots none).
-        slot_bond = (bl.slot[:, None, :] == jnp.arange(basis.shape[1])[None, :, None]) & is_bond[:, None, :]
+        # [V, K]: the bond of each slot of a row, B where the slot holds no bond (each bond one slot).
+        on_slot = (bl.slot[:, None, :] == jnp.arange(basis.shape[1])[None, :, None]) & is_bond[:, None, :]
+        slot_bond = jnp.where(jnp.any(on_slot, axis=-1), jnp.argmax(on_slot, axis=-1), width)
 
         # The edge features are e = W_e g(r) plus, on the bonds, the bond convolutions' updates
         # (and on every edge their output biases, 0.2.0). They are kept as those parts: the
@@ -215,14 +216,17 @@ class CHGNet(eqx.Module, SpeciesModel):
         bias = None  # the output biases summed [F], or None
 
         def edge_pre(t):
-            """The edges' part of atom convolution t's first layers [V, K, 2H]."""
-            w1 = _edge_columns(p["atom_conv"][t]["gated"], h.shape[-1])  # [2H, F]
-            pre = basis @ (w1 @ p["bond_embedding"]).T
-            if t:
-                pre = pre + jnp.einsum("vkb,vbf->vkf", slot_bond.astype(dt), updates @ w1.T)
-            if bias is not None:
-                pre = pre + jnp.where(convolved & inside[..., None], bias @ w1.T, 0.0)
-            return pre
+            """The edges' part (core, gate) of atom convolution t's first layers, [V, K, H] each."""
+            parts = []
+            for w1 in _edge_columns(p["atom_conv"][t]["gated"], h.shape[-1]):  # [H, F] each
+                pre = basis @ (w1 @ p["bond_embedding"]).T
+                if t:  # the bonds' updates, read on their slots (none on the other slots)
+                    per_bond = jnp.pad(updates @ w1.T, ((0, 0), (0, 1), (0, 0)))  # row B: no bond
+                    pre = pre + jnp.take_along_axis(per_bond, slot_bond[..., None], axis=1)
+                if bias is not None:
+                    pre = pre + jnp.where(convolved & inside[..., None], bias @ w1.T, 0.0)
+                parts.append(pre)
+            return tuple(parts)
 
         def bonds_now():
             """The bonds' current features [V, B, F]."""
@@ -250,10 +254,9 @@ class CHGNet(eqx.Module, SpeciesModel):
 
 
 def _edge_columns(gated, atom_width):
-    """The columns of a gated MLP's stacked first layers (core, then gate) that multiply the edge
-    features in ``[h_i, e_ij, h_j]``: [2H, F_e]."""
-    (wc, _), (wg, _) = gated["core"][0], gated["gate"][0]
-    return jnp.concatenate([wc, wg], axis=0)[:, atom_width:-atom_width]
+    """The columns of a gated MLP's first layers (core, gate) that multiply the edge features in
+    ``[h_i, e_ij, h_j]``: ``([H, F_e], [H, F_e])``."""
+    return tuple(gated[k][0][0][:, atom_width:-atom_width] for k in ("core", "gate"))
 
 
 def _slot_vectors(positions, cell, batch_idx, matrix, matrix_shifts):
