@@ -1,6 +1,9 @@
 """CHGNet's layers (chgnet/model/functions.py, layers.py) on jaxdd's per-atom tables: atoms
 ``[V, F]``, edges of the atom graph as the slots of the MATRIX list ``[V, K, F]``, bonds as
-the slots of the bond list ``[V, B, F]`` and angles as pairs of bonds of one atom ``[V, B, B, F]``.
+the slots of the bond list ``[V, B, F]`` and angles as pairs of distinct bonds of one atom
+``[V, B, B-1, F]``: bond ``b`` with the bonds ``others(B)[b]`` (every bond but ``b``, in order).
+The pair of a bond with itself is never an angle, so it is left out of the tables rather than
+masked in them.
 
 Weights are as torch stores them: a linear layer is ``(W [out, in], b [out] or None)`` and
 computes ``x W^T + b``; an ``MLP`` is a list of them with SiLU between consecutive layers.
@@ -13,14 +16,24 @@ the concatenated product, without building the concatenation on the largest tabl
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-__all__ = ["linear", "mlp", "layer_norm", "GatedFirst", "add_pairs", "gated_mlp", "atom_conv", "bond_conv", "angle_update",
+__all__ = ["others", "linear", "mlp", "layer_norm", "GatedFirst", "add_pairs", "gated_mlp", "atom_conv", "bond_conv", "angle_update",
            "LAYER_NORM_EPS"]
 
 #: torch's ``nn.LayerNorm`` default epsilon.
 LAYER_NORM_EPS = 1e-5
+
+
+@functools.lru_cache(maxsize=None)
+def others(width: int) -> np.ndarray:
+    """The partner bonds of each bond in the angle tables: row ``b`` lists ``0..width-1`` without
+    ``b``, [width, width-1] (static)."""
+    return np.array([[c for c in range(width) if c != b] for b in range(width)], np.int32).reshape(width, width - 1)
 
 
 def linear(layer, x):
@@ -121,10 +134,10 @@ def atom_conv(w, h, edge_pre, edge_weights, senders, inside):
 
 
 def _triplet_pre(first, h, bonds, angles):
-    """First-layer outputs (core, gate) [V, B, B, H] of the messages ``[e_b, e_b', a_bb', h_i]`` of
-    every pair."""
+    """First-layer outputs (core, gate) [V, B, B-1, H] of the messages ``[e_b, e_b', a_bb', h_i]`` of
+    every pair of distinct bonds."""
     own = [x[:, :, None, :] for x in first.part(0, bonds, bias=True)]
-    other = [x[:, None, :, :] for x in first.part(1, bonds)]
+    other = [x[:, others(bonds.shape[1]), :] for x in first.part(1, bonds)]
     atom = [x[:, None, None, :] for x in first.part(3, h)]
     return add_pairs(own, other, first.part(2, angles), atom)
 
@@ -138,16 +151,16 @@ def bond_conv(w, h, bonds, angles, bond_weights, triplets):
       w: the layer's weights (``gated``).
       h: atom features [V, F_a].
       bonds: bond features [V, B, F_e] (both copies of a bond equal).
-      angles: angle features [V, B, B, F_t].
+      angles: angle features [V, B, B-1, F_t].
       bond_weights: ``w_b`` [V, B, F_e], the bonds' enveloped radial basis (bond cutoff) times a linear map.
-      triplets: [V, B, B] bool, the angles (pairs of distinct bonds of one atom).
+      triplets: [V, B, B-1] bool, the angles (pairs of distinct bonds of one atom).
 
     Returns:
       [V, B, F_e] the summed messages of each bond at its own atom (zero on padding bonds).
     """
     first = GatedFirst(w["gated"], (bonds.shape[-1], bonds.shape[-1], angles.shape[-1], h.shape[-1]))
     update = gated_mlp(w["gated"], _triplet_pre(first, h, bonds, angles))
-    update = update * bond_weights[:, :, None, :] * bond_weights[:, None, :, :]
+    update = update * bond_weights[:, :, None, :] * bond_weights[:, others(bonds.shape[1]), :]
     return jnp.sum(jnp.where(triplets[..., None], update, 0.0), axis=2)
 
 
@@ -157,10 +170,10 @@ def angle_update(w, h, bonds, angles, triplets):
     Args:
       w: the layer's weights (``gated``).
       h: atom features [V, F_a]. bonds: bond features [V, B, F_e].
-      angles: angle features [V, B, B, F_t]. triplets: [V, B, B] bool.
+      angles: angle features [V, B, B-1, F_t]. triplets: [V, B, B-1] bool.
 
     Returns:
-      the new angle features [V, B, B, F_t].
+      the new angle features [V, B, B-1, F_t].
     """
     first = GatedFirst(w["gated"], (bonds.shape[-1], bonds.shape[-1], angles.shape[-1], h.shape[-1]))
     new = angles + gated_mlp(w["gated"], _triplet_pre(first, h, bonds, angles))

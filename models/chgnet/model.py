@@ -52,7 +52,7 @@ from jaxdd.neighbors import NeighborListFormat, gather_bonds, reverse_bonds
 from ..species import cast_params, check_positive, weights_dtype
 from . import checkpoint as ckpt
 from .basis import ACOS_SHRINK, fourier, radial_bessel
-from .layers import angle_update, atom_conv, bond_conv, layer_norm, linear, mlp
+from .layers import angle_update, atom_conv, bond_conv, layer_norm, linear, mlp, others
 
 __all__ = ["CHGNet"]
 
@@ -189,11 +189,11 @@ class CHGNet(eqx.Module, SpeciesModel):
         rb = gather_bonds(r, bl, fill=1.0)
         is_bond = bl.mask & gather_bonds(inside, bl, fill=False) & (rb < arch.bond_cutoff)  # [V, B]
         width = is_bond.shape[1]
-        triplets = is_bond[:, :, None] & is_bond[:, None, :] & ~np.eye(width, dtype=bool)
+        triplets = is_bond[:, :, None] & is_bond[:, others(width)]  # [V, B, B-1]
         bond_basis = radial_bessel(jnp.where(is_bond, rb, 1.0), p["rbf_bond"], arch.bond_cutoff, arch.envelope_p)
         bond_weights = linear((p["bond_weights_bond"], None), jnp.where(is_bond[..., None], bond_basis, 0.0))
         unit = gather_bonds(vec, bl) / rb[..., None]
-        cos = jnp.where(triplets, jnp.einsum("vbx,vcx->vbc", unit, unit), 0.0)
+        cos = jnp.where(triplets, jnp.einsum("vbx,vbcx->vbc", unit, unit[:, others(width)]), 0.0)
         angles = linear((p["angle_embedding"], None), fourier(jnp.arccos(cos * ACOS_SHRINK), p["fourier"]))
         angles = jnp.where(triplets[..., None], angles, 0.0)
         # chgnet skips the bond convolutions of a structure without angles, and with them the
