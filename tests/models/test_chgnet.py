@@ -318,8 +318,23 @@ def crystal(repeat):
     return jaxdd.AtomicData.from_ase(atoms)
 
 
-def assert_distributed_equals_one_device(name, repeat, grid):
-    data = crystal(repeat)
+@functools.lru_cache(maxsize=None)
+def triclinic_crystal():
+    """Diamond Si with a Ge on every ninth site in its primitive cell (vectors at 60°) repeated
+    (6, 4, 3), sheared further and rattled: 144 atoms in a triclinic cell. Sparser than Li2O, so
+    six ranks, each holding most of the cell as ghosts, fit in a few GB."""
+    from ase.build import bulk
+
+    atoms = bulk("Si", "diamond", a=5.43).repeat((6, 4, 3))
+    atoms.numbers[::9] = 32
+    atoms.set_cell(atoms.cell.array @ np.array([[1.0, 0.0, 0.0], [0.1, 1.0, 0.0], [0.05, -0.08, 1.0]]),
+                   scale_atoms=True)
+    atoms.rattle(0.05, seed=5)
+    atoms.wrap()
+    return jaxdd.AtomicData.from_ase(atoms)
+
+
+def assert_distributed_equals_one_device(name, data, grid):
     keys = ("energy", "forces", "stress", "magmoms")
     want = {k: np.asarray(v) for k, v in jaxdd.compute(model(name), data, keys).items()}
     dm = jaxdd.DistributedModel(model(name), jaxdd.DomainConfig(model(name).cutoff, mesh=mesh_of(int(np.prod(grid))),
@@ -334,14 +349,25 @@ def assert_distributed_equals_one_device(name, repeat, grid):
 
 def test_distributed_0_3_0_equals_one_device():
     # 27.7 Å along the split: each rank's ghost shell (6 Å) leaves atoms it does not see.
-    assert_distributed_equals_one_device("0.3.0", (6, 1, 1), (2, 1, 1))
+    assert_distributed_equals_one_device("0.3.0", crystal((6, 1, 1)), (2, 1, 1))
 
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
 @pytest.mark.parametrize("name", ["0.2.0", "r2scan"])
 def test_distributed_models_equal_one_device_on_a_2x2_grid(name):
-    assert_distributed_equals_one_device(name, (4, 4, 1), (2, 2, 1))
+    assert_distributed_equals_one_device(name, crystal((4, 4, 1)), (2, 2, 1))
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:the ghost shell of some ranks covers every atom:RuntimeWarning")
+def test_distributed_0_3_0_equals_one_device_on_a_triclinic_cell_on_a_3x2x1_grid():
+    # No two cell vectors at a right angle: the ranks' blocks and ghost shells are sheared, and
+    # bonds and angles cross rank boundaries along two axes.
+    data = triclinic_crystal()
+    cell = np.asarray(data.cell)[0]
+    assert all(abs(cell[i] @ cell[j]) > 1.0 for i, j in ((0, 1), (0, 2), (1, 2)))
+    assert_distributed_equals_one_device("0.3.0", data, (3, 2, 1))
 
 
 @pytest.mark.slow
