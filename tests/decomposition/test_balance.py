@@ -169,6 +169,7 @@ def md_run(grid, balance, n_steps=200):
     return np.asarray(md.gather(state).positions), md.last_run
 
 
+@pytest.mark.slow  # by default balanced blocks are checked by a restart and by a device rebuild below
 def test_dynamic_balancing_follows_one_device():
     positions, stats = md_run((2, 2, 2), "dynamic", 50)
     reference, _ = md_run((1, 1, 1), None, 50)

@@ -214,7 +214,8 @@ def test_barostat_keeps_its_conserved_quantity_while_the_cell_moves():
 
 
 @pytest.mark.parametrize("integrator, relax, sampled", [
-    (CRESCALE, 300, 500), pytest.param(CRESCALE_ANISO, 400, 1600, marks=pytest.mark.slow)], ids=["iso", "aniso"])
+    pytest.param(CRESCALE, 300, 500, marks=pytest.mark.slow),
+    pytest.param(CRESCALE_ANISO, 400, 1600, marks=pytest.mark.slow)], ids=["iso", "aniso"])
 def test_crescale_reaches_the_target_pressure_and_keeps_its_effective_energy(integrator, relax, sampled):
     md = lj_md_on(integrator, (1, 1, 1))
     state = md.run(md.init(triclinic_melt()), relax)  # from a lattice under tension: relax first

@@ -84,7 +84,8 @@ def assert_same_gradients(got, want, rel=1e-9):
 
 
 @pytest.mark.parametrize("grid", [pytest.param((2, 2, 2), marks=pytest.mark.slow), (3, 2, 1)], ids=["2x2x2", "3x2x1"])
-@pytest.mark.parametrize("name", ["schnet", pytest.param("nequip", marks=pytest.mark.slow), "bp"])
+@pytest.mark.parametrize("name", [pytest.param("schnet", marks=pytest.mark.slow),
+                                  pytest.param("nequip", marks=pytest.mark.slow), "bp"])
 def test_parameter_gradients_equal_single_device(name, grid):
     model = FACTORIES[name]()
     dm = distributed(model, grid)

@@ -90,6 +90,7 @@ def test_0_3_0_equals_chgnet_on_every_reference_structure():
     assert_equal_to_chgnet("0.3.0", STRUCTURES)
 
 
+@pytest.mark.slow  # by default 0.3.0 is checked on every structure
 def test_0_2_0_with_its_output_biases_and_no_layer_norms_equals_chgnet_with_and_without_angles():
     # "isolated" has no angle: chgnet skips its bond convolutions there, output biases included.
     assert_equal_to_chgnet("0.2.0", ("isolated", "close_pair"))
@@ -347,6 +348,7 @@ def assert_distributed_equals_one_device(name, data, grid):
     assert dm.dispatch_report.fallbacks == []
 
 
+@pytest.mark.slow  # by default the angle engine runs distributed through tests/models/test_angle_mpnn.py
 def test_distributed_0_3_0_equals_one_device():
     # 27.7 Å along the split: each rank's ghost shell (6 Å) leaves atoms it does not see.
     assert_distributed_equals_one_device("0.3.0", crystal((6, 1, 1)), (2, 1, 1))
