@@ -1,7 +1,8 @@
 """bench/gpu_check.sh --smoke: the GPU check's stages (build, test collection, the dynamics
-table) run here at tiny sizes, so the script is known to work before a GPU is at hand. The runs
-build the kernels and compile a table (about 100 s even for one section), so they are in the
-slow set; the default suite checks the script's arguments and the table's sections."""
+table) run here at tiny sizes, so the script is known to work before a GPU is at hand. A run
+builds the kernels and compiles a table (about 100 s even for one section), so the two checks of
+it share one run, in the slow set; the default suite checks the script's arguments and the
+table's sections."""
 
 from __future__ import annotations
 
@@ -34,21 +35,39 @@ def smoke(out_dir, *table_args):
     return out, (out_dir / "gpu_table.txt").read_text()
 
 
+#: Every section of bench/gpu_table.py, in the order the shared run below asks for.
+SECTIONS = ("mlip", "lj", "lj-jax-md", "nequip-pair", "largest")
+
+
 def assert_rows(table, rows):
     for row in rows:
         assert row in table, f"row {row!r} missing from the table:\n{table}"
 
 
+@pytest.fixture(scope="module")
+def full_smoke(tmp_path_factory):
+    """One --smoke run of every section, shared by the two checks below: each run builds the
+    kernels (the CUDA ones too where nvcc is found) and compiles its rows, so a run of the
+    MLIP section alone would repeat most of this one's cost for rows this one prints too."""
+    out_dir = tmp_path_factory.mktemp("gpu_check")
+    # Every section, named after -- (which the script hands to bench/gpu_table.py) in an order
+    # of its own: the zoo models first.
+    out, table = smoke(out_dir, "--sections", ",".join(SECTIONS))
+    return out, table, json.loads((out_dir / "gpu_table.json").read_text())
+
+
 @pytest.mark.slow
-def test_gpu_check_smoke_runs_every_stage_and_prints_the_table(tmp_path):
-    """Every stage; of the table, the zoo models' rows (the LJ rows run bench/md_lj.py, which
-    tests/bench/test_bench_md.py runs; they, jax-md's loops and the largest-fit search: the slow
-    test below)."""
-    _, table = smoke(tmp_path, "--sections", "mlip")
+def test_gpu_check_smoke_runs_every_stage_and_prints_the_table(full_smoke):
+    """Every stage (``smoke`` checks that all passed); of the table, the zoo models' rows and
+    where their steps go."""
+    out, table, record = full_smoke
+    for stage in ("machine", "packages", "build", "kernel and neighbour tests", "dynamics table"):
+        assert f"s] {stage}" in out, f"stage {stage!r} missing:\n{out[-4000:]}"
     assert_rows(table, ("schnet float32", "nequip float32", "mace float32"))
-    # Where each row's step goes, from a trace of it: the model is the zoo models' largest part.
+    # Where each zoo model's step goes, from a trace of it: the model is its largest part.
     assert_rows(table, ("Where a step's time goes", "MLIP MD, jaxdd: nequip float32, 27 atoms"))
-    profiles = {r["what"]: r["profile"] for r in json.loads((tmp_path / "gpu_table.json").read_text())["rows"]}
+    profiles = {r["what"]: r["profile"] for r in record["rows"] if r["section"] == "MLIP MD, jaxdd"}
+    assert sorted(profiles) == ["mace float32", "nequip float32", "schnet float32"]
     for what, profile in profiles.items():
         rows = profile["rows"]
         assert max(rows, key=rows.get) == "model or pair kernel", (what, rows)
@@ -56,8 +75,12 @@ def test_gpu_check_smoke_runs_every_stage_and_prints_the_table(tmp_path):
 
 
 @pytest.mark.slow
-def test_gpu_check_smoke_prints_every_row_of_the_table(tmp_path):
-    _, table = smoke(tmp_path)
+def test_gpu_check_smoke_prints_every_row_of_the_table(full_smoke):
+    """Every section's rows: the LJ melt (jaxdd and jax-md), the zoo models, jax-md's NequIP
+    against jaxdd's and the largest-fit search."""
+    _, table, record = full_smoke
+    # In the order asked for after --.
+    assert record["rows"][0]["section"] == "MLIP MD, jaxdd" and record["rows"][-1]["section"] == "largest fit"
     assert_rows(table, ("fused float32", "jnp float64", "jax-md float32", "schnet float32", "nequip float32",
                         "mace float32", "jax-md NequIP (own loop)", "jaxdd NequIP (jax-md's network)", "largest fit"))
 
