@@ -416,8 +416,10 @@ def test_distributed_model_equals_one_device(name, grid, variant):
 # ------------------------------------------------------------------ dynamics
 
 
-def reference_trajectory(name, n_steps=STEPS) -> list[np.ndarray]:
-    """Velocity Verlet on one device: positions after every step (unwrapped)."""
+@functools.lru_cache(maxsize=None)
+def reference_trajectory(name, n_steps=STEPS) -> tuple[np.ndarray, ...]:
+    """Velocity Verlet on one device: positions after every step (unwrapped). Computed once
+    per case: every grid's run is checked against the same trajectory."""
     data = with_velocities(data_of(name))
     pos = np.asarray(data.positions, np.float64)
     vel = np.asarray(data.velocities, np.float64)
@@ -440,7 +442,7 @@ def reference_trajectory(name, n_steps=STEPS) -> list[np.ndarray]:
         f = forces(pos)
         vel = vel + 0.5 * DT * f * inv_m * mask
         frames.append(pos)
-    return frames
+    return tuple(frames)
 
 
 def with_velocities(batch: jaxdd.Batch) -> jaxdd.Batch:
@@ -465,14 +467,44 @@ DYNAMICS_2x2x2 = ["cell-corner-minus-1e-17", "lattice-minus-1e-17", "triclinic-3
                   "cluster-in-a-large-periodic-box", "cell-thinner-than-the-cutoff"]
 
 
+@dataclasses.dataclass(frozen=True)
+class Runs:
+    """A case's dynamics on one grid: the state halfway (None where no run stops there) and
+    the state after STEPS steps, with the plan rebuilds of the steps taken."""
+    half: object
+    end: object
+    rebuilds: int
+    host_rebuilds: int
+
+
+@functools.lru_cache(maxsize=None)
+def runs(name, grid) -> Runs:
+    """The STEPS steps of case ``name`` on ``grid``, run once and shared by the tests that read
+    them. On the default grid they run as two halves, STEPS // 2 steps and the rest: the
+    halfway state is the one the checkpoint test writes, and the second half is the
+    uninterrupted run it must end on. A run boundary is no rebuild: the device loop only
+    stops at the step count, and the next run goes on from the same plan. One case's runs
+    follow each other on one DomainParallel, so they share its compiled programs (run
+    apart, after other cases grew its capacities, they compiled programs of their own)."""
+    md = dynamics(grid)
+    start = md.init(with_velocities(data_of(name)))
+    if grid != DEFAULT_GRID:
+        end = md.run(start, STEPS)
+        return Runs(None, end, md.last_run.rebuilds, md.last_run.host_rebuilds)
+    half = md.run(start, STEPS // 2)
+    first = md.last_run
+    end = md.run(half, STEPS - STEPS // 2)
+    return Runs(half, end, first.rebuilds + md.last_run.rebuilds,
+                first.host_rebuilds + md.last_run.host_rebuilds)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name, grid", [pytest.param(n, g, id=f"{n}-{grid_id(g)}") for g, names in
                                         [(DEFAULT_GRID, DYNAMICS), ((2, 2, 2), DYNAMICS_2x2x2)] for n in names])
 def test_fifty_steps_with_device_rebuilds_follow_the_single_device_trajectory(name, grid):
-    md = dynamics(grid)
-    state = md.run(md.init(with_velocities(data_of(name))), STEPS)
-    assert md.last_run.rebuilds >= 10 and md.last_run.host_rebuilds <= 1, md.last_run
-    got = np.asarray(md.gather(state).positions, np.float64)
+    md, run = dynamics(grid), runs(name, grid)
+    assert run.rebuilds >= 10 and run.host_rebuilds <= 1, f"{run.rebuilds} rebuilds, {run.host_rebuilds} on the host"
+    got = np.asarray(md.gather(run.end).positions, np.float64)
     want = reference_trajectory(name)[-1]
     mask = np.asarray(data_of(name).atom_mask)
     record(name, f"50 MD steps {grid_id(grid)}", "positions", np.abs(got[mask] - want[mask]).max())
@@ -482,12 +514,10 @@ def test_fifty_steps_with_device_rebuilds_follow_the_single_device_trajectory(na
 @pytest.mark.slow
 @pytest.mark.parametrize("name", DYNAMICS)
 def test_a_run_restored_halfway_ends_where_the_uninterrupted_run_ends(name, tmp_path):
-    md = dynamics(DEFAULT_GRID)
-    start = md.init(with_velocities(data_of(name)))
-    half = md.run(start, STEPS // 2)
-    md.save(tmp_path / "ck", half)
+    md, run = dynamics(DEFAULT_GRID), runs(name, DEFAULT_GRID)
+    md.save(tmp_path / "ck", run.half)
     resumed = md.run(md.restore(tmp_path / "ck"), STEPS - STEPS // 2)
-    straight = md.run(half, STEPS - STEPS // 2)
+    straight = run.end  # run on from the same halfway state, without the checkpoint
     record(name, "restored halfway", "positions", np.abs(np.asarray(md.gather(resumed).positions)
                                                          - np.asarray(md.gather(straight).positions)).max())
     np.testing.assert_array_equal(np.asarray(md.gather(resumed).positions), np.asarray(md.gather(straight).positions))
