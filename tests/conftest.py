@@ -131,15 +131,26 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 4))
 
 
-#: The modules that take longest (cold compilation cache), longest first. pytest-xdist hands out
-#: whole modules (--dist loadfile): these go first, so that the run does not end on one long
-#: module while the other workers wait; the rest follow in collection order.
+#: The modules that take longest with a cold compilation cache, longest first, in the default
+#: suite and in the slow set (worker-seconds of the last measured run, rounded). pytest-xdist
+#: hands out whole modules (--dist loadfile): the long ones go first, so that the run does not
+#: end on one long module while the other workers wait; the rest follow in collection order.
 LONG_MODULES = (
-    "test_nose_hoover.py", "test_dynamics.py", "test_dispatch.py", "test_docs.py", "test_zoo_models.py",
-    "test_balance.py", "test_distributed.py", "test_training.py", "test_mace.py", "test_interop_jax_md.py",
-    "test_neighbors.py", "test_zoo_qeq_backbone.py", "test_heat_flux.py", "test_validate_scatter_fix.py",
-    "test_checkpoint_compat.py", "test_examples.py", "test_dispatch_idioms.py", "test_multiprocess.py",
-    "test_adversarial.py", "test_validate_cli.py",
+    "test_docs.py", "test_dispatch.py", "test_dynamics.py", "test_zoo_models.py", "test_nose_hoover.py",
+    "test_distributed.py", "test_sevennet.py", "test_dispatch_idioms.py", "test_neighbors.py",
+    "test_adversarial.py", "test_interop_jax_md.py", "test_zoo_qeq_backbone.py", "test_validate_cli.py",
+    "test_heat_flux.py", "test_validate_scatter_fix.py", "test_balance.py", "test_bad_inputs.py",
+    "test_training.py", "test_lj.py", "test_ffi_neighbors.py", "test_mace.py", "test_checkpoint_compat.py",
+    "test_lammps_reference.py", "test_compile_reuse.py", "test_ase_calculator.py", "test_community_models.py",
+    "test_compute.py", "test_graph_parallel.py", "test_replan.py", "test_multiprocess.py",
+)
+LONG_SLOW_MODULES = (
+    "test_adversarial.py", "test_examples.py", "test_nose_hoover.py", "test_mace_families.py",
+    "test_zoo_models.py", "test_dispatch_idioms.py", "test_gpu_check.py", "test_mace.py", "test_distributed.py",
+    "test_multiprocess.py", "test_compile_reuse.py", "test_dynamics.py", "test_bench_sevennet_md.py",
+    "test_interop_jax_md.py", "test_chgnet.py", "test_sevennet.py", "test_balance.py", "test_validate_zoo.py",
+    "test_bench_mlip.py", "test_pme.py", "test_bench_balance.py", "test_graph_parallel.py", "test_dispatch.py",
+    "test_training.py", "test_validate_cli.py", "test_validate.py",
 )
 
 
@@ -150,7 +161,9 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONG_MODULES)}
+    marks = config.getoption("markexpr", "") or ""
+    slow_stage = "slow" in marks and "not slow" not in marks
+    rank = {name: i for i, name in enumerate(LONG_SLOW_MODULES if slow_stage else LONG_MODULES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: tests keep their order
 
 
