@@ -297,14 +297,9 @@ def test_7net_0_passes_the_validator_at_world_size_4_with_its_own_spec():
 
 
 def test_a_rank_whose_atom_count_equals_a_hidden_width_is_followed_by_the_dispatch():
-    # 64 atoms on one rank: the radial network's hidden width. The edge blocks are declared
-    # rank-local (jaxdd.to_local), so no layout is guessed for their 64-wide features.
-    from ase.build import bulk
-
-    atoms = bulk("Si", "diamond", a=5.43, cubic=True).repeat(2)
-    atoms.rattle(0.05, seed=2)
-    data = jaxdd.AtomicData.from_ase(atoms)
+    # The 64 atoms of the crystal on one rank: the radial network's hidden width. The edge blocks
+    # are declared rank-local (jaxdd.to_local), so no layout is guessed for their 64-wide features.
+    assert crystal().positions.shape[0] == 64
     dm = DistributedModel(model("7net-0"), DomainConfig(5.0, mesh=mesh_of(1), grid=(1, 1, 1)))
-    got = np.asarray(dm(data, outputs=("energy",))["energy"])
-    want = np.asarray(jaxdd.compute(model("7net-0"), data, ("energy",))["energy"])
-    np.testing.assert_allclose(got, want, rtol=1e-10)
+    got = np.asarray(dm(crystal(), outputs=("energy",))["energy"])
+    np.testing.assert_allclose(got, one_device()["energy"], rtol=1e-10)
