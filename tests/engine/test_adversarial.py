@@ -460,7 +460,7 @@ def dynamics(grid) -> DomainParallel:
     # A hysteresis of 0.05 Å (atoms move up to 0.04 Å a step): the halo is planned on the devices at
     # almost every step, so each boundary case crosses the device rebuild many times. Capacities
     # with twice the room a fresh plan needs: with the default 1.2 many cases outgrew
-    # them in its first migrations and compiled the device loop a second time, which is not
+    # them in their first migrations and compiled the device loop a second time, which is not
     # what these tests are about (capacity growth has its own tests); the arithmetic of the
     # atoms is the same in either, padding rows are masked.
     dm = DistributedModel(MODEL, DomainConfig(CUTOFF, skin=SKIN, migration_hysteresis=0.05, capacity_factor=2.0,
