@@ -185,10 +185,12 @@ def test_static_balancing_follows_one_device_on_an_uneven_grid():
     assert stats.rebalances == 0
 
 
+@pytest.mark.slow
 def test_a_balanced_run_restarts_where_it_left_off(tmp_path):
     # To rounding here: the restarted run and the straight one execute different programs (the
     # restore places the atoms afresh), and the elemental emitters the suite compiles with to save
-    # time (tests/conftest.py) may fuse them an ulp apart. Bit for bit: the slow test below.
+    # time (tests/conftest.py) may fuse them an ulp apart. Bit for bit: the test below. Both are in
+    # the slow set (the default suite restarts unbalanced runs: tests/dynamics/test_dynamics.py).
     resumed, straight = restarted_and_straight(tmp_path)
     np.testing.assert_allclose(resumed, straight, rtol=0, atol=1e-12)
 

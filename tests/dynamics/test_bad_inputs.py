@@ -224,8 +224,8 @@ def test_a_float32_time_step_runs_as_the_float64_one():
     assert math.isfinite(e1) and abs(e1 - e0) < 5e-3 * abs(e0)
 
 
-# The slow set: test_checkpoint_compat.py restores a checkpoint of each run kind (one device, a
-# halo grid, node blocks; Nosé-Hoover too) and continues it bit for bit in the default suite.
+# The slow set, beside test_checkpoint_compat.py, which restores a checkpoint of an earlier jaxdd
+# for each run kind (one device, a halo grid, node blocks) and continues it bit for bit.
 @pytest.mark.slow
 @pytest.mark.parametrize("grid, strategy", [((1, 1, 1), None), ((2, 1, 1), "graph_partition"), ((2, 1, 1), None)],
                          ids=["one-device", "graph-parallel", "halo"])

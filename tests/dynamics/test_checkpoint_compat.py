@@ -5,14 +5,14 @@ node blocks), written before the engine and dynamics were reorganised into their
 modules, with the numbers that run reached (``make_checkpoints.py`` there wrote both).
 Bit for bit holds for code compiled the same way, so they are restored and continued in one
 process compiling with the XLA flags the checkpoints were written with (the suite's own flags
-may differ: tests/conftest.py), which reports on each kind. The halo grid, whose checkpoint
-holds the most (a plan, ghosts, per-rank capacities), is checked by default; one device and
-node blocks, each a child compiling its own programs, are in the slow set.
+may differ: tests/conftest.py), which reports on each kind. The child compiles every program
+afresh (its flags are not the suite's), so the three kinds are checked in the slow set; the
+default suite saves, restores and continues a run bit for bit with today's code
+(tests/dynamics/test_dynamics.py).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
@@ -23,27 +23,25 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "data" / "checkpoints" / "make_checkpoints.py"
 KINDS = ("graph_parallel", "halo", "one_device")
-SLOW_KINDS = ("graph_parallel", "one_device")
 
 
-@functools.lru_cache(maxsize=None)
-def verified(kinds: tuple[str, ...]) -> dict:
-    """Run kind → "ok" or what differed, for ``kinds`` verified in one child process."""
+@pytest.fixture(scope="module")
+def verified() -> dict:
+    """Run kind → "ok" or what differed, from one child process."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the script sets its own
     env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="8", PYTHONWARNINGS=(
         "ignore:the ghost shell of some ranks covers every atom:RuntimeWarning"))
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--verify", *kinds], env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--verify", *KINDS], env=env, capture_output=True, text=True,
                           timeout=600)
     lines = proc.stdout.strip().splitlines()
     assert lines, f"the child printed nothing (status {proc.returncode}):\n{proc.stderr[-4000:]}"
     return json.loads(lines[-1])
 
 
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) if k in SLOW_KINDS else k
-                                  for k in KINDS])
-def test_an_earlier_checkpoint_restores_and_continues_bit_for_bit(kind):
-    outcome = verified(SLOW_KINDS if kind in SLOW_KINDS else (kind,))
-    assert outcome[kind] == "ok", outcome[kind]
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_earlier_checkpoint_restores_and_continues_bit_for_bit(kind, verified):
+    assert verified[kind] == "ok", verified[kind]
 
 
 def test_every_run_kind_written_is_checked():

@@ -77,6 +77,9 @@ def test_dropping_programs_frees_them_and_waits_for_a_new_compilation():
         programs._TRACKED.remove(f)
 
 
+# A child process compiling its own programs: in the slow set, beside the 300-structure run below,
+# which checks the same sharing (and the bound on mappings) over many more sizes.
+@pytest.mark.slow
 def test_structures_of_different_sizes_share_programs_in_one_process():
     # Eight strained 2x2x2 argon cells with up to 3 vacancies (29 to 32 atoms), each through
     # jaxdd.compute, the ASE calculator and a DistributedModel on 4 virtual devices (the eighth

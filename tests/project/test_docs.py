@@ -19,8 +19,10 @@ def run_python_blocks(page: Path) -> dict:
     return namespace
 
 
-# The porting page compiles five models on one and two devices: a slow sweep.
-SLOW_PAGES = {"porting.md"}
+# The porting page compiles five models on one and two devices: a slow sweep. The training page
+# differentiates a distributed SchNet (the gradients it shows are tests/engine/test_training.py's,
+# in the default suite).
+SLOW_PAGES = {"porting.md", "training.md"}
 
 
 @pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_PAGES else p

@@ -35,8 +35,10 @@ def test_no_arguments_validates_the_builtin_example():
     assert "[pass]" in proc.stdout  # a progress line per attempt
 
 
-# lj-fcc, the default sample, is run by test_no_arguments_validates_the_builtin_example.
-@pytest.mark.parametrize("name", sorted(set(SAMPLES) - {"lj-fcc"}))
+# lj-fcc, the default sample, is run by test_no_arguments_validates_the_builtin_example; cu-fcc,
+# a second periodic fcc sample, is in the slow set.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "cu-fcc" else n
+                                  for n in sorted(set(SAMPLES) - {"lj-fcc"})])
 def test_every_other_builtin_sample_passes_with_the_default_model(name, capsys):
     assert main(["--builtin", name, "--world-size", "2"]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
