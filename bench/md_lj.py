@@ -1,7 +1,7 @@
 """Benchmark: molecular dynamics of the LAMMPS LJ melt, jaxdd against LAMMPS.
 
     python bench/md_lj.py [--n-cells 20] [--steps 100] [--devices 1,2] [--dtypes float32,float64]
-                          [--repeats 3] [--lammps lmp | --no-lammps] [--json PATH]
+                          [--repeats 3] [--lammps lmp | --no-lammps] [--json PATH] [--profile DIR]
 
 The problem is the LAMMPS distribution's ``bench/in.lj``: fcc lattice at density 0.8442 (20×20×20 cells,
 32,000 atoms by default), velocities at T = 1.44, ``pair_style lj/cut 2.5`` (no shift),
@@ -113,6 +113,8 @@ run             {steps}
 """
 
 _LOOP = re.compile(r"Loop time of\s+(\S+)\s+on\s+(\d+)\s+procs\s+for\s+(\d+)\s+steps\s+with\s+(\d+)\s+atoms")
+#: Traced steps of a row under --profile (after its timed runs).
+PROFILE_STEPS = 10
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -144,6 +146,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lammps", default="lmp", metavar="BIN", help="LAMMPS executable (default lmp, looked up on PATH)")
     p.add_argument("--no-lammps", action="store_true", help="do not run LAMMPS; use the recorded reference figures")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures to PATH as JSON")
+    p.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                   help=f"after each row's timed runs, trace {PROFILE_STEPS} more steps into DIR/<row>/ and print "
+                        "where a step's time goes (bench/profile_table.py), with LAMMPS's own breakdown of its "
+                        "loop (Pair, Neigh, Comm, Modify, ...) beside it")
     p.add_argument("--xla-defaults", action="store_true",
                    help=f"keep XLA's CPU defaults (else {CPU_XLA_FLAGS} is added to XLA_FLAGS)")
     args = p.parse_args(argv)
@@ -243,6 +249,18 @@ def parse_lammps_log(text: str) -> dict:
     seconds, procs, steps, atoms = float(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4))
     out = dict(seconds=seconds, procs=procs, steps=steps, n_atoms=atoms,
                atom_steps_per_second=steps * atoms / seconds if seconds > 0 else float("nan"))
+    # LAMMPS's own account of the loop: seconds (average over ranks) and share of each section.
+    # Rows of its "MPI task timing breakdown": section | min | avg | max | %varavg | %total.
+    breakdown = {}
+    for line in text[m.end():].splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) == 6 and cells[0].isalpha() and cells[0] != "Section":
+            try:
+                breakdown[cells[0]] = dict(avg_seconds=float(cells[2]), percent=float(cells[5]))
+            except ValueError:
+                continue
+    if breakdown:
+        out["breakdown"] = breakdown
     lines = text[:m.start()].splitlines()
     header = max((i for i, line in enumerate(lines) if line.split()[:1] == ["Step"]), default=None)
     if header is not None:
@@ -404,13 +422,33 @@ def format_table(rows, fused, lammps, notes, verdict, header, steps) -> str:
     return "\n".join(out)
 
 
+def format_profiles(rows: list[dict], lammps: dict) -> str:
+    """Each profiled row's breakdown (ms per step by part) and, per core count, LAMMPS's own."""
+    import profile_table
+
+    out = [f"\nWhere a step's time goes ({PROFILE_STEPS} traced steps after the timed runs; bench/profile_table.py)"]
+    for r in rows:
+        if "profile" in r:
+            title = f"jaxdd ({r['path']}) {r['devices']} device(s) {r['dtype']}, {r['n_atoms']:,} atoms"
+            out.append(profile_table.format_table(r["profile"], title))
+    for cores, f in sorted(lammps.items()):
+        if "breakdown" in f:
+            ms = 1e3 / f["steps"]
+            out.append(f"LAMMPS lj/cut {cores} rank(s): {f['seconds'] * ms:.3f} ms per step (its MPI task timing "
+                       "breakdown, average over ranks)")
+            out += [f"  {k:32s} {v['avg_seconds'] * ms:10.4f} {v['percent'] / 100:7.1%}"
+                    for k, v in f["breakdown"].items()]
+    return "\n".join(out)
+
+
 def pinned_run(n_devices: int, dtype: str, n_cells: int, steps: int, path: str, halo_skin: float,
-               repeats: int = 1) -> dict:
+               repeats: int = 1, profile_dir: Path | None = None) -> dict:
     """:func:`bench_jaxdd` in a child process bound to ``n_devices`` cores (all of them when the
     machine has fewer): one XLA CPU device would otherwise use every core of the machine, and
     the comparison with LAMMPS's N ranks would not be on equal cores."""
     row, cores = run_pinned(__file__, dict(n_devices=n_devices, dtype=dtype, n_cells=n_cells, steps=steps, path=path,
-                                           halo_skin=halo_skin, repeats=repeats), n_devices)
+                                           halo_skin=halo_skin, repeats=repeats,
+                                           profile_dir=None if profile_dir is None else str(profile_dir)), n_devices)
     return dict(row, cores=cores)
 
 
@@ -418,8 +456,16 @@ def worker(spec: str) -> int:
     """One pinned run (see :func:`pinned_run`): its figures as one JSON line on stdout."""
     kw = json.loads(spec)
     set_device_count(kw["n_devices"])
+    profile = None
+    if kw.get("profile_dir"):
+        import profile_table
+
+        folder = Path(kw["profile_dir"])
+        profile = (str(folder / "trace"), str(folder / "hlo"), PROFILE_STEPS)
+        # The HLO names the trace's operations by: dumped by this child's XLA, set before it starts.
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {profile_table.dump_flags(profile[1])}".strip()
     print(json.dumps(bench_jaxdd(kw["n_devices"], kw["dtype"], kw["n_cells"], kw["steps"], kw["path"],
-                                 kw["halo_skin"], kw.get("repeats", 1))), flush=True)
+                                 kw["halo_skin"], kw.get("repeats", 1), profile)), flush=True)
     return 0
 
 
@@ -442,13 +488,17 @@ def main(argv=None) -> int:
     paths = [x for x in args.paths if x != "fused" or fused["available"]]
     rows = []
     pinned = devices[0].platform == "cpu" and hasattr(os, "sched_setaffinity")  # Linux binds cores
+    if args.profile is not None and not pinned:
+        sys.exit("--profile runs each row in a child process of its own (its HLO is dumped before its JAX starts), "
+                 "which needs a CPU platform with sched_setaffinity (Linux)")
     lmp, notes = find_lammps(args)
     for path in paths:
         for n in args.devices:
             for dtype in args.dtypes:
                 beside = lammps_beside(lmp, n, args, notes)  # the same phase of the machine as the row
                 if pinned:  # N virtual devices on N cores, as LAMMPS's N ranks
-                    rows.append(pinned_run(n, dtype, c, args.steps, path, args.halo_skin, args.repeats))
+                    folder = None if args.profile is None else args.profile / f"{path}-{n}dev-{dtype}"
+                    rows.append(pinned_run(n, dtype, c, args.steps, path, args.halo_skin, args.repeats, folder))
                 else:
                     rows.append(bench_jaxdd(n, dtype, c, args.steps, path, args.halo_skin, args.repeats))
                 r = rows[-1]
@@ -471,6 +521,8 @@ def main(argv=None) -> int:
               f"{args.steps} steps, T0 {TEMPERATURE}; fastest of {args.repeats} timed run(s) per row; {device}; "
               f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     print(format_table(rows, fused, lammps, notes, verdict, header, args.steps), flush=True)
+    if args.profile is not None:
+        print(format_profiles(rows, lammps), flush=True)
     if args.json is not None:
         record = dict(
             benchmark="md_lj", n_cells=c, n_atoms=n_atoms, steps=args.steps, repeats=args.repeats, cutoff=CUTOFF,

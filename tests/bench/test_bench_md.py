@@ -32,6 +32,19 @@ Per MPI rank memory allocation (min/avg/max) = 3.222 | 3.222 | 3.222 Mbytes
 Loop time of 1.39 on 1 procs for 100 steps with 32000 atoms
 
 Performance: 31079.137 tau/day, 71.942 timesteps/s, 2.302 Matom-step/s
+99.6% CPU use with 1 MPI tasks x 1 OpenMP threads
+
+MPI task timing breakdown:
+Section |  min time  |  avg time  |  max time  |%varavg| %total
+---------------------------------------------------------------
+Pair    | 1.1        | 1.1        | 1.1        |   0.0 | 79.14
+Neigh   | 0.15       | 0.15       | 0.15       |   0.0 | 10.79
+Comm    | 0.05       | 0.05       | 0.05       |   0.0 |  3.60
+Output  | 2.1e-05    | 2.1e-05    | 2.1e-05    |   0.0 |  0.00
+Modify  | 0.07       | 0.07       | 0.07       |   0.0 |  5.04
+Other   |            | 0.02       |            |       |  1.44
+
+Nlocal:          32000 ave       32000 max       32000 min
 """
 
 
@@ -182,5 +195,8 @@ def test_parses_lammps_loop_time_and_thermo():
     assert figures["pe_per_atom_first"] == pytest.approx(-6.7733681)
     assert figures["pe_per_atom_last"] == pytest.approx(-5.7150774)
     assert (figures["thermo_first_step"], figures["thermo_last_step"]) == (0, 100)
+    # LAMMPS's own breakdown of its loop, average seconds and share of each section.
+    assert list(figures["breakdown"]) == ["Pair", "Neigh", "Comm", "Output", "Modify", "Other"]
+    assert figures["breakdown"]["Pair"] == dict(avg_seconds=1.1, percent=79.14)
     with pytest.raises(ValueError, match="Loop time"):
         md_lj.parse_lammps_log("ERROR: Unknown command")
