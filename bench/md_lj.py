@@ -1,7 +1,8 @@
 """Benchmark: molecular dynamics of the LAMMPS LJ melt, jaxdd against LAMMPS.
 
     python bench/md_lj.py [--n-cells 20] [--steps 100] [--devices 1,2] [--dtypes float32,float64]
-                          [--repeats 3] [--lammps lmp | --no-lammps] [--json PATH] [--profile DIR]
+                          [--repeats 3] [--lammps lmp | --no-lammps] [--lammps-suffix opt] [--json PATH]
+                          [--profile DIR]
 
 The problem is the LAMMPS distribution's ``bench/in.lj``: fcc lattice at density 0.8442 (20×20×20 cells,
 32,000 atoms by default), velocities at T = 1.44, ``pair_style lj/cut 2.5`` (no shift),
@@ -144,6 +145,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"extra ghost-shell width beyond the cutoff (default {HALO_SKIN}; at least the neighbour "
                         f"skin {SKIN})")
     p.add_argument("--lammps", default="lmp", metavar="BIN", help="LAMMPS executable (default lmp, looked up on PATH)")
+    p.add_argument("--lammps-suffix", default="", metavar="SUFFIX",
+                   help="run LAMMPS with -sf SUFFIX (e.g. opt: its optimised lj/cut/opt pair style, when the build "
+                        "has the OPT package); default: plain lj/cut")
     p.add_argument("--no-lammps", action="store_true", help="do not run LAMMPS; use the recorded reference figures")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures to PATH as JSON")
     p.add_argument("--profile", type=Path, default=None, metavar="DIR",
@@ -282,13 +286,14 @@ def parse_lammps_log(text: str) -> dict:
     return out
 
 
-def run_lammps(lmp: str, cores: int, n_cells: int, steps: int, repeats: int = 1) -> dict:
+def run_lammps(lmp: str, cores: int, n_cells: int, steps: int, repeats: int = 1, suffix: str = "") -> dict:
     """LAMMPS on the melt with ``cores`` MPI ranks (1: no mpirun), ``repeats`` times; the
-    parsed figures of the fastest run."""
+    parsed figures of the fastest run. ``suffix``: LAMMPS's ``-sf`` (its accelerated variant
+    of each style, e.g. ``opt``), or "" for the plain styles."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without these
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    cmd = [lmp, "-in", "in.lj"]
+    cmd = [lmp, "-in", "in.lj"] + (["-sf", suffix] if suffix else [])
     if cores > 1:
         mpirun = shutil.which("mpirun")
         if mpirun is None:
@@ -307,7 +312,7 @@ def run_lammps(lmp: str, cores: int, n_cells: int, steps: int, repeats: int = 1)
             runs.append(figures)
     best = min(runs, key=lambda f: f["seconds"])
     return dict(best, seconds_of_each_run=[f["seconds"] for f in runs], source="measured in this run",
-                command=" ".join(cmd))
+                command=" ".join(cmd), style="lj/cut" + (f"/{suffix}" if suffix else ""))
 
 
 def find_lammps(args) -> tuple[str | None, list[str]]:
@@ -326,7 +331,7 @@ def lammps_beside(lmp: str | None, cores: int, args, notes: list[str]) -> dict |
     if lmp is None:
         return None
     try:
-        return run_lammps(lmp, cores, args.n_cells, args.steps, args.repeats)
+        return run_lammps(lmp, cores, args.n_cells, args.steps, args.repeats, args.lammps_suffix)
     except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as err:
         notes.append(f"LAMMPS on {cores} core(s) failed: {err}")
         return None
@@ -344,6 +349,8 @@ def lammps_figures(rows: list[dict], args, notes: list[str]) -> dict:
         elif cores in LAMMPS_REFERENCE:
             out[cores] = dict(source=REFERENCE_LABEL, procs=cores, n_atoms=32000, steps=100,
                               atom_steps_per_second=LAMMPS_REFERENCE[cores])
+    if any(f["source"] == REFERENCE_LABEL for f in out.values()) and args.lammps_suffix:
+        notes.append(f"the reference figures are of plain lj/cut, not of -sf {args.lammps_suffix}")
     if any(f["source"] == REFERENCE_LABEL for f in out.values()) and (args.n_cells != 20 or args.steps != 100):
         notes.append("the reference figures are for 32,000 atoms and 100 steps, not this run's size")
     return out
@@ -391,7 +398,7 @@ def format_table(rows, fused, lammps, notes, verdict, header, steps) -> str:
     for cores, f in sorted(lammps.items()):
         measured = f["source"] != REFERENCE_LABEL
         pe = [f"{f[k]:.10f}" if k in f else "-" for k in ("pe_per_atom_first", "pe_per_atom_last")]
-        body.append((["LAMMPS lj/cut", str(cores), "float64", f"{f['atom_steps_per_second']:,.0f}",
+        body.append(([f"LAMMPS {f.get('style', 'lj/cut')}", str(cores), "float64", f"{f['atom_steps_per_second']:,.0f}",
                       f"{f['seconds']:.3f}" if measured else "-", "-", "-", *pe, "-", "-", "1x"],
                      f"({cores} MPI rank{'s' if cores > 1 else ''}; {f['source']}"
                      f"{'; the fastest of the runs beside the rows' if measured else ''})"))
@@ -434,8 +441,8 @@ def format_profiles(rows: list[dict], lammps: dict) -> str:
     for cores, f in sorted(lammps.items()):
         if "breakdown" in f:
             ms = 1e3 / f["steps"]
-            out.append(f"LAMMPS lj/cut {cores} rank(s): {f['seconds'] * ms:.3f} ms per step (its MPI task timing "
-                       "breakdown, average over ranks)")
+            out.append(f"LAMMPS {f.get('style', 'lj/cut')} {cores} rank(s): {f['seconds'] * ms:.3f} ms per step "
+                       "(its MPI task timing breakdown, average over ranks)")
             out += [f"  {k:32s} {v['avg_seconds'] * ms:10.4f} {v['percent'] / 100:7.1%}"
                     for k, v in f["breakdown"].items()]
     return "\n".join(out)

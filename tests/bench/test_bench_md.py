@@ -185,10 +185,25 @@ def test_fused_path_runs_beside_the_jnp_path_on_the_same_trajectory(tmp_path):
         assert abs(fused["pe_per_atom_last"] - jnp_["pe_per_atom_last"]) < 1e-10
 
 
-def test_parses_lammps_loop_time_and_thermo():
+def load_md_lj():
     spec = importlib.util.spec_from_file_location("md_lj", SCRIPT)
     md_lj = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(md_lj)
+    return md_lj
+
+
+def test_lammps_runs_with_the_suffix_asked_for_and_its_style_is_named(tmp_path):
+    lmp = tmp_path / "lmp"
+    lmp.write_text(f"#!{sys.executable}\nimport sys\nprint(' '.join(sys.argv[1:]))\n"
+                   "print('Loop time of 1.0 on 1 procs for 5 steps with 256 atoms')\n")
+    lmp.chmod(0o755)
+    figures = load_md_lj().run_lammps(str(lmp), 1, 4, 5, suffix="opt")
+    assert figures["command"].endswith("-in in.lj -sf opt") and figures["style"] == "lj/cut/opt"
+    assert load_md_lj().run_lammps(str(lmp), 1, 4, 5)["style"] == "lj/cut"
+
+
+def test_parses_lammps_loop_time_and_thermo():
+    md_lj = load_md_lj()
     figures = md_lj.parse_lammps_log(LAMMPS_LOG)
     assert (figures["procs"], figures["steps"], figures["n_atoms"]) == (1, 100, 32000)
     assert figures["atom_steps_per_second"] == pytest.approx(100 * 32000 / 1.39)
