@@ -114,8 +114,6 @@ run             {steps}
 """
 
 _LOOP = re.compile(r"Loop time of\s+(\S+)\s+on\s+(\d+)\s+procs\s+for\s+(\d+)\s+steps\s+with\s+(\d+)\s+atoms")
-#: Traced steps of a row under --profile (after its timed runs).
-PROFILE_STEPS = 10
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -151,9 +149,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-lammps", action="store_true", help="do not run LAMMPS; use the recorded reference figures")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures to PATH as JSON")
     p.add_argument("--profile", type=Path, default=None, metavar="DIR",
-                   help=f"after each row's timed runs, trace {PROFILE_STEPS} more steps into DIR/<row>/ and print "
-                        "where a step's time goes (bench/profile_table.py), with LAMMPS's own breakdown of its "
-                        "loop (Pair, Neigh, Comm, Modify, ...) beside it")
+                   help="after each row's timed runs, trace one more run of --steps steps (its list builds "
+                        "and rebuilds as in a timed run) into DIR/<row>/ and print where a step's time goes "
+                        "(bench/profile_table.py), with LAMMPS's own breakdown of its loop (Pair, Neigh, Comm, "
+                        "Modify, ...) beside it")
     p.add_argument("--xla-defaults", action="store_true",
                    help=f"keep XLA's CPU defaults (else {CPU_XLA_FLAGS} is added to XLA_FLAGS)")
     args = p.parse_args(argv)
@@ -429,11 +428,11 @@ def format_table(rows, fused, lammps, notes, verdict, header, steps) -> str:
     return "\n".join(out)
 
 
-def format_profiles(rows: list[dict], lammps: dict) -> str:
+def format_profiles(rows: list[dict], lammps: dict, steps: int) -> str:
     """Each profiled row's breakdown (ms per step by part) and, per core count, LAMMPS's own."""
     import profile_table
 
-    out = [f"\nWhere a step's time goes ({PROFILE_STEPS} traced steps after the timed runs; bench/profile_table.py)"]
+    out = [f"\nWhere a step's time goes (a traced run of {steps} steps after the timed runs; bench/profile_table.py)"]
     for r in rows:
         if "profile" in r:
             title = f"jaxdd ({r['path']}) {r['devices']} device(s) {r['dtype']}, {r['n_atoms']:,} atoms"
@@ -468,7 +467,7 @@ def worker(spec: str) -> int:
         import profile_table
 
         folder = Path(kw["profile_dir"])
-        profile = (str(folder / "trace"), str(folder / "hlo"), PROFILE_STEPS)
+        profile = (str(folder / "trace"), str(folder / "hlo"), kw["steps"])
         # The HLO names the trace's operations by: dumped by this child's XLA, set before it starts.
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {profile_table.dump_flags(profile[1])}".strip()
     print(json.dumps(bench_jaxdd(kw["n_devices"], kw["dtype"], kw["n_cells"], kw["steps"], kw["path"],
@@ -529,7 +528,7 @@ def main(argv=None) -> int:
               f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     print(format_table(rows, fused, lammps, notes, verdict, header, args.steps), flush=True)
     if args.profile is not None:
-        print(format_profiles(rows, lammps), flush=True)
+        print(format_profiles(rows, lammps, args.steps), flush=True)
     if args.json is not None:
         record = dict(
             benchmark="md_lj", n_cells=c, n_atoms=n_atoms, steps=args.steps, repeats=args.repeats, cutoff=CUTOFF,
