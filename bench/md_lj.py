@@ -348,9 +348,10 @@ def lammps_figures(rows: list[dict], args, notes: list[str]) -> dict:
         elif cores in LAMMPS_REFERENCE:
             out[cores] = dict(source=REFERENCE_LABEL, procs=cores, n_atoms=32000, steps=100,
                               atom_steps_per_second=LAMMPS_REFERENCE[cores])
-    if any(f["source"] == REFERENCE_LABEL for f in out.values()) and args.lammps_suffix:
+    recorded = any(f["source"] == REFERENCE_LABEL for f in out.values())
+    if recorded and args.lammps_suffix:
         notes.append(f"the reference figures are of plain lj/cut, not of -sf {args.lammps_suffix}")
-    if any(f["source"] == REFERENCE_LABEL for f in out.values()) and (args.n_cells != 20 or args.steps != 100):
+    if recorded and (args.n_cells != 20 or args.steps != 100):
         notes.append("the reference figures are for 32,000 atoms and 100 steps, not this run's size")
     return out
 

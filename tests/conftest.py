@@ -132,7 +132,7 @@ def pytest_xdist_auto_num_workers(config):
 
 
 #: The modules that take longest with a cold compilation cache, longest first, in the default
-#: suite and in the slow set (worker-seconds of the last measured run, rounded). pytest-xdist
+#: suite and in the slow set (by the worker-seconds of the last measured run). pytest-xdist
 #: hands out whole modules (--dist loadfile): the long ones go first, so that the run does not
 #: end on one long module while the other workers wait; the rest follow in collection order.
 LONG_MODULES = (
@@ -140,8 +140,8 @@ LONG_MODULES = (
     "test_distributed.py", "test_sevennet.py", "test_dispatch_idioms.py", "test_neighbors.py",
     "test_adversarial.py", "test_interop_jax_md.py", "test_zoo_qeq_backbone.py", "test_validate_cli.py",
     "test_heat_flux.py", "test_validate_scatter_fix.py", "test_balance.py", "test_bad_inputs.py",
-    "test_training.py", "test_lj.py", "test_ffi_neighbors.py", "test_mace.py", "test_checkpoint_compat.py",
-    "test_lammps_reference.py", "test_compile_reuse.py", "test_ase_calculator.py", "test_community_models.py",
+    "test_training.py", "test_lj.py", "test_ffi_neighbors.py", "test_mace.py", "test_lammps_reference.py",
+    "test_ase_calculator.py", "test_community_models.py",
     "test_compute.py", "test_graph_parallel.py", "test_replan.py", "test_multiprocess.py",
 )
 LONG_SLOW_MODULES = (

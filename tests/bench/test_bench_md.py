@@ -197,9 +197,10 @@ def test_lammps_runs_with_the_suffix_asked_for_and_its_style_is_named(tmp_path):
     lmp.write_text(f"#!{sys.executable}\nimport sys\nprint(' '.join(sys.argv[1:]))\n"
                    "print('Loop time of 1.0 on 1 procs for 5 steps with 256 atoms')\n")
     lmp.chmod(0o755)
-    figures = load_md_lj().run_lammps(str(lmp), 1, 4, 5, suffix="opt")
+    md_lj = load_md_lj()
+    figures = md_lj.run_lammps(str(lmp), 1, 4, 5, suffix="opt")
     assert figures["command"].endswith("-in in.lj -sf opt") and figures["style"] == "lj/cut/opt"
-    assert load_md_lj().run_lammps(str(lmp), 1, 4, 5)["style"] == "lj/cut"
+    assert md_lj.run_lammps(str(lmp), 1, 4, 5)["style"] == "lj/cut"
 
 
 def test_parses_lammps_loop_time_and_thermo():
