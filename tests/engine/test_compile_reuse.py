@@ -103,16 +103,11 @@ def test_structures_of_different_sizes_share_programs_in_one_process():
 
 @pytest.mark.slow
 def test_three_hundred_structures_in_one_process_keep_the_mappings_bounded():
-    # Argon supercells of 1 or 2 cells per axis with vacancies, strained and rattled (4 to 32
-    # atoms, 8 cell shapes), each through compute, the ASE calculator and DistributedModel, no
-    # cache cleared. Before capacity buckets and the bound on held programs, such a process
-    # died: each structure compiled anew, hundreds to thousands of mappings per program, against
-    # vm.max_map_count. Cells of up to 2 per axis are enough: the distributed path's programs
-    # still pass the limit (at the default vm.max_map_count of 65,530, 90 programs of 65 keys,
-    # two drops, at most 33,425 mappings against 32,765). Compiling is most of this test's time:
-    # with up to 3 cells per axis (108 atoms, 27 shapes) the first 60 structures alone compiled
-    # 18, 16 and 44 programs (compute, ASE, distributed), against 11, 8 and 90 for these 300.
-    r = run_worker("--structures", "300", "--max-reps", "2", timeout=3600)
+    # Argon supercells of 1 to 3 cells per axis with vacancies (4 to 108 atoms, 27 cell shapes),
+    # each through compute, the ASE calculator and DistributedModel, no cache cleared. Before
+    # capacity buckets and the bound on held programs, such a process died: each structure
+    # compiled anew, hundreds to thousands of mappings per program, against vm.max_map_count.
+    r = run_worker("--structures", "300", "--max-reps", "3", timeout=3600)
     limit = r["map_limit"]
     assert limit is not None and limit <= r["max_map_count"] // 2
     for path in ("compute", "ase", "dist"):
